@@ -1,0 +1,59 @@
+use thiserror::Error;
+
+/// Errors raised by the engine and by the operators and connectors built on it.
+#[derive(Debug, Error)]
+pub enum DataflowError {
+    #[error("arrow: {0}")]
+    Arrow(#[from] arrow_schema::ArrowError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A column a stage needs is missing or has the wrong type.
+    #[error("column `{column}`: expected {expected}, found {found}")]
+    Schema {
+        column: String,
+        expected: String,
+        found: String,
+    },
+    /// The stage's own configuration is unusable (caught at validation where possible).
+    #[error("{0}")]
+    Config(String),
+    /// A failure while running a model or other operator logic on a whole batch.
+    #[error("{stage}: {message}")]
+    Stage { stage: String, message: String },
+    #[error("cluster: {0}")]
+    Cluster(String),
+}
+
+impl DataflowError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        DataflowError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub fn schema(
+        column: impl Into<String>,
+        expected: impl Into<String>,
+        found: impl Into<String>,
+    ) -> Self {
+        DataflowError::Schema {
+            column: column.into(),
+            expected: expected.into(),
+            found: found.into(),
+        }
+    }
+
+    pub fn stage(stage: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        DataflowError::Stage {
+            stage: stage.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+pub type DataflowResult<T> = Result<T, DataflowError>;

@@ -1,0 +1,31 @@
+//! Riffle's engine core: the pieces every pipeline is built from, independent of any model,
+//! file format or broker.
+//!
+//! - [`batch`]: the unit that travels between operators, an Arrow `RecordBatch` with its
+//!   provenance, serialisable as Arrow IPC when it crosses a process boundary.
+//! - [`stage`], [`source`], [`sink`]: the three traits operators and connectors implement.
+//! - [`operators`]: timely extension traits that run those traits on sharded workers.
+//! - [`cluster`]: how many workers, threads and processes, turned into a timely configuration.
+//! - [`metrics`]: per-stage counters and latency histograms, exported to Prometheus.
+//! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
+//! - [`tensor`]: conventions for tensors stored in Arrow columns.
+
+pub mod batch;
+pub mod cluster;
+pub mod dead_letter;
+pub mod error;
+pub mod metrics;
+pub mod operators;
+pub mod sink;
+pub mod source;
+pub mod stage;
+pub mod tensor;
+
+pub use batch::{Batch, BatchKind};
+pub use error::{DataflowError, DataflowResult};
+pub use sink::Sink;
+pub use source::{Source, SourceFactory};
+pub use stage::{Stage, StageOutput};
+
+/// Logical time of a record: the epoch its source assigned it to.
+pub type Epoch = u64;

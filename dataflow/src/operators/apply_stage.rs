@@ -1,0 +1,104 @@
+use std::sync::Arc;
+use std::time::Instant;
+
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::Operator;
+
+use super::BatchStream;
+use crate::dead_letter::{self, DeadLetter};
+use crate::metrics::StageMetrics;
+use crate::stage::Stage;
+use crate::{Batch, BatchKind};
+
+/// Runs a [`Stage`] on every batch of a stream, on the worker that holds the batch.
+pub trait ApplyStage<'scope> {
+    /// Applies `stage` batch by batch. Rows the stage rejects, and every row of a batch it fails
+    /// on, continue as dead letters, so a bad record never stops the worker.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use arrow_array::{Int64Array, RecordBatch};
+    /// use arrow_schema::SchemaRef;
+    /// use riffle_dataflow::{Batch, DataflowResult, Stage, StageOutput};
+    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::operators::ApplyStage;
+    /// use timely::dataflow::operators::{Inspect, ToStream};
+    ///
+    /// struct Identity;
+    /// impl Stage for Identity {
+    ///     fn name(&self) -> &str { "identity" }
+    ///     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> { Ok(input.clone()) }
+    ///     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+    ///         Ok(StageOutput::all(batch.clone()))
+    ///     }
+    /// }
+    ///
+    /// let seen = Arc::new(Mutex::new(0));
+    /// let seen2 = seen.clone();
+    /// timely::example(move |scope| {
+    ///     let rows = RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(vec![1, 2, 3])) as _)]).unwrap();
+    ///     let metrics = Metrics::new().unwrap().stage("identity").unwrap();
+    ///     vec![Batch::records(rows, 0)]
+    ///         .to_stream(scope)
+    ///         .container::<Vec<_>>()
+    ///         .apply_stage(Box::new(Identity), metrics)
+    ///         .inspect(move |b: &Batch| *seen2.lock().unwrap() += b.num_rows());
+    /// });
+    /// assert_eq!(*seen.lock().unwrap(), 3);
+    /// ```
+    fn apply_stage(self, stage: Box<dyn Stage>, metrics: Arc<StageMetrics>) -> Self;
+}
+
+impl<'scope> ApplyStage<'scope> for BatchStream<'scope> {
+    fn apply_stage(self, mut stage: Box<dyn Stage>, metrics: Arc<StageMetrics>) -> Self {
+        let name = stage.name().to_string();
+        self.unary(Pipeline, &name, move |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data| {
+                    let mut session = output.session(&cap);
+                    for batch in data.drain(..) {
+                        for out in run_stage(stage.as_mut(), &metrics, &batch) {
+                            session.give(out);
+                        }
+                    }
+                });
+            }
+        })
+    }
+}
+
+/// One batch through one stage: its results and, if any, a batch of dead letters.
+/// Dead-letter batches pass through untouched.
+pub fn run_stage(stage: &mut dyn Stage, metrics: &StageMetrics, batch: &Batch) -> Vec<Batch> {
+    if batch.kind == BatchKind::DeadLetters {
+        return vec![batch.clone()];
+    }
+    let started = Instant::now();
+    let rows_in = batch.num_rows();
+    let (records, rejected) = match stage.process_batch(&batch.data) {
+        Ok(out) => (Some(out.records), out.rejected),
+        Err(e) => {
+            let reason = e.to_string();
+            let letters = (0..rows_in)
+                .map(|row| DeadLetter::for_row(stage.name(), &batch.data, row, &reason))
+                .collect();
+            (None, letters)
+        }
+    };
+    let rows_out = records.as_ref().map_or(0, |r| r.num_rows());
+    metrics.record_batch(rows_in, rows_out, rejected.len(), started.elapsed());
+    let mut out = Vec::with_capacity(2);
+    if let Some(records) = records {
+        if records.num_rows() > 0 {
+            out.push(batch.with_data(records));
+        }
+    }
+    if !rejected.is_empty() {
+        match dead_letter::to_batch(&rejected) {
+            Ok(letters) => out.push(Batch::dead_letters(letters, batch.ingest_ns)),
+            Err(e) => tracing::error!(stage = stage.name(), "cannot build dead letters: {e}"),
+        }
+    }
+    out
+}

@@ -1,0 +1,166 @@
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type, UInt32Type, UInt64Type};
+use arrow_array::{Array, RecordBatch, UInt32Array};
+use arrow_schema::DataType;
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::Operator;
+
+use super::BatchStream;
+use crate::error::{DataflowError, DataflowResult};
+use crate::{Batch, BatchKind};
+
+/// Moves every row to the worker that owns its key, so per-key state and order stay on one
+/// worker (e.g. all frames of a camera).
+pub trait ExchangeByKey<'scope> {
+    /// Routes rows by a hash of `column` (strings or integers) across all workers of all
+    /// processes. Batches are split per destination; across processes they travel as Arrow IPC.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use arrow_array::{RecordBatch, StringArray};
+    /// use riffle_dataflow::Batch;
+    /// use riffle_dataflow::operators::ExchangeByKey;
+    /// use timely::dataflow::operators::{Inspect, ToStream};
+    ///
+    /// let rows = Arc::new(Mutex::new(0));
+    /// let rows2 = rows.clone();
+    /// timely::example(move |scope| {
+    ///     let cams = RecordBatch::try_from_iter(vec![
+    ///         ("camera_id", Arc::new(StringArray::from(vec!["a", "b", "a"])) as _),
+    ///     ]).unwrap();
+    ///     vec![Batch::records(cams, 0)]
+    ///         .to_stream(scope)
+    ///         .container::<Vec<_>>()
+    ///         .exchange_by_key("camera_id")
+    ///         .inspect(move |b: &Batch| *rows2.lock().unwrap() += b.num_rows());
+    /// });
+    /// assert_eq!(*rows.lock().unwrap(), 3);
+    /// ```
+    fn exchange_by_key(self, column: &str) -> Self;
+}
+
+impl<'scope> ExchangeByKey<'scope> for BatchStream<'scope> {
+    fn exchange_by_key(self, column: &str) -> Self {
+        let column = column.to_string();
+        let peers = self.scope().peers();
+        let me = self.scope().index() as u64;
+        self.unary(Pipeline, "SplitByKey", move |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data| {
+                    let mut session = output.session(&cap);
+                    for batch in data.drain(..) {
+                        if batch.kind == BatchKind::DeadLetters {
+                            let mut b = batch;
+                            b.route = me;
+                            session.give(b);
+                            continue;
+                        }
+                        match route_rows(&batch.data, &column, peers) {
+                            Ok(parts) => {
+                                for (dest, rows) in parts {
+                                    let mut part = batch.with_data(rows);
+                                    part.route = dest as u64;
+                                    session.give(part);
+                                }
+                            }
+                            // Validation checks the key column; this is a schema drift.
+                            Err(e) => {
+                                tracing::error!("exchange by `{column}`: {e}");
+                                let mut b = batch;
+                                b.route = me;
+                                session.give(b);
+                            }
+                        }
+                    }
+                });
+            }
+        })
+        .unary(
+            Exchange::new(|b: &Batch| b.route),
+            "ExchangeByKey",
+            |_, _| {
+                move |input, output| {
+                    input.for_each(|cap, data| {
+                        output.session(&cap).give_container(data);
+                    });
+                }
+            },
+        )
+    }
+}
+
+/// Splits `batch` into one batch per destination worker (of `peers`) by a hash of `column`.
+pub fn route_rows(
+    batch: &RecordBatch,
+    column: &str,
+    peers: usize,
+) -> DataflowResult<Vec<(usize, RecordBatch)>> {
+    let keys = batch
+        .column_by_name(column)
+        .ok_or_else(|| DataflowError::schema(column, "a key column", "no such column"))?;
+    let peers = peers.max(1);
+    let mut rows_for: Vec<Vec<u32>> = vec![Vec::new(); peers];
+    for row in 0..batch.num_rows() {
+        rows_for[worker_for(keys.as_ref(), row, peers)?].push(row as u32);
+    }
+    let mut parts = Vec::new();
+    for (dest, rows) in rows_for.into_iter().enumerate() {
+        if rows.is_empty() {
+            continue;
+        }
+        let part = if rows.len() == batch.num_rows() {
+            batch.clone()
+        } else {
+            let indices = UInt32Array::from(rows);
+            let columns = batch
+                .columns()
+                .iter()
+                .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
+                .collect::<Result<Vec<_>, _>>()?;
+            RecordBatch::try_new(batch.schema(), columns)?
+        };
+        parts.push((dest, part));
+    }
+    Ok(parts)
+}
+
+/// The worker owning row `row`'s key. SipHash with fixed keys: the same in every process.
+pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<usize> {
+    let mut h = DefaultHasher::new();
+    if keys.is_null(row) {
+        0u8.hash(&mut h);
+    } else {
+        match keys.data_type() {
+            DataType::Utf8 => keys.as_string::<i32>().value(row).hash(&mut h),
+            DataType::LargeUtf8 => keys.as_string::<i64>().value(row).hash(&mut h),
+            DataType::Int64 => keys.as_primitive::<Int64Type>().value(row).hash(&mut h),
+            DataType::Int32 => i64::from(keys.as_primitive::<Int32Type>().value(row)).hash(&mut h),
+            DataType::UInt64 => keys.as_primitive::<UInt64Type>().value(row).hash(&mut h),
+            DataType::UInt32 => i64::from(keys.as_primitive::<UInt32Type>().value(row)).hash(&mut h),
+            other => {
+                return Err(DataflowError::schema(
+                    "key",
+                    "a string or integer column",
+                    other.to_string(),
+                ))
+            }
+        }
+    }
+    Ok((h.finish() % peers as u64) as usize)
+}
+
+/// Whether `data_type` can key an exchange.
+pub fn is_key_type(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Utf8
+            | DataType::LargeUtf8
+            | DataType::Int64
+            | DataType::Int32
+            | DataType::UInt64
+            | DataType::UInt32
+    )
+}

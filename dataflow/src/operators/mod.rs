@@ -1,0 +1,14 @@
+//! Timely operators over streams of [`Batch`]es, one per module, each an extension trait.
+
+mod apply_stage;
+mod exchange_by_key;
+mod write_to_sink;
+
+pub use apply_stage::{run_stage, ApplyStage};
+pub use exchange_by_key::{is_key_type, route_rows, worker_for, ExchangeByKey};
+pub use write_to_sink::WriteToSink;
+
+use crate::{Batch, Epoch};
+
+/// A stream of Arrow batches timestamped with epochs.
+pub type BatchStream<'scope> = timely::dataflow::StreamVec<'scope, Epoch, Batch>;

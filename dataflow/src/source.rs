@@ -1,0 +1,35 @@
+//! Where records come from.
+
+use arrow_schema::SchemaRef;
+
+use crate::dead_letter::DeadLetter;
+use crate::error::DataflowResult;
+use arrow_array::RecordBatch;
+
+/// One batch read by a source, with the inputs it could not read.
+#[derive(Debug)]
+pub struct SourceBatch {
+    pub records: RecordBatch,
+    pub rejected: Vec<DeadLetter>,
+}
+
+/// The part of a source that one worker reads.
+pub trait Source: Send {
+    /// The next batch, or `None` once this partition is exhausted.
+    fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>>;
+}
+
+/// A configured source, able to describe its output and to split itself across workers.
+pub trait SourceFactory: Send + Sync {
+    /// Schema of every batch the source emits.
+    fn schema(&self) -> DataflowResult<SchemaRef>;
+
+    /// The partition that worker `index` of `peers` reads. Partitions are disjoint and together
+    /// cover the whole input, for any number of peers.
+    fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>>;
+
+    /// Total number of records across all partitions, when known (progress display).
+    fn total_records(&self) -> Option<u64> {
+        None
+    }
+}

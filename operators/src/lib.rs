@@ -1,0 +1,14 @@
+//! Riffle's operators: the stages a pipeline is made of.
+//!
+//! Every stage is one module with a serde config (mirroring its YAML block one-to-one) and a
+//! type implementing [`riffle_dataflow::Stage`]. Stages read and write named Arrow columns, so
+//! they compose in any order the schemas allow; `output_schema` checks that at validation.
+
+pub mod batching;
+pub mod decode;
+pub mod detections;
+pub mod filter;
+pub mod model;
+pub mod resize;
+pub mod select;
+pub mod topk;
