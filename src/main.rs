@@ -1,1 +1,156 @@
-fn main() {}
+//! `riffle`: run, validate and benchmark declarative inference pipelines.
+
+mod bench;
+mod cli;
+mod launch;
+mod serve;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use riffle_dataflow::metrics::Metrics;
+use riffle_pipelines::{run, RunOptions};
+
+use cli::{Cli, Command, RunArgs};
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,riffle=info")),
+        )
+        .init();
+    let outcome = match cli.command {
+        Command::Run(args) => run_command(args),
+        Command::Validate { file } => validate_command(&file),
+        Command::Bench(args) => bench::bench_command(args),
+    };
+    if let Err(e) = outcome {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn validate_command(file: &std::path::Path) -> Result<()> {
+    let pipeline = riffle_pipelines::load(file, None)?;
+    println!(
+        "{}: ok ({} stages)",
+        file.display(),
+        pipeline.spec.stages.len()
+    );
+    for (i, schema) in pipeline.schemas.iter().enumerate() {
+        let at = if i == 0 {
+            "source".to_string()
+        } else {
+            format!("after {}", pipeline.spec.stages[i - 1].value.kind())
+        };
+        let cols: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| format!("{}: {}", f.name(), f.data_type()))
+            .collect();
+        println!("  {at:<18} {}", cols.join(", "));
+    }
+    Ok(())
+}
+
+fn run_command(args: RunArgs) -> Result<()> {
+    if args.cluster.processes > 1
+        && args.cluster.process.is_none()
+        && args.cluster.hostfile.is_none()
+    {
+        return launch::launch_local_cluster(&args);
+    }
+    let pipeline = Arc::new(riffle_pipelines::load(&args.file, args.output.as_deref())?);
+    let cluster = args.cluster.to_config(pipeline.runtime.workers)?;
+    let metrics = Metrics::new()?;
+    let _server = match &args.metrics_addr {
+        Some(addr) => Some(serve::serve_metrics(addr, metrics.clone())?),
+        None => None,
+    };
+    let progress = progress_bar(&args, &pipeline, &cluster, &metrics);
+    let started = Instant::now();
+    let report = run(
+        pipeline.clone(),
+        RunOptions {
+            cluster: cluster.clone(),
+            metrics: metrics.clone(),
+        },
+    )
+    .with_context(|| format!("running {}", args.file.display()))?;
+    if let Some((bar, ticker)) = progress {
+        bar.finish_and_clear();
+        ticker.stop();
+    }
+    let elapsed = started.elapsed();
+    if !args.quiet {
+        eprintln!(
+            "{} — {} worker(s) in process {}/{}, {:.2} s",
+            pipeline.name(),
+            cluster.threads,
+            cluster.process,
+            cluster.processes(),
+            elapsed.as_secs_f64()
+        );
+        eprint!("{}", report.summary);
+    }
+    Ok(())
+}
+
+struct Ticker(
+    Arc<std::sync::atomic::AtomicBool>,
+    Option<std::thread::JoinHandle<()>>,
+);
+
+impl Ticker {
+    fn stop(mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(h) = self.1.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn progress_bar(
+    args: &RunArgs,
+    pipeline: &riffle_pipelines::Pipeline,
+    cluster: &riffle_dataflow::cluster::ClusterConfig,
+    metrics: &Arc<Metrics>,
+) -> Option<(ProgressBar, Ticker)> {
+    if args.quiet {
+        return None;
+    }
+    let total = if cluster.processes() == 1 {
+        pipeline.source.total_records()
+    } else {
+        None
+    };
+    let bar = match total {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new_spinner(),
+    };
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} records {per_sec} {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (b, m, s) = (bar.clone(), metrics.clone(), stop.clone());
+    let handle = std::thread::spawn(move || {
+        while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(source) = m.stage("source") {
+                b.set_position(source.records_out());
+            }
+            if let Ok(sink) = m.stage("sink") {
+                b.set_message(format!("· {} results", sink.records_out()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    Some((bar, Ticker(stop, Some(handle))))
+}

@@ -26,7 +26,12 @@ impl ClusterConfig {
     }
 
     /// Process `process` of `processes` on this host, listening on consecutive ports.
-    pub fn local_processes(threads: usize, processes: usize, process: usize, base_port: u16) -> DataflowResult<Self> {
+    pub fn local_processes(
+        threads: usize,
+        processes: usize,
+        process: usize,
+        base_port: u16,
+    ) -> DataflowResult<Self> {
         let addresses = (0..processes)
             .map(|p| format!("127.0.0.1:{}", base_port as usize + p))
             .collect();
@@ -36,8 +41,9 @@ impl ClusterConfig {
     /// Process `process` of the cluster listed in `hostfile` (one `host:port` per line; blank
     /// lines and `#` comments ignored).
     pub fn from_hostfile(threads: usize, process: usize, hostfile: &Path) -> DataflowResult<Self> {
-        let text = std::fs::read_to_string(hostfile)
-            .map_err(|e| DataflowError::io(format!("reading hostfile {}", hostfile.display()), e))?;
+        let text = std::fs::read_to_string(hostfile).map_err(|e| {
+            DataflowError::io(format!("reading hostfile {}", hostfile.display()), e)
+        })?;
         let addresses: Vec<String> = text
             .lines()
             .map(|l| l.split('#').next().unwrap_or("").trim())

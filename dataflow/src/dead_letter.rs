@@ -47,11 +47,7 @@ pub fn to_batch(letters: &[DeadLetter]) -> DataflowResult<RecordBatch> {
     };
     Ok(RecordBatch::try_new(
         schema(),
-        vec![
-            col(|l| &l.stage),
-            col(|l| &l.reason),
-            col(|l| &l.record),
-        ],
+        vec![col(|l| &l.stage), col(|l| &l.reason), col(|l| &l.record)],
     )?)
 }
 
@@ -94,9 +90,15 @@ mod tests {
     #[test]
     fn describes_scalar_columns_and_skips_payloads() {
         let batch = RecordBatch::try_from_iter(vec![
-            ("camera_id", Arc::new(StringArray::from(vec!["a", "b"])) as _),
+            (
+                "camera_id",
+                Arc::new(StringArray::from(vec!["a", "b"])) as _,
+            ),
             ("frame", Arc::new(Int64Array::from(vec![7, 8])) as _),
-            ("bytes", Arc::new(BinaryArray::from_vec(vec![b"x", b"y"])) as _),
+            (
+                "bytes",
+                Arc::new(BinaryArray::from_vec(vec![b"x", b"y"])) as _,
+            ),
         ])
         .unwrap();
         let letter = DeadLetter::for_row("decode", &batch, 1, "truncated JPEG");

@@ -75,22 +75,23 @@ impl Metrics {
             "Records a stage sent to the dead-letter sink",
         )?;
         let latency = HistogramVec::new(
-            HistogramOpts::new(
-                "stage_batch_seconds",
-                "Time a stage spent on one batch",
-            )
-            .buckets(LATENCY_BUCKETS.to_vec()),
+            HistogramOpts::new("stage_batch_seconds", "Time a stage spent on one batch")
+                .buckets(LATENCY_BUCKETS.to_vec()),
             &["stage"],
         )
         .map_err(prom_err)?;
-        registry.register(Box::new(latency.clone())).map_err(prom_err)?;
+        registry
+            .register(Box::new(latency.clone()))
+            .map_err(prom_err)?;
         let batch_size = HistogramVec::new(
             HistogramOpts::new("stage_batch_rows", "Rows per batch a stage processed")
                 .buckets(BATCH_SIZE_BUCKETS.to_vec()),
             &["stage"],
         )
         .map_err(prom_err)?;
-        registry.register(Box::new(batch_size.clone())).map_err(prom_err)?;
+        registry
+            .register(Box::new(batch_size.clone()))
+            .map_err(prom_err)?;
         let end_to_end = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "end_to_end_seconds",
@@ -99,7 +100,9 @@ impl Metrics {
             .buckets(LATENCY_BUCKETS.to_vec()),
         )
         .map_err(prom_err)?;
-        registry.register(Box::new(end_to_end.clone())).map_err(prom_err)?;
+        registry
+            .register(Box::new(end_to_end.clone()))
+            .map_err(prom_err)?;
         Ok(Arc::new(Metrics {
             registry,
             records_in,
@@ -145,8 +148,7 @@ impl Metrics {
         for _ in 0..rows {
             self.end_to_end.observe(latency.as_secs_f64());
         }
-        let _ = lock(&self.end_to_end_hdr)
-            .record_n(latency.as_micros().max(1) as u64, rows as u64);
+        let _ = lock(&self.end_to_end_hdr).record_n(latency.as_micros().max(1) as u64, rows as u64);
     }
 
     /// Registers an extra collector (connectors add their own metrics) on the same endpoint.
@@ -329,6 +331,9 @@ mod tests {
         assert_eq!(summary.stages[0].mean_batch_rows, 6.0);
         assert!(summary.stages[0].p99 >= Duration::from_millis(3));
         let text = metrics.render_prometheus().unwrap();
-        assert!(text.contains("riffle_stage_records_in_total{stage=\"model\"} 12"), "{text}");
+        assert!(
+            text.contains("riffle_stage_records_in_total{stage=\"model\"} 12"),
+            "{text}"
+        );
     }
 }

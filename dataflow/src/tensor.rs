@@ -112,7 +112,8 @@ mod tests {
     fn tensor_column_round_trips_shape_and_values() {
         let field = tensor_field("t", DataType::Float32, &[2, 3]);
         assert_eq!(row_shape(&field).unwrap(), vec![2, 3]);
-        let col = tensor_column::<Float32Type>(&field, (0..12).map(|v| v as f32).collect()).unwrap();
+        let col =
+            tensor_column::<Float32Type>(&field, (0..12).map(|v| v as f32).collect()).unwrap();
         assert_eq!(col.len(), 2);
         let sliced = col.slice(1, 1);
         let vals = tensor_values::<Float32Type>(sliced.as_ref()).unwrap();

@@ -1,1 +1,226 @@
-//! TODO
+//! Dynamic batching: merging small batches into model-sized ones.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_select::concat::concat_batches;
+use riffle_dataflow::metrics::StageMetrics;
+use riffle_dataflow::operators::{run_stage, BatchStream};
+use riffle_dataflow::{Batch, BatchKind, Epoch, Stage};
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::{Capability, Operator};
+
+/// When to run a batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchPolicy {
+    pub max_size: usize,
+    pub max_delay: Duration,
+}
+
+/// Runs a row-preserving [`Stage`] (a model) on batches of up to `max_size` rows gathered
+/// across incoming batches, epochs and keys (e.g. frames of different cameras).
+pub trait DynamicBatch<'scope> {
+    /// A batch is run as soon as `max_size` rows wait, or when the oldest waiting row has
+    /// waited `max_delay` (the operator schedules its own wake-up with timely's activator: no
+    /// polling), or when the input ends. Results are split back along the incoming batches, so
+    /// every row keeps its epoch and provenance.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use std::time::Duration;
+    /// use arrow_array::{Int64Array, RecordBatch};
+    /// use arrow_schema::SchemaRef;
+    /// use riffle_dataflow::{Batch, DataflowResult, Stage, StageOutput};
+    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_operators::batching::{BatchPolicy, DynamicBatch};
+    /// use timely::dataflow::operators::{Inspect, ToStream};
+    ///
+    /// struct Double;
+    /// impl Stage for Double {
+    ///     fn name(&self) -> &str { "double" }
+    ///     fn preserves_rows(&self) -> bool { true }
+    ///     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> { Ok(input.clone()) }
+    ///     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+    ///         Ok(StageOutput::all(batch.clone()))
+    ///     }
+    /// }
+    ///
+    /// let metrics = Metrics::new().unwrap();
+    /// let stage_metrics = metrics.stage("double").unwrap();
+    /// let rows = Arc::new(Mutex::new(0));
+    /// let seen = rows.clone();
+    /// timely::example(move |scope| {
+    ///     let one = |v| Batch::records(RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(vec![v])) as _)]).unwrap(), 0);
+    ///     (0..5).map(one)
+    ///         .to_stream(scope)
+    ///         .container::<Vec<_>>()
+    ///         .dynamic_batch(Box::new(Double), BatchPolicy { max_size: 4, max_delay: Duration::from_millis(5) }, stage_metrics)
+    ///         .inspect(move |b: &Batch| *seen.lock().unwrap() += b.num_rows());
+    /// });
+    /// assert_eq!(*rows.lock().unwrap(), 5);
+    /// // Five one-row batches ran as a batch of 4 and a batch of 1.
+    /// assert_eq!(metrics.summary(Duration::from_secs(1)).stages[0].batches, 2);
+    /// ```
+    fn dynamic_batch(
+        self,
+        stage: Box<dyn Stage>,
+        policy: BatchPolicy,
+        metrics: Arc<StageMetrics>,
+    ) -> Self;
+}
+
+struct Waiting {
+    cap: Capability<Epoch>,
+    batch: Batch,
+    since: Instant,
+}
+
+impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
+    fn dynamic_batch(
+        self,
+        mut stage: Box<dyn Stage>,
+        policy: BatchPolicy,
+        metrics: Arc<StageMetrics>,
+    ) -> Self {
+        let scope = self.scope();
+        let name = format!("Batched({})", stage.name());
+        let max_size = policy.max_size.max(1);
+        self.unary_frontier(Pipeline, &name, move |_, info| {
+            let activator = scope.activator_for(info.address.clone());
+            let mut waiting: VecDeque<Waiting> = VecDeque::new();
+            let mut waiting_rows = 0usize;
+            move |(input, frontier), output| {
+                input.for_each(|cap, data| {
+                    for batch in data.drain(..) {
+                        if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
+                            output.session(&cap).give(batch);
+                            continue;
+                        }
+                        let Some(cap) = cap.retain_least(output.output_index()) else {
+                            continue;
+                        };
+                        waiting_rows += batch.num_rows();
+                        waiting.push_back(Waiting {
+                            cap,
+                            batch,
+                            since: Instant::now(),
+                        });
+                    }
+                });
+                let input_done = frontier.is_empty();
+                loop {
+                    let due = waiting
+                        .front()
+                        .is_some_and(|w| w.since.elapsed() >= policy.max_delay);
+                    if waiting_rows == 0 || !(waiting_rows >= max_size || due || input_done) {
+                        break;
+                    }
+                    let group = take_rows(&mut waiting, max_size);
+                    waiting_rows -= group.iter().map(|w| w.batch.num_rows()).sum::<usize>();
+                    for (cap, batch) in run_group(stage.as_mut(), &metrics, group) {
+                        output.session(&cap).give(batch);
+                    }
+                }
+                if let Some(oldest) = waiting.front() {
+                    activator
+                        .activate_after(policy.max_delay.saturating_sub(oldest.since.elapsed()));
+                }
+            }
+        })
+    }
+}
+
+/// Removes up to `max_rows` rows from the front of the queue, splitting a batch if needed.
+fn take_rows(waiting: &mut VecDeque<Waiting>, max_rows: usize) -> Vec<Waiting> {
+    let mut group = Vec::new();
+    let mut rows = 0;
+    while let Some(mut front) = waiting.pop_front() {
+        let n = front.batch.num_rows();
+        if rows + n <= max_rows {
+            rows += n;
+            group.push(front);
+            if rows == max_rows {
+                break;
+            }
+            continue;
+        }
+        let take = max_rows - rows;
+        let head = front.batch.with_data(front.batch.data.slice(0, take));
+        front.batch = front
+            .batch
+            .with_data(front.batch.data.slice(take, n - take));
+        group.push(Waiting {
+            cap: front.cap.clone(),
+            batch: head,
+            since: front.since,
+        });
+        waiting.push_front(front);
+        break;
+    }
+    group
+}
+
+/// Runs one merged batch and hands each input batch its own rows of the result.
+fn run_group(
+    stage: &mut dyn Stage,
+    metrics: &StageMetrics,
+    group: Vec<Waiting>,
+) -> Vec<(Capability<Epoch>, Batch)> {
+    let Some(first) = group.first() else {
+        return Vec::new();
+    };
+    let earliest = group
+        .iter()
+        .min_by_key(|w| *w.cap.time())
+        .map_or_else(|| first.cap.clone(), |w| w.cap.clone());
+    let merged = if group.len() == 1 {
+        first.batch.clone()
+    } else {
+        let schema = first.batch.data.schema();
+        match concat_batches(&schema, group.iter().map(|w| &w.batch.data)) {
+            Ok(data) => {
+                let ingest = group
+                    .iter()
+                    .map(|w| w.batch.ingest_ns)
+                    .min()
+                    .unwrap_or(first.batch.ingest_ns);
+                Batch::records(data, ingest)
+            }
+            // Batches of one stream share a schema; if they do not, run them one by one.
+            Err(_) => {
+                return group
+                    .into_iter()
+                    .flat_map(|w| {
+                        let cap = w.cap;
+                        run_stage(stage, metrics, &w.batch)
+                            .into_iter()
+                            .map(move |b| (cap.clone(), b))
+                    })
+                    .collect();
+            }
+        }
+    };
+    let rows_in = merged.num_rows();
+    let mut out = Vec::new();
+    for result in run_stage(stage, metrics, &merged) {
+        if result.kind == BatchKind::Records
+            && result.num_rows() == rows_in
+            && stage.preserves_rows()
+        {
+            let mut offset = 0;
+            for w in &group {
+                let n = w.batch.num_rows();
+                out.push((
+                    w.cap.clone(),
+                    w.batch.with_data(result.data.slice(offset, n)),
+                ));
+                offset += n;
+            }
+        } else {
+            out.push((earliest.clone(), result));
+        }
+    }
+    out
+}

@@ -1,1 +1,496 @@
-//! TODO
+//! `decode`: encoded images (JPEG) in a binary column → RGB8 pixels plus their size.
+//!
+//! Each row's image is decoded by zune-jpeg straight into the output column's value buffer, so
+//! the pixels are written once and never copied. A row that does not decode is dropped from the
+//! output and reported as a dead letter; the rest of the batch goes on.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{
+    Array, ArrayRef, BinaryArray, BinaryViewArray, BooleanArray, GenericBinaryArray,
+    LargeBinaryArray, RecordBatch, UInt32Array,
+};
+use arrow_buffer::{Buffer, OffsetBuffer, ScalarBuffer};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::error::{DataflowError, DataflowResult};
+use riffle_dataflow::stage::{Stage, StageOutput};
+use zune_jpeg::zune_core::bytestream::ZCursor;
+use zune_jpeg::zune_core::colorspace::ColorSpace;
+use zune_jpeg::zune_core::options::DecoderOptions;
+use zune_jpeg::JpegDecoder;
+
+const STAGE: &str = "decode";
+
+/// Names of the decoded-size columns this stage adds (later stages rely on them).
+pub const WIDTH_COLUMN: &str = "width";
+pub const HEIGHT_COLUMN: &str = "height";
+
+/// Configuration of the `decode` stage (its YAML block).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeConfig {
+    /// Binary (or LargeBinary / BinaryView) column holding one encoded image per row.
+    #[serde(default = "default_input")]
+    pub input: String,
+    /// Binary column written with RGB8 pixels, interleaved, row-major (`height*width*3` bytes).
+    #[serde(default = "default_output")]
+    pub output: String,
+    /// Keep the encoded column in the output (dropped by default: it is no longer needed).
+    #[serde(default)]
+    pub keep_input: bool,
+}
+
+fn default_input() -> String {
+    "bytes".to_string()
+}
+
+fn default_output() -> String {
+    "pixels".to_string()
+}
+
+impl Default for DecodeConfig {
+    fn default() -> Self {
+        DecodeConfig {
+            input: default_input(),
+            output: default_output(),
+            keep_input: false,
+        }
+    }
+}
+
+/// The `decode` stage.
+pub struct Decode {
+    config: DecodeConfig,
+    options: DecoderOptions,
+}
+
+impl Decode {
+    pub fn new(config: DecodeConfig) -> Self {
+        // Strict mode: a truncated or corrupt stream is an error instead of an image padded
+        // with grey, which would otherwise reach the model silently. `new_fast` keeps the SIMD
+        // paths; the output is always RGB (grayscale and CMYK are converted by the decoder).
+        let options = DecoderOptions::new_fast()
+            .set_strict_mode(true)
+            .jpeg_set_out_colorspace(ColorSpace::RGB);
+        Decode { config, options }
+    }
+
+    /// Indices of the input columns carried into the output.
+    fn kept_columns(&self, input: &Schema) -> Vec<usize> {
+        (0..input.fields().len())
+            .filter(|&i| self.config.keep_input || input.field(i).name() != &self.config.input)
+            .collect()
+    }
+}
+
+/// A binary column's per-row bytes, whatever binary layout it came in.
+pub(crate) enum Payloads<'a> {
+    Binary(&'a BinaryArray),
+    Large(&'a LargeBinaryArray),
+    View(&'a BinaryViewArray),
+}
+
+impl<'a> Payloads<'a> {
+    pub(crate) fn new(column: &'a dyn Array) -> Option<Self> {
+        match column.data_type() {
+            DataType::Binary => column.as_binary_opt::<i32>().map(Payloads::Binary),
+            DataType::LargeBinary => column.as_binary_opt::<i64>().map(Payloads::Large),
+            DataType::BinaryView => column.as_binary_view_opt().map(Payloads::View),
+            _ => None,
+        }
+    }
+
+    /// The row's bytes, `None` when null.
+    pub(crate) fn get(&self, row: usize) -> Option<&'a [u8]> {
+        fn generic<O: arrow_array::OffsetSizeTrait>(
+            a: &GenericBinaryArray<O>,
+            row: usize,
+        ) -> Option<&[u8]> {
+            a.is_valid(row).then(|| a.value(row))
+        }
+        match self {
+            Payloads::Binary(a) => generic(a, row),
+            Payloads::Large(a) => generic(a, row),
+            Payloads::View(a) => a.is_valid(row).then(|| a.value(row)),
+        }
+    }
+}
+
+pub(crate) fn is_binary(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Binary | DataType::LargeBinary | DataType::BinaryView
+    )
+}
+
+const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// Decodes one JPEG, appending its RGB8 pixels to `out`; returns (width, height).
+///
+/// On error `out` is left as it was. `rows_left` sizes the first reservation: frames of one
+/// stream usually share a size, so one allocation then holds the whole batch.
+fn decode_jpeg_into(
+    bytes: &[u8],
+    options: DecoderOptions,
+    out: &mut Vec<u8>,
+    rows_left: usize,
+) -> Result<(u32, u32), String> {
+    if bytes.is_empty() {
+        return Err("empty image payload".to_string());
+    }
+    if bytes.starts_with(PNG_MAGIC) {
+        return Err("unsupported image format: PNG (only JPEG is decoded)".to_string());
+    }
+    let invalid = |e: zune_jpeg::errors::DecodeErrors| {
+        // zune-jpeg's messages for static errors are Debug-quoted.
+        format!("invalid JPEG: {}", e.to_string().trim_matches('"'))
+    };
+    let mut decoder = JpegDecoder::new_with_options(ZCursor::new(bytes), options);
+    decoder.decode_headers().map_err(invalid)?;
+    let (width, height) = decoder
+        .dimensions()
+        .ok_or_else(|| "invalid JPEG: no image dimensions".to_string())?;
+    let size = decoder
+        .output_buffer_size()
+        .ok_or_else(|| format!("invalid JPEG: image size {width}x{height} overflows"))?;
+    if width == 0 || height == 0 || size != width * height * 3 {
+        return Err(format!(
+            "invalid JPEG: cannot decode {width}x{height} image to RGB"
+        ));
+    }
+    let (w, h) = match (u32::try_from(width), u32::try_from(height)) {
+        (Ok(w), Ok(h)) => (w, h),
+        _ => {
+            return Err(format!(
+                "invalid JPEG: image size {width}x{height} too large"
+            ))
+        }
+    };
+
+    let start = out.len();
+    if start == 0 {
+        // Capped at the Binary column's limit: a bogus header must not reserve absurd memory.
+        out.reserve(size.saturating_mul(rows_left).min(i32::MAX as usize));
+    }
+    out.resize(start + size, 0);
+    if let Err(e) = decoder.decode_into(&mut out[start..]) {
+        out.truncate(start);
+        return Err(invalid(e));
+    }
+    Ok((w, h))
+}
+
+impl Stage for Decode {
+    fn name(&self) -> &str {
+        STAGE
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        let field = input
+            .field_with_name(&self.config.input)
+            .map_err(|_| DataflowError::schema(&self.config.input, "a binary column", "none"))?;
+        if !is_binary(field.data_type()) {
+            return Err(DataflowError::schema(
+                &self.config.input,
+                "a binary column (Binary, LargeBinary or BinaryView)",
+                field.data_type().to_string(),
+            ));
+        }
+        let mut fields: Vec<Field> = self
+            .kept_columns(input)
+            .into_iter()
+            .map(|i| input.field(i).clone())
+            .collect();
+        for name in [self.config.output.as_str(), WIDTH_COLUMN, HEIGHT_COLUMN] {
+            // Arrow allows duplicate names, but every later lookup by name would be ambiguous.
+            if fields.iter().any(|f| f.name() == name) {
+                return Err(DataflowError::schema(
+                    name,
+                    "no existing column (decode adds it)",
+                    "a column of that name in the input",
+                ));
+            }
+        }
+        fields.push(Field::new(&self.config.output, DataType::Binary, false));
+        fields.push(Field::new(WIDTH_COLUMN, DataType::UInt32, false));
+        fields.push(Field::new(HEIGHT_COLUMN, DataType::UInt32, false));
+        Ok(Arc::new(Schema::new_with_metadata(
+            fields,
+            input.metadata().clone(),
+        )))
+    }
+
+    fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+        let input_schema = batch.schema();
+        let schema = self.output_schema(&input_schema)?;
+        let column = batch
+            .column_by_name(&self.config.input)
+            .ok_or_else(|| DataflowError::schema(&self.config.input, "a binary column", "none"))?;
+        let payloads = Payloads::new(column.as_ref()).ok_or_else(|| {
+            DataflowError::schema(
+                &self.config.input,
+                "a binary column",
+                column.data_type().to_string(),
+            )
+        })?;
+
+        let rows = batch.num_rows();
+        let mut values: Vec<u8> = Vec::new();
+        let mut offsets: Vec<i32> = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        let mut widths: Vec<u32> = Vec::with_capacity(rows);
+        let mut heights: Vec<u32> = Vec::with_capacity(rows);
+        let mut keep: Vec<bool> = Vec::with_capacity(rows);
+        let mut rejected = Vec::new();
+
+        for row in 0..rows {
+            let decoded = match payloads.get(row) {
+                None => Err("null image payload".to_string()),
+                Some(bytes) => decode_jpeg_into(bytes, self.options, &mut values, rows - row),
+            };
+            match decoded {
+                Ok((w, h)) => {
+                    let end = i32::try_from(values.len()).map_err(|_| {
+                        DataflowError::stage(
+                            STAGE,
+                            "decoded pixels of one batch exceed the 2 GiB of a Binary column; \
+                             use smaller batches",
+                        )
+                    })?;
+                    offsets.push(end);
+                    widths.push(w);
+                    heights.push(h);
+                    keep.push(true);
+                }
+                Err(reason) => {
+                    rejected.push(DeadLetter::for_row(STAGE, batch, row, reason));
+                    keep.push(false);
+                }
+            }
+        }
+
+        // Offsets start at 0 and only grow (checked above), as `OffsetBuffer::new` requires.
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
+        let pixels = BinaryArray::try_new(offsets, Buffer::from_vec(values), None)?;
+
+        let kept = self.kept_columns(&input_schema);
+        let mut columns: Vec<ArrayRef> = if rejected.is_empty() {
+            kept.iter().map(|&i| batch.column(i).clone()).collect()
+        } else {
+            let projected = batch.project(&kept)?;
+            let mask = BooleanArray::from(keep);
+            arrow_select::filter::filter_record_batch(&projected, &mask)?
+                .columns()
+                .to_vec()
+        };
+        columns.push(Arc::new(pixels));
+        columns.push(Arc::new(UInt32Array::from(widths)));
+        columns.push(Arc::new(UInt32Array::from(heights)));
+        let records = RecordBatch::try_new(schema, columns)?;
+        Ok(StageOutput { records, rejected })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{Int64Array, StringArray};
+    use std::path::Path;
+
+    fn sample_jpeg() -> Vec<u8> {
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/frames/bikes/0000.jpg");
+        let shared = Path::new("/work/shared/assets/frames/bikes/0000.jpg");
+        let path = if local.exists() {
+            local
+        } else {
+            shared.to_path_buf()
+        };
+        std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+    }
+
+    fn batch_of(payloads: Vec<Option<&[u8]>>) -> RecordBatch {
+        let ids: Vec<i64> = (0..payloads.len() as i64).collect();
+        RecordBatch::try_from_iter(vec![
+            ("frame", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            ("bytes", Arc::new(BinaryArray::from(payloads)) as ArrayRef),
+        ])
+        .unwrap()
+    }
+
+    #[test]
+    fn decodes_jpeg_and_rejects_broken_rows() {
+        let good = sample_jpeg();
+        let truncated = good[..1000].to_vec();
+        // Cut inside the entropy-coded data: headers parse, the scan runs out.
+        let cut_mid_scan = good[..good.len() * 2 / 3].to_vec();
+        let batch = batch_of(vec![
+            Some(&truncated),
+            Some(&good),
+            Some(b"not a jpeg"),
+            Some(b""),
+            None,
+            Some(&cut_mid_scan),
+        ]);
+        let mut stage = Decode::new(DecodeConfig::default());
+        let out = stage.process_batch(&batch).unwrap();
+
+        assert_eq!(out.records.num_rows(), 1);
+        assert_eq!(
+            out.records.schema(),
+            stage.output_schema(&batch.schema()).unwrap()
+        );
+        let names: Vec<_> = out
+            .records
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        assert_eq!(names, ["frame", "pixels", "width", "height"]);
+        let frame = out
+            .records
+            .column(0)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        assert_eq!(frame.value(0), 1);
+        let width = out
+            .records
+            .column(2)
+            .as_primitive::<arrow_array::types::UInt32Type>();
+        let height = out
+            .records
+            .column(3)
+            .as_primitive::<arrow_array::types::UInt32Type>();
+        assert_eq!((width.value(0), height.value(0)), (640, 272));
+        let pixels = out.records.column(1).as_binary::<i32>();
+        assert_eq!(pixels.value(0).len(), 640 * 272 * 3);
+        // A real photo is not one flat colour (guards against an all-grey "success").
+        let px = pixels.value(0);
+        assert!(px.iter().any(|&p| p != px[0]));
+
+        let frames: Vec<_> = out.rejected.iter().map(|l| l.record.clone()).collect();
+        assert_eq!(
+            frames,
+            [
+                r#"{"frame":0}"#,
+                r#"{"frame":2}"#,
+                r#"{"frame":3}"#,
+                r#"{"frame":4}"#,
+                r#"{"frame":5}"#
+            ]
+        );
+        for letter in &out.rejected {
+            assert_eq!(letter.stage, "decode");
+        }
+        assert!(out.rejected[0].reason.starts_with("invalid JPEG: "));
+        assert!(out.rejected[1].reason.starts_with("invalid JPEG: "));
+        assert_eq!(out.rejected[2].reason, "empty image payload");
+        assert_eq!(out.rejected[3].reason, "null image payload");
+        assert!(out.rejected[4].reason.starts_with("invalid JPEG: "));
+    }
+
+    #[test]
+    fn keeps_input_and_reads_large_binary() {
+        let good = sample_jpeg();
+        let batch = RecordBatch::try_from_iter(vec![(
+            "img",
+            Arc::new(LargeBinaryArray::from(vec![Some(good.as_slice())])) as ArrayRef,
+        )])
+        .unwrap();
+        let mut stage = Decode::new(DecodeConfig {
+            input: "img".into(),
+            output: "rgb".into(),
+            keep_input: true,
+        });
+        let out = stage.process_batch(&batch).unwrap();
+        assert!(out.rejected.is_empty());
+        let schema = out.records.schema();
+        let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["img", "rgb", "width", "height"]);
+        assert_eq!(
+            out.records.column(1).as_binary::<i32>().value(0).len(),
+            640 * 272 * 3
+        );
+    }
+
+    #[test]
+    fn grayscale_jpeg_comes_out_rgb() {
+        let batch = batch_of(vec![Some(GRAY_8X8_JPEG)]);
+        let out = Decode::new(DecodeConfig::default())
+            .process_batch(&batch)
+            .unwrap();
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected);
+        let pixels = out.records.column(1).as_binary::<i32>().value(0).to_vec();
+        assert_eq!(pixels.len(), 8 * 8 * 3);
+        for px in pixels.chunks_exact(3) {
+            assert_eq!(px[0], px[1]);
+            assert_eq!(px[1], px[2]);
+        }
+        let first_row: Vec<i32> = pixels[..24].iter().step_by(3).map(|&p| p as i32).collect();
+        for (got, want) in first_row.iter().zip([0, 29, 60, 89, 120, 149, 180, 209]) {
+            assert!((got - want).abs() <= 2, "{first_row:?}");
+        }
+    }
+
+    #[test]
+    fn output_schema_checks_input_column() {
+        let stage = Decode::new(DecodeConfig::default());
+        let missing = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let err = stage.output_schema(&missing).unwrap_err();
+        assert!(matches!(err, DataflowError::Schema { ref column, .. } if column == "bytes"));
+        let wrong = Arc::new(Schema::new(vec![Field::new(
+            "bytes",
+            DataType::Utf8,
+            false,
+        )]));
+        let err = stage.output_schema(&wrong).unwrap_err();
+        assert!(matches!(err, DataflowError::Schema { ref column, .. } if column == "bytes"));
+
+        let batch = RecordBatch::try_from_iter(vec![(
+            "name",
+            Arc::new(StringArray::from(vec!["a"])) as ArrayRef,
+        )])
+        .unwrap();
+        assert!(Decode::new(DecodeConfig::default())
+            .process_batch(&batch)
+            .is_err());
+    }
+
+    /// Deserialises a config from string pairs (no JSON crate among the dependencies).
+    fn config_from(pairs: &[(&str, &str)]) -> Result<DecodeConfig, serde::de::value::Error> {
+        use serde::de::value::{Error, MapDeserializer};
+        use serde::Deserialize;
+        DecodeConfig::deserialize(MapDeserializer::<_, Error>::new(pairs.iter().copied()))
+    }
+
+    #[test]
+    fn config_defaults_and_rejects_unknown_fields() {
+        let c = config_from(&[]).unwrap();
+        assert_eq!((c.input.as_str(), c.output.as_str()), ("bytes", "pixels"));
+        assert!(!c.keep_input);
+        assert_eq!(config_from(&[("input", "jpeg")]).unwrap().input, "jpeg");
+        assert!(config_from(&[("inptu", "jpeg")]).is_err());
+    }
+
+    /// An 8×8 single-component (grayscale) JPEG, written by Pillow; its first row decodes
+    /// (Pillow/libjpeg) to 0, 29, 60, 89, 120, 149, 180, 209.
+    #[rustfmt::skip]
+    const GRAY_8X8_JPEG: &[u8] = &[
+        0xff, 0xd8, 0xff, 0xe0, 0x00, 0x10, 0x4a, 0x46, 0x49, 0x46, 0x00, 0x01,
+        0x01, 0x00, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0xff, 0xdb, 0x00, 0x43,
+        0x00, 0x03, 0x02, 0x02, 0x03, 0x02, 0x02, 0x03, 0x03, 0x03, 0x03, 0x04,
+        0x03, 0x03, 0x04, 0x05, 0x08, 0x05, 0x05, 0x04, 0x04, 0x05, 0x0a, 0x07,
+        0x07, 0x06, 0x08, 0x0c, 0x0a, 0x0c, 0x0c, 0x0b, 0x0a, 0x0b, 0x0b, 0x0d,
+        0x0e, 0x12, 0x10, 0x0d, 0x0e, 0x11, 0x0e, 0x0b, 0x0b, 0x10, 0x16, 0x10,
+        0x11, 0x13, 0x14, 0x15, 0x15, 0x15, 0x0c, 0x0f, 0x17, 0x18, 0x16, 0x14,
+        0x18, 0x12, 0x14, 0x15, 0x14, 0xff, 0xc0, 0x00, 0x0b, 0x08, 0x00, 0x08,
+        0x00, 0x08, 0x01, 0x01, 0x11, 0x00, 0xff, 0xc4, 0x00, 0x14, 0x00, 0x01,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x00, 0x04, 0xff, 0xc4, 0x00, 0x1a, 0x10, 0x00, 0x00, 0x07,
+        0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+        0x00, 0x00, 0x06, 0x09, 0x22, 0x35, 0x41, 0x52, 0xff, 0xda, 0x00, 0x08,
+        0x01, 0x01, 0x00, 0x00, 0x3f, 0x00, 0x02, 0x77, 0x14, 0x63, 0x19, 0x9a,
+        0x1f, 0xff, 0xd9,
+    ];
+}

@@ -1,1 +1,685 @@
-//! TODO
+//! Object-detection post-processing for SSD-style models: per-row `boxes [K,4]`, `scores [K]`
+//! and `classes [K]` tensors to a list of detections in pixel coordinates of the original image,
+//! after a score threshold, an optional class filter and per-class non-maximum suppression.
+//!
+//! Output columns (with the default `output: detections`):
+//! - `detections`: `List<Struct{class_id: Int64, label: Utf8?, score: Float32, x1, y1, x2, y2:
+//!   Float32}>`, best first;
+//! - `detections_count`: `Int32`, the number of detections kept.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, UInt32Type};
+use arrow_array::{
+    Array, ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array, ListArray,
+    RecordBatch, StringArray, StructArray, UInt32Array,
+};
+use arrow_buffer::{NullBuffer, OffsetBuffer};
+use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
+use riffle_dataflow::tensor::{element_type, row_shape, tensor_values};
+use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
+
+const NAME: &str = "detections";
+
+/// How the model lays out each box's four numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoxFormat {
+    /// `[ymin, xmin, ymax, xmax]` in `0..1` of the image (TensorFlow object-detection API).
+    #[default]
+    YxyxNormalized,
+    /// `[xmin, ymin, xmax, ymax]` in `0..1` of the image.
+    XyxyNormalized,
+    /// `[xmin, ymin, xmax, ymax]` already in pixels of the original image.
+    XyxyPixels,
+}
+
+impl BoxFormat {
+    fn is_normalized(self) -> bool {
+        !matches!(self, BoxFormat::XyxyPixels)
+    }
+}
+
+/// YAML block of a `detections` stage.
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetectionsConfig {
+    /// Tensor column of per-row boxes, shape `[K,4]`.
+    #[serde(default = "default_boxes")]
+    pub boxes: String,
+    /// Tensor column of per-row scores, shape `[K]`.
+    #[serde(default = "default_scores")]
+    pub scores: String,
+    /// Tensor column of per-row class ids stored as floats, shape `[K]`.
+    #[serde(default = "default_classes")]
+    pub classes: String,
+    #[serde(default)]
+    pub box_format: BoxFormat,
+    /// Detections scoring below this are dropped.
+    #[serde(default = "default_half")]
+    pub score_threshold: f32,
+    /// Class ids to keep; empty keeps every class.
+    #[serde(default)]
+    pub keep_classes: Vec<i64>,
+    /// Per-class NMS: a box overlapping a better one of its class by more than this IoU is
+    /// dropped. `1.0` disables NMS.
+    #[serde(default = "default_half")]
+    pub iou_threshold: f32,
+    /// Class names by id, e.g. `{1: person}`; classes without one get a null label.
+    #[serde(default)]
+    pub labels: BTreeMap<i64, String>,
+    /// At most this many detections per row (the best ones).
+    #[serde(default = "default_max_detections")]
+    pub max_detections: usize,
+    /// Name of the list column written; `{output}_count` comes with it.
+    #[serde(default = "default_output")]
+    pub output: String,
+    /// Drop the three model-output tensors from the output.
+    #[serde(default = "default_true")]
+    pub drop_inputs: bool,
+}
+
+fn default_boxes() -> String {
+    "detection_boxes".to_string()
+}
+
+fn default_scores() -> String {
+    "detection_scores".to_string()
+}
+
+fn default_classes() -> String {
+    "detection_classes".to_string()
+}
+
+fn default_half() -> f32 {
+    0.5
+}
+
+fn default_max_detections() -> usize {
+    100
+}
+
+fn default_output() -> String {
+    "detections".to_string()
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Columns holding the original image size, needed to scale normalized boxes.
+const WIDTH: &str = "width";
+const HEIGHT: &str = "height";
+
+/// Indices of the boxes greedy NMS keeps, best score first: a box is suppressed when its IoU
+/// with an already kept box exceeds `iou_threshold`. Boxes are `[x1, y1, x2, y2]`.
+pub fn non_max_suppression(boxes: &[[f32; 4]], scores: &[f32], iou_threshold: f32) -> Vec<usize> {
+    let n = boxes.len().min(scores.len());
+    let mut order: Vec<usize> = (0..n).collect();
+    // NaN scores sort last; equal scores keep input order.
+    order.sort_by(|&a, &b| {
+        scores[b]
+            .partial_cmp(&scores[a])
+            .unwrap_or_else(|| scores[a].is_nan().cmp(&scores[b].is_nan()))
+    });
+    let mut kept: Vec<usize> = Vec::new();
+    for i in order {
+        if kept
+            .iter()
+            .all(|&k| iou(&boxes[k], &boxes[i]) <= iou_threshold)
+        {
+            kept.push(i);
+        }
+    }
+    kept
+}
+
+/// Intersection over union of two `[x1, y1, x2, y2]` boxes; 0 when the union is empty.
+fn iou(a: &[f32; 4], b: &[f32; 4]) -> f32 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let inter = w * h;
+    let area = |r: &[f32; 4]| (r[2] - r[0]).max(0.0) * (r[3] - r[1]).max(0.0);
+    let union = area(a) + area(b) - inter;
+    if union > 0.0 {
+        inter / union
+    } else {
+        0.0
+    }
+}
+
+/// One kept detection.
+#[derive(Clone, Copy, Debug)]
+struct Detection {
+    class_id: i64,
+    score: f32,
+    rect: [f32; 4],
+}
+
+/// The `detections` stage.
+#[derive(Debug)]
+pub struct Detections {
+    config: DetectionsConfig,
+    entry_fields: Fields,
+}
+
+impl Detections {
+    pub fn new(config: DetectionsConfig) -> DataflowResult<Self> {
+        if !(0.0..=1.0).contains(&config.iou_threshold) {
+            return Err(DataflowError::Config(format!(
+                "{NAME}: iou_threshold must be within 0..=1, got {}",
+                config.iou_threshold
+            )));
+        }
+        if config.score_threshold.is_nan() {
+            return Err(DataflowError::Config(format!(
+                "{NAME}: score_threshold must be a number"
+            )));
+        }
+        Ok(Detections {
+            config,
+            entry_fields: entry_fields(),
+        })
+    }
+
+    fn count_column(&self) -> String {
+        format!("{}_count", self.config.output)
+    }
+
+    fn list_field(&self) -> FieldRef {
+        Arc::new(Field::new_list_field(
+            DataType::Struct(self.entry_fields.clone()),
+            false,
+        ))
+    }
+
+    fn is_input(&self, name: &str) -> bool {
+        name == self.config.boxes || name == self.config.scores || name == self.config.classes
+    }
+
+    /// Detections per row (`K`), after checking every input column's type and shape.
+    fn check_inputs(&self, input: &Schema) -> DataflowResult<usize> {
+        let boxes = tensor_size(input, &self.config.boxes)?;
+        let scores = tensor_size(input, &self.config.scores)?;
+        let classes = tensor_size(input, &self.config.classes)?;
+        let box_shape = row_shape(input.field_with_name(&self.config.boxes)?)?;
+        if boxes != 4 * scores || box_shape.last() != Some(&4) {
+            return Err(DataflowError::schema(
+                &self.config.boxes,
+                format!("a [{scores},4] tensor (one box per score)"),
+                format!("shape {box_shape:?}"),
+            ));
+        }
+        if classes != scores {
+            return Err(DataflowError::schema(
+                &self.config.classes,
+                format!("{scores} classes per row (one per score)"),
+                format!("{classes}"),
+            ));
+        }
+        for name in [WIDTH, HEIGHT] {
+            match input.field_with_name(name) {
+                Ok(f) if f.data_type() == &DataType::UInt32 => {}
+                Ok(f) => {
+                    return Err(DataflowError::schema(
+                        name,
+                        "UInt32 image size",
+                        f.data_type().to_string(),
+                    ))
+                }
+                // Pixel boxes are usable without the image size: they are just not clamped.
+                Err(_) if !self.config.box_format.is_normalized() => {}
+                Err(_) => {
+                    return Err(DataflowError::schema(
+                        name,
+                        "UInt32 image size (needed to scale normalized boxes)",
+                        "no such column",
+                    ))
+                }
+            }
+        }
+        Ok(scores)
+    }
+
+    /// Detections of one row, best first.
+    fn detect_row(
+        &self,
+        boxes: &[f32],
+        scores: &[f32],
+        classes: &[f32],
+        size: Option<(f32, f32)>,
+    ) -> Vec<Detection> {
+        let cfg = &self.config;
+        // Group candidates per class so NMS never suppresses across classes.
+        let mut by_class: BTreeMap<i64, Vec<Detection>> = BTreeMap::new();
+        for (i, (&score, &class)) in scores.iter().zip(classes).enumerate() {
+            // NaN scores and class ids carry no usable detection.
+            if score.is_nan() || score < cfg.score_threshold || !class.is_finite() {
+                continue;
+            }
+            let class_id = class.round() as i64;
+            if !cfg.keep_classes.is_empty() && !cfg.keep_classes.contains(&class_id) {
+                continue;
+            }
+            let b = &boxes[i * 4..i * 4 + 4];
+            let rect = to_pixels([b[0], b[1], b[2], b[3]], cfg.box_format, size);
+            by_class.entry(class_id).or_default().push(Detection {
+                class_id,
+                score,
+                rect,
+            });
+        }
+        let mut kept = Vec::new();
+        for candidates in by_class.values() {
+            if cfg.iou_threshold >= 1.0 {
+                kept.extend_from_slice(candidates);
+                continue;
+            }
+            let rects: Vec<[f32; 4]> = candidates.iter().map(|d| d.rect).collect();
+            let scores: Vec<f32> = candidates.iter().map(|d| d.score).collect();
+            let keep = non_max_suppression(&rects, &scores, cfg.iou_threshold);
+            kept.extend(keep.into_iter().map(|i| candidates[i]));
+        }
+        // Scores passed the threshold, so none is NaN here.
+        kept.sort_by(|a, b| b.score.total_cmp(&a.score));
+        kept.truncate(cfg.max_detections);
+        kept
+    }
+}
+
+/// `[x1, y1, x2, y2]` in pixels, ordered and clamped to the image when its size is known.
+fn to_pixels(b: [f32; 4], format: BoxFormat, size: Option<(f32, f32)>) -> [f32; 4] {
+    let [x1, y1, x2, y2] = match format {
+        BoxFormat::YxyxNormalized => [b[1], b[0], b[3], b[2]],
+        BoxFormat::XyxyNormalized | BoxFormat::XyxyPixels => b,
+    };
+    let (sx, sy) = match (format.is_normalized(), size) {
+        (true, Some((w, h))) => (w, h),
+        _ => (1.0, 1.0),
+    };
+    let (x1, x2) = (x1.min(x2) * sx, x1.max(x2) * sx);
+    let (y1, y2) = (y1.min(y2) * sy, y1.max(y2) * sy);
+    match size {
+        Some((w, h)) => [
+            x1.clamp(0.0, w),
+            y1.clamp(0.0, h),
+            x2.clamp(0.0, w),
+            y2.clamp(0.0, h),
+        ],
+        None => [x1, y1, x2, y2],
+    }
+}
+
+/// Elements per row of the f32 tensor column `name`.
+fn tensor_size(input: &Schema, name: &str) -> DataflowResult<usize> {
+    let field = input
+        .field_with_name(name)
+        .map_err(|_| DataflowError::schema(name, "a float32 tensor column", "no such column"))?;
+    let is_tensor = matches!(field.data_type(), DataType::FixedSizeList(_, _));
+    if !is_tensor || element_type(field) != DataType::Float32 {
+        return Err(DataflowError::schema(
+            name,
+            "a float32 tensor column (FixedSizeList<Float32>)",
+            field.data_type().to_string(),
+        ));
+    }
+    Ok(row_shape(field)?.iter().product())
+}
+
+/// The tensor column `name` of `batch` and its contiguous values.
+fn tensor<'a>(
+    batch: &'a RecordBatch,
+    name: &str,
+) -> DataflowResult<(&'a FixedSizeListArray, &'a [f32])> {
+    let column = batch
+        .column_by_name(name)
+        .ok_or_else(|| DataflowError::schema(name, "a column", "none"))?;
+    let list = column.as_fixed_size_list_opt().ok_or_else(|| {
+        DataflowError::schema(
+            name,
+            "FixedSizeList<Float32>",
+            column.data_type().to_string(),
+        )
+    })?;
+    Ok((list, tensor_values::<Float32Type>(list)?))
+}
+
+fn size_column<'a>(batch: &'a RecordBatch, name: &str) -> Option<&'a UInt32Array> {
+    batch
+        .column_by_name(name)
+        .and_then(|c| c.as_primitive_opt::<UInt32Type>())
+}
+
+fn entry_fields() -> Fields {
+    let coord = |name: &str| Field::new(name, DataType::Float32, false);
+    Fields::from(vec![
+        Field::new("class_id", DataType::Int64, false),
+        Field::new("label", DataType::Utf8, true),
+        Field::new("score", DataType::Float32, false),
+        coord("x1"),
+        coord("y1"),
+        coord("x2"),
+        coord("y2"),
+    ])
+}
+
+impl Stage for Detections {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        self.check_inputs(input)?;
+        let mut fields: Vec<FieldRef> = input
+            .fields()
+            .iter()
+            .filter(|f| !(self.config.drop_inputs && self.is_input(f.name())))
+            .cloned()
+            .collect();
+        let added = [
+            Field::new(&self.config.output, DataType::List(self.list_field()), true),
+            Field::new(self.count_column(), DataType::Int32, false),
+        ];
+        for field in added {
+            if fields.iter().any(|f| f.name() == field.name()) {
+                return Err(DataflowError::schema(
+                    field.name(),
+                    "a column name not already in the input",
+                    "an existing column",
+                ));
+            }
+            fields.push(Arc::new(field));
+        }
+        Ok(Arc::new(Schema::new_with_metadata(
+            fields,
+            input.metadata().clone(),
+        )))
+    }
+
+    fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+        let schema = self.output_schema(batch.schema_ref())?;
+        let k = self.check_inputs(batch.schema_ref())?;
+        let rows = batch.num_rows();
+        let (box_list, boxes) = tensor(batch, &self.config.boxes)?;
+        let (score_list, scores) = tensor(batch, &self.config.scores)?;
+        let (class_list, classes) = tensor(batch, &self.config.classes)?;
+        if boxes.len() != rows * k * 4 || scores.len() != rows * k || classes.len() != rows * k {
+            return Err(DataflowError::stage(
+                NAME,
+                format!("input tensors do not hold {rows} rows of {k} detections"),
+            ));
+        }
+        let widths = size_column(batch, WIDTH);
+        let heights = size_column(batch, HEIGHT);
+
+        let mut lengths = Vec::with_capacity(rows);
+        let mut valid = Vec::with_capacity(rows);
+        let mut kept: Vec<Detection> = Vec::new();
+        for row in 0..rows {
+            let size = match (widths, heights) {
+                (Some(w), Some(h)) if w.is_valid(row) && h.is_valid(row) => {
+                    Some((w.value(row) as f32, h.value(row) as f32))
+                }
+                _ => None,
+            };
+            let missing_tensor =
+                box_list.is_null(row) || score_list.is_null(row) || class_list.is_null(row);
+            // Normalized boxes cannot be placed without the image size; like a null tensor,
+            // that row gets a null list (the row itself is kept: this stage preserves rows).
+            if missing_tensor || (self.config.box_format.is_normalized() && size.is_none()) {
+                lengths.push(0);
+                valid.push(false);
+                continue;
+            }
+            let found = self.detect_row(
+                &boxes[row * k * 4..(row + 1) * k * 4],
+                &scores[row * k..(row + 1) * k],
+                &classes[row * k..(row + 1) * k],
+                size,
+            );
+            lengths.push(found.len());
+            valid.push(true);
+            kept.extend(found);
+        }
+
+        let coord = |i: usize| -> ArrayRef {
+            Arc::new(Float32Array::from_iter_values(
+                kept.iter().map(|d| d.rect[i]),
+            ))
+        };
+        let entries = StructArray::try_new(
+            self.entry_fields.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(
+                    kept.iter().map(|d| d.class_id),
+                )),
+                Arc::new(StringArray::from_iter(
+                    kept.iter().map(|d| self.config.labels.get(&d.class_id)),
+                )),
+                Arc::new(Float32Array::from_iter_values(kept.iter().map(|d| d.score))),
+                coord(0),
+                coord(1),
+                coord(2),
+                coord(3),
+            ],
+            None,
+        )?;
+        let counts = lengths
+            .iter()
+            .map(|&n| i32::try_from(n))
+            .collect::<Result<Vec<i32>, _>>()
+            .map_err(|e| DataflowError::stage(NAME, e))?;
+        let offsets = OffsetBuffer::<i32>::try_from_lengths(lengths)
+            .map_err(|e| DataflowError::stage(NAME, e))?;
+        let nulls = NullBuffer::from(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        let list = ListArray::try_new(self.list_field(), offsets, Arc::new(entries), nulls)?;
+
+        let mut columns: Vec<ArrayRef> = batch
+            .schema()
+            .fields()
+            .iter()
+            .zip(batch.columns())
+            .filter(|(f, _)| !(self.config.drop_inputs && self.is_input(f.name())))
+            .map(|(_, c)| c.clone())
+            .collect();
+        columns.push(Arc::new(list));
+        columns.push(Arc::new(Int32Array::from(counts)));
+        Ok(StageOutput::all(RecordBatch::try_new(schema, columns)?))
+    }
+
+    fn preserves_rows(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::types::Int64Type;
+    use riffle_dataflow::tensor::{tensor_column, tensor_field};
+
+    fn config() -> DetectionsConfig {
+        DetectionsConfig {
+            boxes: default_boxes(),
+            scores: default_scores(),
+            classes: default_classes(),
+            box_format: BoxFormat::default(),
+            score_threshold: 0.5,
+            keep_classes: Vec::new(),
+            iou_threshold: 0.5,
+            labels: BTreeMap::from([(1, "person".to_string())]),
+            max_detections: 100,
+            output: default_output(),
+            drop_inputs: true,
+        }
+    }
+
+    /// Two rows, K = 3, normalized `[ymin, xmin, ymax, xmax]` boxes, 200×100 images.
+    fn batch() -> RecordBatch {
+        let boxes = tensor_field("detection_boxes", DataType::Float32, &[3, 4]);
+        let scores = tensor_field("detection_scores", DataType::Float32, &[3]);
+        let classes = tensor_field("detection_classes", DataType::Float32, &[3]);
+        #[rustfmt::skip]
+        let box_values = vec![
+            // Row 0: a person, a near-duplicate of it, and a low-scoring class-3 box.
+            0.1, 0.1, 0.5, 0.5,
+            0.1, 0.12, 0.5, 0.52,
+            0.0, 0.6, 0.2, 0.9,
+            // Row 1: a class-2 box spilling past the image, a class-1 box, a disjoint person.
+            0.5, 0.5, 1.2, 1.1,
+            0.0, 0.0, 0.3, 0.3,
+            0.6, 0.0, 1.0, 0.2,
+        ];
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(Int64Array::from(vec![1, 2])),
+            tensor_column::<Float32Type>(&boxes, box_values).unwrap(),
+            tensor_column::<Float32Type>(&scores, vec![0.9, 0.8, 0.3, 0.7, 0.95, 0.6]).unwrap(),
+            tensor_column::<Float32Type>(&classes, vec![1.0, 1.0, 3.0, 2.0, 1.0, 1.0]).unwrap(),
+            Arc::new(UInt32Array::from(vec![200, 200])),
+            Arc::new(UInt32Array::from(vec![100, 100])),
+        ];
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("frame", DataType::Int64, false),
+            boxes,
+            scores,
+            classes,
+            Field::new("width", DataType::UInt32, false),
+            Field::new("height", DataType::UInt32, false),
+        ]));
+        RecordBatch::try_new(schema, columns).unwrap()
+    }
+
+    /// (class_id, label, score, [x1, y1, x2, y2]) of every detection of `row`.
+    type Row = Vec<(i64, Option<String>, f32, [f32; 4])>;
+
+    fn rows_of(out: &RecordBatch) -> Vec<Row> {
+        let list = out.column_by_name("detections").unwrap().as_list::<i32>();
+        (0..list.len())
+            .map(|r| {
+                let entries = list.value(r);
+                let s = entries.as_struct();
+                let f = |i: usize| s.column(i).as_primitive::<Float32Type>().clone();
+                let (ids, labels) = (s.column(0).as_primitive::<Int64Type>(), s.column(1));
+                let (score, x1, y1, x2, y2) = (f(2), f(3), f(4), f(5), f(6));
+                (0..s.len())
+                    .map(|i| {
+                        let label = labels
+                            .is_valid(i)
+                            .then(|| labels.as_string::<i32>().value(i).to_string());
+                        let rect = [x1.value(i), y1.value(i), x2.value(i), y2.value(i)];
+                        (ids.value(i), label, score.value(i), rect)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn assert_rect(actual: [f32; 4], expected: [f32; 4]) {
+        for (a, e) in actual.iter().zip(expected) {
+            assert!((a - e).abs() < 1e-4, "{actual:?} != {expected:?}");
+        }
+    }
+
+    #[test]
+    fn decodes_thresholds_and_suppresses() {
+        let mut stage = Detections::new(config()).unwrap();
+        let input = batch();
+        let expected = stage.output_schema(input.schema_ref()).unwrap();
+        let out = stage.process_batch(&input).unwrap().records;
+        assert_eq!(out.schema(), expected);
+        assert!(out.column_by_name("detection_boxes").is_none());
+        assert!(out.column_by_name("width").is_some());
+
+        let rows = rows_of(&out);
+        // Row 0: the duplicate person (IoU ≈ 0.9) is suppressed, class 3 is under threshold.
+        assert_eq!(rows[0].len(), 1);
+        let (id, label, score, rect) = rows[0][0].clone();
+        assert_eq!((id, label.as_deref(), score), (1, Some("person"), 0.9));
+        assert_rect(rect, [20.0, 10.0, 100.0, 50.0]);
+
+        // Row 1: sorted by score; the class-2 box is clamped to the 200×100 image.
+        let ids: Vec<i64> = rows[1].iter().map(|d| d.0).collect();
+        assert_eq!(ids, vec![1, 2, 1]);
+        assert_rect(rows[1][0].3, [0.0, 0.0, 60.0, 30.0]);
+        assert_rect(rows[1][1].3, [100.0, 50.0, 200.0, 100.0]);
+        assert_eq!(rows[1][1].1, None);
+        assert_rect(rows[1][2].3, [0.0, 60.0, 40.0, 100.0]);
+
+        let counts = out.column_by_name("detections_count").unwrap();
+        assert_eq!(
+            counts
+                .as_primitive::<arrow_array::types::Int32Type>()
+                .values()
+                .as_ref(),
+            &[1, 3]
+        );
+    }
+
+    #[test]
+    fn keep_classes_nms_off_and_max_detections() {
+        let mut cfg = config();
+        cfg.keep_classes = vec![1];
+        cfg.iou_threshold = 1.0;
+        cfg.max_detections = 2;
+        cfg.drop_inputs = false;
+        let mut stage = Detections::new(cfg).unwrap();
+        let out = stage.process_batch(&batch()).unwrap().records;
+        assert!(out.column_by_name("detection_boxes").is_some());
+        let rows = rows_of(&out);
+        // NMS disabled: both overlapping persons stay.
+        assert_eq!(
+            rows[0].iter().map(|d| d.2).collect::<Vec<_>>(),
+            vec![0.9, 0.8]
+        );
+        // Class 2 filtered out; both persons kept.
+        assert_eq!(rows[1].iter().map(|d| d.0).collect::<Vec<_>>(), vec![1, 1]);
+        assert_eq!(
+            rows[1].iter().map(|d| d.2).collect::<Vec<_>>(),
+            vec![0.95, 0.6]
+        );
+    }
+
+    #[test]
+    fn schema_errors() {
+        let stage = Detections::new(config()).unwrap();
+        let input = batch();
+        let no_width = Arc::new(input.schema().project(&[0, 1, 2, 3, 5]).unwrap());
+        let err = stage.output_schema(&no_width).unwrap_err();
+        assert!(err.to_string().contains("width"), "{err}");
+
+        let mut cfg = config();
+        cfg.scores = "missing".to_string();
+        let err = Detections::new(cfg)
+            .unwrap()
+            .output_schema(input.schema_ref())
+            .unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+
+        let mut cfg = config();
+        cfg.iou_threshold = 1.5;
+        assert!(Detections::new(cfg).is_err());
+    }
+
+    #[test]
+    fn nms_suppresses_overlap_and_keeps_disjoint() {
+        let boxes = [
+            [0.0, 0.0, 10.0, 10.0],
+            [1.0, 1.0, 11.0, 11.0],
+            [50.0, 50.0, 60.0, 60.0],
+        ];
+        // Box 1 scores best, so box 0 (IoU ≈ 0.68 with it) is the one suppressed.
+        assert_eq!(
+            non_max_suppression(&boxes, &[0.8, 0.9, 0.3], 0.5),
+            vec![1, 2]
+        );
+        // A looser threshold keeps both overlapping boxes.
+        assert_eq!(
+            non_max_suppression(&boxes, &[0.8, 0.9, 0.3], 0.7),
+            vec![1, 0, 2]
+        );
+        assert!(non_max_suppression(&[], &[], 0.5).is_empty());
+    }
+}

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod detections;
 pub mod filter;
 pub mod model;
+pub mod onnx;
 pub mod resize;
 pub mod select;
 pub mod topk;

@@ -1,1 +1,574 @@
-//! TODO
+//! `resize`: decoded RGB8 images → one model-ready tensor column.
+//!
+//! Each row is resized (bilinear convolution, fast_image_resize's SIMD paths) into one reused
+//! destination image, then scaled / normalised and laid out (NCHW or NHWC) straight into the
+//! batch's single value buffer, which becomes the tensor column without another copy.
+
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, UInt32Type, UInt8Type};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use fast_image_resize::images::{Image, ImageRef};
+use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
+use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::error::{DataflowError, DataflowResult};
+use riffle_dataflow::stage::{Stage, StageOutput};
+use riffle_dataflow::tensor::{tensor_column, tensor_field};
+
+use crate::decode::{is_binary, Payloads, HEIGHT_COLUMN, WIDTH_COLUMN};
+
+const STAGE: &str = "resize";
+
+/// Order of a tensor's axes per row.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `[3, H, W]`: channel planes (most ONNX vision models).
+    #[default]
+    Nchw,
+    /// `[H, W, 3]`: interleaved pixels.
+    Nhwc,
+}
+
+/// Element type of the tensor column.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TensorDtype {
+    /// `p / 255`, then `(x - mean) / std` when given.
+    #[default]
+    F32,
+    /// Raw pixel values.
+    U8,
+}
+
+/// Configuration of the `resize` stage (its YAML block).
+#[derive(Clone, Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeConfig {
+    /// Binary column of RGB8 pixels; the `width` and `height` columns give each row's size.
+    #[serde(default = "default_input")]
+    pub input: String,
+    /// Tensor column written.
+    #[serde(default = "default_output")]
+    pub output: String,
+    /// Target size.
+    pub width: u32,
+    pub height: u32,
+    #[serde(default)]
+    pub layout: Layout,
+    #[serde(default)]
+    pub dtype: TensorDtype,
+    /// Per-channel (R, G, B) mean subtracted after scaling to 0..1 (f32 only).
+    #[serde(default)]
+    pub mean: Option<[f32; 3]>,
+    /// Per-channel divisor applied after the mean (f32 only).
+    #[serde(default)]
+    pub std: Option<[f32; 3]>,
+    /// Keep the pixel column (dropped by default; `width` / `height` are always kept since
+    /// later stages map results back to the original image size).
+    #[serde(default)]
+    pub keep_input: bool,
+}
+
+fn default_input() -> String {
+    "pixels".to_string()
+}
+
+fn default_output() -> String {
+    "tensor".to_string()
+}
+
+/// The `resize` stage.
+pub struct Resize {
+    config: ResizeConfig,
+    /// The output tensor field (shape metadata included).
+    field: Field,
+    resizer: Resizer,
+    options: ResizeOptions,
+    /// Destination of every row's resize, reused so rows allocate nothing.
+    dst: Image<'static>,
+    /// Per channel, the f32 value of each u8 pixel: the normalisation done once, not per pixel.
+    lut: [[f32; 256]; 3],
+}
+
+impl Resize {
+    pub fn new(config: ResizeConfig) -> DataflowResult<Self> {
+        let bad = |msg: String| Err(DataflowError::Config(format!("{STAGE}: {msg}")));
+        if config.width == 0 || config.height == 0 {
+            return bad(format!(
+                "target size {}x{} must be non-zero",
+                config.width, config.height
+            ));
+        }
+        if config.dtype == TensorDtype::U8 && (config.mean.is_some() || config.std.is_some()) {
+            return bad("mean/std normalisation needs dtype f32, not u8".to_string());
+        }
+        let mean = config.mean.unwrap_or([0.0; 3]);
+        let std = config.std.unwrap_or([1.0; 3]);
+        if mean.iter().chain(&std).any(|v| !v.is_finite()) {
+            return bad(format!("mean {mean:?} and std {std:?} must be finite"));
+        }
+        if std.contains(&0.0) {
+            return bad(format!("std {std:?} has a zero"));
+        }
+        // The per-row size is a FixedSizeList length (i32).
+        let (w, h) = (config.width as usize, config.height as usize);
+        let elems = w.checked_mul(h).and_then(|p| p.checked_mul(3));
+        if elems.is_none_or(|n| i32::try_from(n).is_err()) {
+            return bad(format!("target size {w}x{h} is too large"));
+        }
+        let shape = match config.layout {
+            Layout::Nchw => [3, h, w],
+            Layout::Nhwc => [h, w, 3],
+        };
+        let element = match config.dtype {
+            TensorDtype::F32 => DataType::Float32,
+            TensorDtype::U8 => DataType::UInt8,
+        };
+        let field = tensor_field(&config.output, element, &shape);
+
+        let mut lut = [[0.0f32; 256]; 3];
+        for (c, table) in lut.iter_mut().enumerate() {
+            for (p, v) in table.iter_mut().enumerate() {
+                *v = (p as f32 / 255.0 - mean[c]) / std[c];
+            }
+        }
+        Ok(Resize {
+            dst: Image::new(config.width, config.height, PixelType::U8x3),
+            options: ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
+            resizer: Resizer::new(),
+            field,
+            lut,
+            config,
+        })
+    }
+
+    /// Indices of the input columns carried into the output.
+    fn kept_columns(&self, input: &Schema) -> Vec<usize> {
+        (0..input.fields().len())
+            .filter(|&i| self.config.keep_input || input.field(i).name() != &self.config.input)
+            .collect()
+    }
+
+    /// Resizes one row into `self.dst`, or says why the row cannot be used.
+    fn resize_row(&mut self, pixels: &[u8], width: u32, height: u32) -> Result<(), String> {
+        if width == 0 || height == 0 {
+            // The resizer silently does nothing for an empty source, leaving the last row.
+            return Err(format!("empty image {width}x{height}"));
+        }
+        let expected = width as usize * height as usize * 3;
+        if pixels.len() != expected {
+            return Err(format!(
+                "pixels has {} bytes, expected {expected} for a {width}x{height} RGB8 image",
+                pixels.len()
+            ));
+        }
+        let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
+            .map_err(|e| format!("bad source image: {e}"))?;
+        self.resizer
+            .resize(&src, &mut self.dst, &self.options)
+            .map_err(|e| format!("resize failed: {e}"))
+    }
+}
+
+/// The tensor values of one batch, in the configured dtype.
+enum Values {
+    F32(Vec<f32>),
+    U8(Vec<u8>),
+}
+
+impl Values {
+    /// Appends one resized RGB8 image in `layout`.
+    fn push(&mut self, rgb: &[u8], layout: Layout, lut: &[[f32; 256]; 3]) {
+        match (self, layout) {
+            (Values::F32(v), Layout::Nchw) => {
+                for (c, table) in lut.iter().enumerate() {
+                    v.extend(rgb.iter().skip(c).step_by(3).map(|&p| table[p as usize]));
+                }
+            }
+            (Values::F32(v), Layout::Nhwc) => {
+                for px in rgb.chunks_exact(3) {
+                    v.push(lut[0][px[0] as usize]);
+                    v.push(lut[1][px[1] as usize]);
+                    v.push(lut[2][px[2] as usize]);
+                }
+            }
+            (Values::U8(v), Layout::Nchw) => {
+                for c in 0..3 {
+                    v.extend(rgb.iter().skip(c).step_by(3));
+                }
+            }
+            (Values::U8(v), Layout::Nhwc) => v.extend_from_slice(rgb),
+        }
+    }
+}
+
+/// Looks up a column the stage reads, checking its type with `ok`.
+fn input_field<'a>(
+    schema: &'a Schema,
+    name: &str,
+    expected: &str,
+    ok: impl Fn(&DataType) -> bool,
+) -> DataflowResult<&'a Field> {
+    let field = schema
+        .field_with_name(name)
+        .map_err(|_| DataflowError::schema(name, expected, "none"))?;
+    if !ok(field.data_type()) {
+        return Err(DataflowError::schema(
+            name,
+            expected,
+            field.data_type().to_string(),
+        ));
+    }
+    Ok(field)
+}
+
+impl Stage for Resize {
+    fn name(&self) -> &str {
+        STAGE
+    }
+
+    /// Not row-preserving: a row whose pixels do not match its size is dropped as a dead
+    /// letter, so output row `i` need not be input row `i`.
+    fn preserves_rows(&self) -> bool {
+        false
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        input_field(
+            input,
+            &self.config.input,
+            "a binary column of RGB8 pixels",
+            is_binary,
+        )?;
+        for name in [WIDTH_COLUMN, HEIGHT_COLUMN] {
+            input_field(input, name, "UInt32 (image size from decode)", |t| {
+                *t == DataType::UInt32
+            })?;
+        }
+        let mut fields: Vec<Field> = self
+            .kept_columns(input)
+            .into_iter()
+            .map(|i| input.field(i).clone())
+            .collect();
+        if fields.iter().any(|f| f.name() == &self.config.output) {
+            return Err(DataflowError::schema(
+                &self.config.output,
+                "no existing column (resize adds it)",
+                "a column of that name in the input",
+            ));
+        }
+        fields.push(self.field.clone());
+        Ok(Arc::new(Schema::new_with_metadata(
+            fields,
+            input.metadata().clone(),
+        )))
+    }
+
+    fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+        let input_schema = batch.schema();
+        let schema = self.output_schema(&input_schema)?;
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .ok_or_else(|| DataflowError::schema(name, "a column", "none"))
+        };
+        let pixel_column = column(&self.config.input)?;
+        let pixels = Payloads::new(pixel_column.as_ref()).ok_or_else(|| {
+            DataflowError::schema(
+                &self.config.input,
+                "a binary column",
+                pixel_column.data_type().to_string(),
+            )
+        })?;
+        let size_column = |name: &str| -> DataflowResult<UInt32Array> {
+            let c = column(name)?;
+            c.as_primitive_opt::<UInt32Type>()
+                .cloned()
+                .ok_or_else(|| DataflowError::schema(name, "UInt32", c.data_type().to_string()))
+        };
+        let widths = size_column(WIDTH_COLUMN)?;
+        let heights = size_column(HEIGHT_COLUMN)?;
+
+        let rows = batch.num_rows();
+        let per_row = 3 * self.config.width as usize * self.config.height as usize;
+        let mut values = match self.config.dtype {
+            TensorDtype::F32 => Values::F32(Vec::with_capacity(rows * per_row)),
+            TensorDtype::U8 => Values::U8(Vec::with_capacity(rows * per_row)),
+        };
+        let mut keep = Vec::with_capacity(rows);
+        let mut rejected = Vec::new();
+        for row in 0..rows {
+            let size = (widths.is_valid(row) && heights.is_valid(row))
+                .then(|| (widths.value(row), heights.value(row)));
+            let resized = match (pixels.get(row), size) {
+                (Some(p), Some((w, h))) => self.resize_row(p, w, h),
+                (None, _) => Err(format!("null `{}`", self.config.input)),
+                (_, None) => Err("null image width or height".to_string()),
+            };
+            match resized {
+                Ok(()) => {
+                    values.push(self.dst.buffer(), self.config.layout, &self.lut);
+                    keep.push(true);
+                }
+                Err(reason) => {
+                    rejected.push(DeadLetter::for_row(STAGE, batch, row, reason));
+                    keep.push(false);
+                }
+            }
+        }
+
+        let tensor = match values {
+            Values::F32(v) => tensor_column::<Float32Type>(&self.field, v)?,
+            Values::U8(v) => tensor_column::<UInt8Type>(&self.field, v)?,
+        };
+        let kept = self.kept_columns(&input_schema);
+        let mut columns: Vec<ArrayRef> = if rejected.is_empty() {
+            kept.iter().map(|&i| batch.column(i).clone()).collect()
+        } else {
+            let projected = batch.project(&kept)?;
+            let mask = BooleanArray::from(keep);
+            arrow_select::filter::filter_record_batch(&projected, &mask)?
+                .columns()
+                .to_vec()
+        };
+        columns.push(tensor);
+        let records = RecordBatch::try_new(schema, columns)?;
+        Ok(StageOutput { records, rejected })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{BinaryArray, FixedSizeListArray, Int64Array};
+    use riffle_dataflow::tensor::{row_shape, tensor_values};
+
+    fn config(width: u32, height: u32) -> ResizeConfig {
+        ResizeConfig {
+            input: default_input(),
+            output: default_output(),
+            width,
+            height,
+            layout: Layout::default(),
+            dtype: TensorDtype::default(),
+            mean: None,
+            std: None,
+            keep_input: false,
+        }
+    }
+
+    /// A batch of (frame id, RGB8 pixels, width, height) rows.
+    fn batch_of(rows: Vec<(Vec<u8>, u32, u32)>) -> RecordBatch {
+        let ids: Vec<i64> = (0..rows.len() as i64).collect();
+        let pixels: Vec<&[u8]> = rows.iter().map(|r| r.0.as_slice()).collect();
+        RecordBatch::try_from_iter(vec![
+            ("frame", Arc::new(Int64Array::from(ids)) as ArrayRef),
+            ("pixels", Arc::new(BinaryArray::from(pixels)) as ArrayRef),
+            (
+                "width",
+                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
+            ),
+            (
+                "height",
+                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.2))) as ArrayRef,
+            ),
+        ])
+        .unwrap()
+    }
+
+    /// 4×2 image: R steps across columns (0,0,255,255), G steps down rows (40 then 80),
+    /// B is flat 128.
+    fn image_4x2() -> Vec<u8> {
+        let mut px = Vec::new();
+        for g in [40u8, 80] {
+            for r in [0u8, 0, 255, 255] {
+                px.extend([r, g, 128]);
+            }
+        }
+        px
+    }
+
+    #[test]
+    fn resizes_and_normalises_nchw_f32() {
+        let mean = [0.485, 0.456, 0.406];
+        let std = [0.229, 0.224, 0.225];
+        let mut stage = Resize::new(ResizeConfig {
+            mean: Some(mean),
+            std: Some(std),
+            ..config(2, 1)
+        })
+        .unwrap();
+        let batch = batch_of(vec![(image_4x2(), 4, 2)]);
+        let out = stage.process_batch(&batch).unwrap();
+        assert!(out.rejected.is_empty());
+        let schema = out.records.schema();
+        let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["frame", "width", "height", "tensor"]);
+        assert_eq!(row_shape(schema.field(3)).unwrap(), vec![3, 1, 2]);
+        let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+
+        // Bilinear (triangle) convolution, 2× down: support 2 src px around each output
+        // centre. Output x=0 (centre 1.0) weighs src columns 0,1,2 by 0.75,0.75,0.25 (sum
+        // 1.75): R = 255*0.25/1.75 = 36.43 → 36; x=1 mirrors it: R = 255*1.5/1.75 = 218.57
+        // → 219. Vertically both rows weigh the same: G = (40+80)/2 = 60. B stays 128.
+        let pixel = [[36.43f32, 218.57], [60.0, 60.0], [128.0, 128.0]];
+        for c in 0..3 {
+            for x in 0..2 {
+                let want = (pixel[c][x] / 255.0 - mean[c]) / std[c];
+                let v = got[c * 2 + x];
+                // One u8 step of rounding in the resizer, normalised.
+                let tolerance = 1.0 / 255.0 / std[c];
+                assert!(
+                    (v - want).abs() <= tolerance,
+                    "channel {c} x {x}: got {v}, want {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn plain_f32_is_pixel_over_255_and_same_size_is_a_copy() {
+        let mut stage = Resize::new(config(4, 2)).unwrap();
+        let out = stage
+            .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
+            .unwrap();
+        let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+        let src = image_4x2();
+        let want: Vec<f32> = (0..3)
+            .flat_map(|c| src.iter().skip(c).step_by(3).map(|&p| p as f32 / 255.0))
+            .collect();
+        assert_eq!(got, want.as_slice());
+    }
+
+    #[test]
+    fn nhwc_u8_shape_and_values() {
+        let mut stage = Resize::new(ResizeConfig {
+            layout: Layout::Nhwc,
+            dtype: TensorDtype::U8,
+            keep_input: true,
+            ..config(4, 3)
+        })
+        .unwrap();
+        let flat = [10u8, 20, 30].repeat(8 * 6);
+        let batch = batch_of(vec![(flat.clone(), 8, 6), (flat, 8, 6)]);
+        let out = stage.process_batch(&batch).unwrap();
+        let schema = out.records.schema();
+        let field = schema.field_with_name("tensor").unwrap();
+        assert_eq!(row_shape(field).unwrap(), vec![3, 4, 3]);
+        assert_eq!(
+            field.data_type(),
+            &DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::UInt8, false)), 36)
+        );
+        assert!(schema.field_with_name("pixels").is_ok());
+        let column = out.records.column_by_name("tensor").unwrap();
+        assert_eq!(
+            column
+                .as_any()
+                .downcast_ref::<FixedSizeListArray>()
+                .unwrap()
+                .len(),
+            2
+        );
+        let got = tensor_values::<UInt8Type>(column.as_ref()).unwrap();
+        assert_eq!(got, [10u8, 20, 30].repeat(2 * 12).as_slice());
+    }
+
+    #[test]
+    fn bad_rows_go_to_dead_letters() {
+        let mut stage = Resize::new(config(2, 1)).unwrap();
+        let batch = batch_of(vec![
+            (vec![1, 2, 3], 4, 2),
+            (image_4x2(), 4, 2),
+            (Vec::new(), 0, 0),
+        ]);
+        let out = stage.process_batch(&batch).unwrap();
+        assert_eq!(out.records.num_rows(), 1);
+        let frame = out
+            .records
+            .column(0)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        assert_eq!(frame.value(0), 1);
+        assert_eq!(out.rejected.len(), 2);
+        assert_eq!(
+            out.rejected[0].record,
+            r#"{"frame":0,"width":4,"height":2}"#
+        );
+        assert!(out.rejected[0].reason.contains("expected 24"));
+        assert!(out.rejected[1].reason.contains("empty image"));
+        let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+        assert_eq!(got.len(), 6);
+    }
+
+    #[test]
+    fn new_rejects_bad_configs() {
+        let u8_with_mean = ResizeConfig {
+            dtype: TensorDtype::U8,
+            mean: Some([0.5; 3]),
+            ..config(2, 2)
+        };
+        assert!(matches!(
+            Resize::new(u8_with_mean),
+            Err(DataflowError::Config(_))
+        ));
+        assert!(Resize::new(config(0, 2)).is_err());
+        assert!(Resize::new(ResizeConfig {
+            std: Some([0.2, 0.0, 0.2]),
+            ..config(2, 2)
+        })
+        .is_err());
+        assert!(Resize::new(config(2, 2)).is_ok());
+    }
+
+    #[test]
+    fn output_schema_names_missing_or_mistyped_columns() {
+        let stage = Resize::new(config(2, 2)).unwrap();
+        let schema = |fields: Vec<Field>| Arc::new(Schema::new(fields));
+        let pixels = Field::new("pixels", DataType::Binary, false);
+        let width = Field::new("width", DataType::UInt32, false);
+        let height = Field::new("height", DataType::UInt32, false);
+        let column_of = |s: SchemaRef| match stage.output_schema(&s) {
+            Err(DataflowError::Schema { column, .. }) => column,
+            other => panic!("expected a schema error, got {other:?}"),
+        };
+        assert_eq!(
+            column_of(schema(vec![width.clone(), height.clone()])),
+            "pixels"
+        );
+        assert_eq!(
+            column_of(schema(vec![pixels.clone(), height.clone()])),
+            "width"
+        );
+        assert_eq!(
+            column_of(schema(vec![
+                pixels.clone(),
+                width.clone(),
+                Field::new("height", DataType::Int64, false),
+            ])),
+            "height"
+        );
+        assert!(stage
+            .output_schema(&schema(vec![pixels, width, height]))
+            .is_ok());
+    }
+
+    #[test]
+    fn config_parses_lowercase_enums() {
+        use serde::de::value::{Error, MapDeserializer};
+        use serde::Deserialize;
+        let pairs = [("layout", "nhwc"), ("dtype", "u8")];
+        let de = MapDeserializer::<_, Error>::new(pairs.into_iter());
+        // width/height are required: the error names the first missing one.
+        let err = ResizeConfig::deserialize(de).unwrap_err().to_string();
+        assert!(err.contains("width"), "{err}");
+        let layout: Layout =
+            Layout::deserialize(serde::de::value::StrDeserializer::<Error>::new("nhwc")).unwrap();
+        assert_eq!(layout, Layout::Nhwc);
+        let dtype: TensorDtype =
+            TensorDtype::deserialize(serde::de::value::StrDeserializer::<Error>::new("f32"))
+                .unwrap();
+        assert_eq!(dtype, TensorDtype::F32);
+    }
+}

@@ -139,7 +139,9 @@ pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<
             DataType::Int64 => keys.as_primitive::<Int64Type>().value(row).hash(&mut h),
             DataType::Int32 => i64::from(keys.as_primitive::<Int32Type>().value(row)).hash(&mut h),
             DataType::UInt64 => keys.as_primitive::<UInt64Type>().value(row).hash(&mut h),
-            DataType::UInt32 => i64::from(keys.as_primitive::<UInt32Type>().value(row)).hash(&mut h),
+            DataType::UInt32 => {
+                i64::from(keys.as_primitive::<UInt32Type>().value(row)).hash(&mut h)
+            }
             other => {
                 return Err(DataflowError::schema(
                     "key",

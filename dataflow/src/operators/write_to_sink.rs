@@ -65,7 +65,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
         let sink_metrics = metrics.stage("sink");
         let dead_metrics = metrics.stage("dead-letters");
         let mut failed = false;
-        let mut fail = move |e: DataflowError| {
+        let fail = move |e: DataflowError| {
             tracing::error!("sink: {e}");
             if let Ok(mut errors) = errors.lock() {
                 errors.push(e);

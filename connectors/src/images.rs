@@ -1,0 +1,406 @@
+//! Images source: the image files under a directory, one row per file with its raw bytes.
+//!
+//! Each directory holding images is a camera, named by its path relative to the configured
+//! directory (`frames/bikes/0007.jpg` under `frames` is camera `bikes`; files directly in it
+//! are camera `default`). A file's frame number is the last run of digits in its name
+//! (`0007.jpg` is frame 7), or its position among the camera's files when it has none.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::source::SourceBatch;
+use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
+use serde::Deserialize;
+
+/// Column names of the images source.
+pub const CAMERA_ID: &str = "camera_id";
+pub const FRAME: &str = "frame";
+pub const PATH: &str = "path";
+pub const BYTES: &str = "bytes";
+
+/// Camera id of the files directly in the configured directory.
+pub const DEFAULT_CAMERA: &str = "default";
+
+/// `source: { images: { path, cameras, batch_size, repeat, extensions } }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImagesConfig {
+    /// Directory searched recursively for images.
+    pub path: PathBuf,
+    /// Splits each directory's files into this many contiguous cameras, `<dir>-0` ..
+    /// `<dir>-(N-1)`, keeping the files' frame numbers.
+    #[serde(default)]
+    pub cameras: Option<usize>,
+    /// Images per batch, and per chunk dealt to a worker.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Reads the whole list this many times (benchmarks); repetition `r` adds `r * span` to
+    /// every frame, `span` being more than any frame number, so rows stay unique.
+    #[serde(default = "default_repeat")]
+    pub repeat: usize,
+    /// File extensions that count as images, matched case-insensitively.
+    #[serde(default = "default_extensions")]
+    pub extensions: Vec<String>,
+}
+
+fn default_batch_size() -> usize {
+    8
+}
+
+fn default_repeat() -> usize {
+    1
+}
+
+fn default_extensions() -> Vec<String> {
+    ["jpg", "jpeg", "png"].map(String::from).to_vec()
+}
+
+/// Schema of the images source: `camera_id` Utf8, `frame` Int64, `path` Utf8, `bytes` Binary.
+pub fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(CAMERA_ID, DataType::Utf8, false),
+        Field::new(FRAME, DataType::Int64, false),
+        Field::new(PATH, DataType::Utf8, false),
+        Field::new(BYTES, DataType::Binary, false),
+    ]))
+}
+
+/// One image file and the row it becomes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageEntry {
+    pub path: PathBuf,
+    pub camera_id: String,
+    pub frame: i64,
+}
+
+/// A configured images source: the files are listed once, sorted by camera, then path; their
+/// contents are read a batch at a time by the worker that owns the batch. The list (repeated
+/// `repeat` times) is cut into chunks of `batch_size` and chunk `c` goes to worker
+/// `c % peers`.
+#[derive(Debug)]
+pub struct ImagesSource {
+    entries: Arc<[ImageEntry]>,
+    batch_size: usize,
+    repeat: usize,
+    /// Frame offset between repetitions.
+    span: i64,
+}
+
+impl ImagesSource {
+    pub fn new(config: &ImagesConfig) -> DataflowResult<Self> {
+        let config_error = |m: String| DataflowError::Config(format!("images source: {m}"));
+        if config.batch_size == 0 {
+            return Err(config_error("batch_size must be at least 1".into()));
+        }
+        if config.repeat == 0 {
+            return Err(config_error("repeat must be at least 1".into()));
+        }
+        if config.cameras == Some(0) {
+            return Err(config_error("cameras must be at least 1".into()));
+        }
+        if !config.path.is_dir() {
+            return Err(config_error(format!(
+                "{} is not a directory",
+                config.path.display()
+            )));
+        }
+        let extensions: Vec<String> = config
+            .extensions
+            .iter()
+            .map(|e| e.trim_start_matches('.').to_ascii_lowercase())
+            .collect();
+        let mut files = Vec::new();
+        let mut visited = HashSet::new();
+        list_images(&config.path, &extensions, &mut visited, &mut files)?;
+        if files.is_empty() {
+            return Err(config_error(format!(
+                "no files with extensions {:?} under {}",
+                extensions,
+                config.path.display()
+            )));
+        }
+        let entries = assign_cameras(&config.path, files, config.cameras);
+        let max_frame = entries.iter().map(|e| e.frame).max().unwrap_or(0);
+        let span = i64::try_from(entries.len())
+            .unwrap_or(i64::MAX)
+            .max(max_frame.saturating_add(1));
+        // The last repetition's frames must still fit in an i64.
+        let last_rep = i64::try_from(config.repeat - 1).unwrap_or(i64::MAX);
+        if last_rep
+            .checked_mul(span)
+            .and_then(|o| o.checked_add(max_frame))
+            .is_none()
+            || entries.len().checked_mul(config.repeat).is_none()
+        {
+            return Err(config_error(format!(
+                "repeat {} is too large",
+                config.repeat
+            )));
+        }
+        Ok(ImagesSource {
+            entries: entries.into(),
+            batch_size: config.batch_size,
+            repeat: config.repeat,
+            span,
+        })
+    }
+
+    /// The images in reading order (one repetition).
+    pub fn entries(&self) -> &[ImageEntry] {
+        &self.entries
+    }
+}
+
+fn is_hidden(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+}
+
+/// Collects image files under `dir`, following symbolic links but visiting each directory once.
+/// Hidden files and directories (names starting with `.`) are skipped.
+fn list_images(
+    dir: &Path,
+    extensions: &[String],
+    visited: &mut HashSet<PathBuf>,
+    files: &mut Vec<PathBuf>,
+) -> DataflowResult<()> {
+    let canonical = dir
+        .canonicalize()
+        .map_err(|e| DataflowError::io(format!("resolving {}", dir.display()), e))?;
+    if !visited.insert(canonical) {
+        return Ok(());
+    }
+    let listing = std::fs::read_dir(dir)
+        .map_err(|e| DataflowError::io(format!("listing {}", dir.display()), e))?;
+    for entry in listing {
+        let entry =
+            entry.map_err(|e| DataflowError::io(format!("listing {}", dir.display()), e))?;
+        let path = entry.path();
+        if is_hidden(&path) {
+            continue;
+        }
+        // `metadata` follows links, so linked directories and files count like real ones; a
+        // dangling link is skipped.
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            list_images(&path, extensions, visited, files)?;
+        } else if meta.is_file() && has_extension(&path, extensions) {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn has_extension(path: &Path, extensions: &[String]) -> bool {
+    path.extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .is_some_and(|e| extensions.contains(&e))
+}
+
+/// The last run of ASCII digits in the file stem, if any (and if it fits an i64).
+fn frame_number(path: &Path) -> Option<i64> {
+    let stem = path.file_stem()?.to_string_lossy().into_owned();
+    let end = stem.rfind(|c: char| c.is_ascii_digit())? + 1;
+    let start = stem[..end]
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    stem[start..end].parse().ok()
+}
+
+/// The camera directory of `file`: its parent relative to `root`, with `/` separators.
+fn camera_dir(root: &Path, file: &Path) -> String {
+    let parent = file
+        .parent()
+        .and_then(|p| p.strip_prefix(root).ok())
+        .map(|rel| {
+            rel.components()
+                .map(|c| c.as_os_str().to_string_lossy())
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+        .unwrap_or_default();
+    if parent.is_empty() {
+        DEFAULT_CAMERA.to_string()
+    } else {
+        parent
+    }
+}
+
+/// Segment of file `i` among `n` split into `segments` contiguous, nearly equal parts.
+fn segment(i: usize, n: usize, segments: usize) -> usize {
+    (i as u128 * segments as u128 / n as u128) as usize
+}
+
+/// Index of the first file of `segment` among `n` files split into `segments` parts.
+fn segment_start(segment: usize, n: usize, segments: usize) -> usize {
+    (segment as u128 * n as u128).div_ceil(segments as u128) as usize
+}
+
+/// Rows for `files`, in reading order: by camera directory, then by path.
+fn assign_cameras(root: &Path, files: Vec<PathBuf>, cameras: Option<usize>) -> Vec<ImageEntry> {
+    let mut files: Vec<(String, PathBuf)> = files
+        .into_iter()
+        .map(|f| (camera_dir(root, &f), f))
+        .collect();
+    // Sorting by directory first keeps each camera's files together even when a directory
+    // holds both files and subdirectories.
+    files.sort();
+    let mut groups: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    for (dir, file) in files {
+        match groups.last_mut() {
+            Some((last, group)) if *last == dir => group.push(file),
+            _ => groups.push((dir, vec![file])),
+        }
+    }
+    let mut entries = Vec::new();
+    for (dir, group) in groups {
+        let n = group.len();
+        for (i, path) in group.into_iter().enumerate() {
+            let (camera_id, position) = match cameras {
+                Some(segments) => {
+                    let k = segment(i, n, segments);
+                    (format!("{dir}-{k}"), i - segment_start(k, n, segments))
+                }
+                None => (dir.clone(), i),
+            };
+            // Position within the camera when the name has no number.
+            let frame = frame_number(&path).unwrap_or(position as i64);
+            entries.push(ImageEntry {
+                path,
+                camera_id,
+                frame,
+            });
+        }
+    }
+    entries
+}
+
+impl SourceFactory for ImagesSource {
+    fn schema(&self) -> DataflowResult<SchemaRef> {
+        Ok(schema())
+    }
+
+    fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
+        crate::check_partition(index, peers)?;
+        Ok(Box::new(ImagesPartition {
+            entries: self.entries.clone(),
+            total: self.entries.len() * self.repeat,
+            batch_size: self.batch_size,
+            span: self.span,
+            next_chunk: index,
+            peers,
+            schema: schema(),
+        }))
+    }
+
+    fn total_records(&self) -> Option<u64> {
+        u64::try_from(self.entries.len() * self.repeat).ok()
+    }
+}
+
+struct ImagesPartition {
+    entries: Arc<[ImageEntry]>,
+    /// Rows over all repetitions.
+    total: usize,
+    batch_size: usize,
+    span: i64,
+    next_chunk: usize,
+    peers: usize,
+    schema: SchemaRef,
+}
+
+impl Source for ImagesPartition {
+    fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
+        let start = self.next_chunk.saturating_mul(self.batch_size);
+        if start >= self.total {
+            return Ok(None);
+        }
+        self.next_chunk = self.next_chunk.saturating_add(self.peers);
+        let end = start.saturating_add(self.batch_size).min(self.total);
+
+        let rows = end - start;
+        let mut camera_ids = Vec::with_capacity(rows);
+        let mut frames = Vec::with_capacity(rows);
+        let mut paths = Vec::with_capacity(rows);
+        let mut contents = Vec::with_capacity(rows);
+        let mut rejected = Vec::new();
+        let len = self.entries.len();
+        for i in start..end {
+            let entry = &self.entries[i % len];
+            // Checked at construction not to overflow.
+            let frame = entry.frame + (i / len) as i64 * self.span;
+            let path = entry.path.to_string_lossy();
+            match std::fs::read(&entry.path) {
+                Ok(bytes) => {
+                    camera_ids.push(entry.camera_id.as_str());
+                    frames.push(frame);
+                    paths.push(path);
+                    contents.push(bytes);
+                }
+                // One unreadable file must not stop the stream.
+                Err(e) => rejected.push(DeadLetter {
+                    stage: "source".to_string(),
+                    reason: format!("reading {path}: {e}"),
+                    record: serde_json::json!({
+                        "path": path,
+                        "camera_id": entry.camera_id,
+                        "frame": frame,
+                    })
+                    .to_string(),
+                }),
+            }
+        }
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(camera_ids)),
+            Arc::new(Int64Array::from(frames)),
+            Arc::new(StringArray::from_iter_values(paths)),
+            Arc::new(BinaryArray::from_iter_values(contents)),
+        ];
+        let records = RecordBatch::try_new(self.schema.clone(), columns)?;
+        Ok(Some(SourceBatch { records, rejected }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_numbers_come_from_the_last_digits() {
+        assert_eq!(frame_number(Path::new("a/0007.jpg")), Some(7));
+        assert_eq!(frame_number(Path::new("cam2_0013.png")), Some(13));
+        assert_eq!(frame_number(Path::new("still.jpg")), None);
+        assert_eq!(frame_number(Path::new("99999999999999999999.jpg")), None);
+    }
+
+    #[test]
+    fn segments_are_contiguous_and_positions_restart() {
+        let root = Path::new("/r");
+        let files: Vec<PathBuf> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| root.join("cam").join(format!("{n}.jpg")))
+            .collect();
+        let got: Vec<(String, i64)> = assign_cameras(root, files, Some(2))
+            .into_iter()
+            .map(|e| (e.camera_id, e.frame))
+            .collect();
+        let want = [
+            ("cam-0", 0),
+            ("cam-0", 1),
+            ("cam-0", 2),
+            ("cam-1", 0),
+            ("cam-1", 1),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(c, f)| (c.to_string(), f)).to_vec(),
+            "{got:?}"
+        );
+    }
+}

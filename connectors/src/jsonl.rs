@@ -1,0 +1,259 @@
+//! JSON lines: a source reading one JSON object per line, and a sink writing one per row.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::RecordBatch;
+use arrow_json::writer::LineDelimited;
+use arrow_json::WriterBuilder;
+use arrow_schema::{ArrowError, DataType, SchemaRef};
+use riffle_dataflow::sink::{Sink, SinkFactory};
+use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::text::{check_batch_size, Framing, Record, RecordDecoder, RecordReader, TextPartition};
+
+/// Lines read to infer the schema.
+const INFER_RECORDS: usize = 1000;
+
+/// `source: { jsonl: { path, batch_size } }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlSourceConfig {
+    pub path: PathBuf,
+    /// Lines per batch, and per chunk dealt to a worker.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+}
+
+fn default_batch_size() -> usize {
+    1024
+}
+
+/// A configured JSON-lines source. The schema is inferred from the first 1000 lines that are
+/// JSON objects; fields that first appear later are ignored, and a line that is not a JSON
+/// object or holds a value of the wrong type for its field becomes a dead letter.
+#[derive(Debug)]
+pub struct JsonlSource {
+    path: PathBuf,
+    batch_size: usize,
+    schema: SchemaRef,
+}
+
+impl JsonlSource {
+    pub fn new(config: &JsonlSourceConfig) -> DataflowResult<Self> {
+        check_batch_size("jsonl", config.batch_size)?;
+        Ok(JsonlSource {
+            path: config.path.clone(),
+            batch_size: config.batch_size,
+            schema: infer_schema(&config.path)?,
+        })
+    }
+}
+
+fn infer_schema(path: &Path) -> DataflowResult<SchemaRef> {
+    let mut reader = RecordReader::open(path, Framing::Lines)?;
+    // Lines that are not JSON objects are skipped here and rejected when read.
+    let sample: Vec<Value> = reader
+        .next_chunk(INFER_RECORDS)?
+        .into_iter()
+        .filter_map(|r| serde_json::from_slice::<Value>(&r.bytes).ok())
+        .filter(Value::is_object)
+        .collect();
+    let infer = |values: &[&Value]| {
+        arrow_json::reader::infer_json_schema_from_iterator(values.iter().map(|v| Ok(*v)))
+    };
+    let all: Vec<&Value> = sample.iter().collect();
+    let schema = match infer(&all) {
+        Ok(schema) => schema,
+        // A line whose types conflict with earlier ones: infer from the lines that agree,
+        // leaving the others to be rejected.
+        Err(_) => {
+            let mut agreeing: Vec<&Value> = Vec::with_capacity(sample.len());
+            for value in &sample {
+                agreeing.push(value);
+                if infer(&agreeing).is_err() {
+                    agreeing.pop();
+                }
+            }
+            infer(&agreeing)?
+        }
+    };
+    if schema.fields().is_empty() {
+        return Err(DataflowError::Config(format!(
+            "jsonl source: no JSON object with fields in the first {INFER_RECORDS} lines of {}",
+            path.display()
+        )));
+    }
+    Ok(Arc::new(schema))
+}
+
+impl SourceFactory for JsonlSource {
+    fn schema(&self) -> DataflowResult<SchemaRef> {
+        Ok(self.schema.clone())
+    }
+
+    fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
+        Ok(Box::new(TextPartition::new(
+            &self.path,
+            Framing::Lines,
+            JsonDecoder {
+                schema: self.schema.clone(),
+            },
+            self.schema.clone(),
+            self.batch_size,
+            index,
+            peers,
+        )?))
+    }
+}
+
+struct JsonDecoder {
+    schema: SchemaRef,
+}
+
+impl RecordDecoder for JsonDecoder {
+    fn decode(&self, records: &[Record]) -> Result<RecordBatch, ArrowError> {
+        let mut decoder = arrow_json::ReaderBuilder::new(self.schema.clone())
+            .with_batch_size(records.len().max(1))
+            .build_decoder()?;
+        let mut batches = Vec::with_capacity(1);
+        for record in records {
+            let mut buf = record.bytes.as_slice();
+            while !buf.is_empty() {
+                let n = decoder.decode(buf)?;
+                buf = &buf[n..];
+                // The decoder stops early only when its batch is full.
+                if !buf.is_empty() {
+                    match decoder.flush()? {
+                        Some(batch) => batches.push(batch),
+                        None if n == 0 => {
+                            return Err(ArrowError::JsonError(
+                                "JSON decoder made no progress".to_string(),
+                            ))
+                        }
+                        None => {}
+                    }
+                }
+            }
+            // Each line must hold whole records: a value left open is a bad line, not the
+            // start of a multi-line record.
+            if decoder.has_partial_record() {
+                return Err(ArrowError::JsonError(
+                    "incomplete JSON value on the line".to_string(),
+                ));
+            }
+        }
+        batches.extend(decoder.flush()?);
+        arrow_select::concat::concat_batches(&self.schema, &batches)
+    }
+}
+
+/// `sink: { jsonl: { path } }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonlSinkConfig {
+    pub path: PathBuf,
+}
+
+impl SinkFactory for JsonlSinkConfig {
+    /// Creates the file (and its directory), replacing any earlier one.
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        create_parent(&self.path)?;
+        let file = File::create(&self.path)
+            .map_err(|e| DataflowError::io(format!("creating {}", self.path.display()), e))?;
+        Ok(Box::new(JsonLinesSink::new(
+            BufWriter::with_capacity(256 * 1024, file),
+            self.path.display().to_string(),
+        )))
+    }
+}
+
+/// Creates the directory a sink's file goes in.
+pub(crate) fn create_parent(path: &Path) -> DataflowResult<()> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => std::fs::create_dir_all(dir)
+            .map_err(|e| DataflowError::io(format!("creating directory {}", dir.display()), e)),
+        _ => Ok(()),
+    }
+}
+
+/// Writes each row as one JSON object per line, nulls included, nested lists and structs as
+/// JSON arrays and objects.
+///
+/// Top-level binary columns (e.g. raw image bytes) are left out: hex-encoding them would make
+/// lines huge, and the other columns identify the record.
+pub struct JsonLinesSink<W: Write + Send> {
+    out: W,
+    /// Names the destination in errors.
+    label: String,
+    options: WriterBuilder,
+}
+
+impl<W: Write + Send> JsonLinesSink<W> {
+    pub fn new(out: W, label: impl Into<String>) -> Self {
+        JsonLinesSink {
+            out,
+            label: label.into(),
+            options: WriterBuilder::new().with_explicit_nulls(true),
+        }
+    }
+
+    pub fn into_inner(self) -> W {
+        self.out
+    }
+}
+
+impl<W: Write + Send> Sink for JsonLinesSink<W> {
+    fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
+        let batch = without_binary_columns(batch)?;
+        let mut writer = self
+            .options
+            .clone()
+            .build::<_, LineDelimited>(&mut self.out);
+        writer
+            .write(&batch)
+            .and_then(|()| writer.finish())
+            .map_err(|e| match e {
+                ArrowError::IoError(_, source) => {
+                    DataflowError::io(format!("writing {}", self.label), source)
+                }
+                other => DataflowError::stage(
+                    "sink",
+                    format!("encoding JSON for {}: {other}", self.label),
+                ),
+            })
+    }
+
+    fn flush(&mut self) -> DataflowResult<()> {
+        self.out
+            .flush()
+            .map_err(|e| DataflowError::io(format!("flushing {}", self.label), e))
+    }
+}
+
+fn is_binary(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Binary
+            | DataType::LargeBinary
+            | DataType::BinaryView
+            | DataType::FixedSizeBinary(_)
+    )
+}
+
+/// The batch without its top-level binary columns.
+fn without_binary_columns(batch: &RecordBatch) -> DataflowResult<RecordBatch> {
+    let schema = batch.schema();
+    let fields = schema.fields();
+    if !fields.iter().any(|f| is_binary(f.data_type())) {
+        return Ok(batch.clone());
+    }
+    let keep: Vec<usize> = (0..fields.len())
+        .filter(|&i| !is_binary(fields[i].data_type()))
+        .collect();
+    Ok(batch.project(&keep)?)
+}

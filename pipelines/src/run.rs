@@ -1,0 +1,141 @@
+//! Executing a validated pipeline on timely workers.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use riffle_dataflow::batch::now_ns;
+use riffle_dataflow::cluster::ClusterConfig;
+use riffle_dataflow::dead_letter;
+use riffle_dataflow::metrics::{Metrics, Summary};
+use riffle_dataflow::operators::WriteToSink;
+use riffle_dataflow::{Batch, DataflowError, Epoch};
+use timely::dataflow::InputHandle;
+
+use crate::plan::{build_chain, worker_steps};
+use crate::validate::Pipeline;
+
+/// How to run: where the workers are, and the metrics to fill.
+#[derive(Clone)]
+pub struct RunOptions {
+    pub cluster: ClusterConfig,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What a run did (this process's view).
+#[derive(Debug)]
+pub struct RunReport {
+    pub summary: Summary,
+    pub workers: usize,
+}
+
+/// Runs the pipeline to the end of its sources. Worker errors (a sink that cannot write, a
+/// source that fails) end the run and are returned; bad records never do: they go to the
+/// dead-letter sink.
+pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, DataflowError> {
+    let started = Instant::now();
+    let metrics = options.metrics.clone();
+    let config = options.cluster.to_timely();
+    let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
+    let worker_errors = errors.clone();
+    let worker_pipeline = pipeline.clone();
+    let guards = timely::execute(config, move |worker| {
+        let result = run_worker(worker, &worker_pipeline, &metrics, &worker_errors);
+        if let Err(e) = result {
+            tracing::error!(worker = worker.index(), "{e}");
+            if let Ok(mut errs) = worker_errors.lock() {
+                errs.push(e);
+            }
+        }
+    })
+    .map_err(DataflowError::Cluster)?;
+    for outcome in guards.join() {
+        outcome.map_err(DataflowError::Cluster)?;
+    }
+    let mut errors = errors
+        .lock()
+        .map_err(|_| DataflowError::Cluster("a worker panicked".into()))?;
+    if let Some(e) = errors.drain(..).next() {
+        return Err(e);
+    }
+    Ok(RunReport {
+        summary: options.metrics.summary(started.elapsed()),
+        workers: options.cluster.total_workers(),
+    })
+}
+
+fn run_worker(
+    worker: &mut timely::worker::Worker,
+    pipeline: &Pipeline,
+    metrics: &Arc<Metrics>,
+    errors: &Arc<Mutex<Vec<DataflowError>>>,
+) -> Result<(), DataflowError> {
+    let index = worker.index();
+    let peers = worker.peers();
+    let steps = worker_steps(pipeline)?;
+    // Only worker 0 writes: the sink operator routes every batch there.
+    let (results, dead) = if index == 0 {
+        (
+            Some(pipeline.sink.open()?),
+            Some(pipeline.dead_letter.open()?),
+        )
+    } else {
+        (None, None)
+    };
+    let mut input: InputHandle<Epoch, timely::container::CapacityContainerBuilder<Vec<Batch>>> =
+        InputHandle::new();
+    let sink_metrics = metrics.clone();
+    let sink_errors = errors.clone();
+    let probe = worker.dataflow::<Epoch, _, _>(|scope| {
+        let stream = input.to_stream(scope);
+        let stream = build_chain(stream, steps, metrics)?;
+        Ok::<_, DataflowError>(stream.write_to_sink(results, dead, sink_metrics, sink_errors))
+    })?;
+
+    let source_metrics = metrics.stage("source")?;
+    let mut source = pipeline.source.partition(index, peers)?;
+    let epoch_records = pipeline.runtime.epoch_records;
+    let in_flight = pipeline.runtime.max_epochs_in_flight;
+    let mut epoch: Epoch = 0;
+    let mut records_in_epoch = 0;
+    loop {
+        let read_started = Instant::now();
+        let Some(batch) = source.next_batch()? else {
+            break;
+        };
+        let rows = batch.records.num_rows();
+        source_metrics.record_batch(rows, rows, batch.rejected.len(), read_started.elapsed());
+        let ingest = now_ns();
+        if rows > 0 {
+            input.send(Batch::records(batch.records, ingest));
+        }
+        if !batch.rejected.is_empty() {
+            input.send(Batch::dead_letters(
+                dead_letter::to_batch(&batch.rejected)?,
+                ingest,
+            ));
+        }
+        records_in_epoch += rows + batch.rejected.len();
+        if records_in_epoch >= epoch_records {
+            records_in_epoch = 0;
+            epoch += 1;
+            input.advance_to(epoch);
+            // Flow control: wait while the sink is more than `in_flight` epochs behind.
+            while probe.less_than(&epoch.saturating_sub(in_flight)) {
+                worker.step();
+            }
+        }
+        worker.step();
+        if !sink_ok(errors) {
+            break;
+        }
+    }
+    input.close();
+    while !probe.done() {
+        worker.step_or_park(Some(Duration::from_millis(1)));
+    }
+    Ok(())
+}
+
+fn sink_ok(errors: &Arc<Mutex<Vec<DataflowError>>>) -> bool {
+    errors.lock().map(|e| e.is_empty()).unwrap_or(false)
+}

@@ -1,0 +1,109 @@
+//! The pipeline file, as Rust types. Field names and defaults here are the reference
+//! (docs/pipeline-spec.md describes the same).
+
+use riffle_connectors::{SinkConfig, SourceConfig};
+use riffle_operators::decode::DecodeConfig;
+use riffle_operators::detections::DetectionsConfig;
+use riffle_operators::filter::FilterConfig;
+use riffle_operators::model::ModelConfig;
+use riffle_operators::resize::ResizeConfig;
+use riffle_operators::select::SelectConfig;
+use riffle_operators::topk::TopKConfig;
+use serde::Deserialize;
+use serde_saphyr::Spanned;
+
+/// A whole pipeline file: `source → stages → sink`, plus how to run it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineSpec {
+    /// Shown in logs and metrics.
+    #[serde(default)]
+    pub name: Option<String>,
+    pub source: Spanned<SourceConfig>,
+    /// Applied in order to every record.
+    #[serde(default)]
+    pub stages: Vec<Spanned<StageSpec>>,
+    pub sink: Spanned<SinkConfig>,
+    /// Where rejected records go (default: `dead-letters.jsonl` beside the sink's file).
+    #[serde(default)]
+    pub dead_letter: Option<Spanned<SinkConfig>>,
+    #[serde(default)]
+    pub runtime: Option<Spanned<RuntimeConfig>>,
+}
+
+/// One stage; the YAML key names the kind.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum StageSpec {
+    Decode(DecodeConfig),
+    Resize(ResizeConfig),
+    Model(ModelConfig),
+    Topk(TopKConfig),
+    Detections(DetectionsConfig),
+    Filter(FilterConfig),
+    Select(SelectConfig),
+    /// Re-shards rows across workers by a key column (e.g. `camera_id`).
+    Exchange(ExchangeConfig),
+}
+
+impl StageSpec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StageSpec::Decode(_) => "decode",
+            StageSpec::Resize(_) => "resize",
+            StageSpec::Model(_) => "model",
+            StageSpec::Topk(_) => "topk",
+            StageSpec::Detections(_) => "detections",
+            StageSpec::Filter(_) => "filter",
+            StageSpec::Select(_) => "select",
+            StageSpec::Exchange(_) => "exchange",
+        }
+    }
+}
+
+/// `exchange:` — route each row to the worker owning its key.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeConfig {
+    /// A string or integer column.
+    pub key: String,
+}
+
+/// `runtime:` — how the pipeline runs. Command-line flags override these.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// Worker threads per process.
+    #[serde(default = "one")]
+    pub workers: usize,
+    /// ONNX Runtime threads inside each model run (per worker).
+    #[serde(default = "one")]
+    pub intra_op_threads: usize,
+    /// Records each source worker puts in one epoch (the unit of progress tracking).
+    #[serde(default = "default_epoch_records")]
+    pub epoch_records: usize,
+    /// Epochs a source may run ahead of the sink before it waits (bounds memory).
+    #[serde(default = "default_max_epochs_in_flight")]
+    pub max_epochs_in_flight: u64,
+}
+
+fn one() -> usize {
+    1
+}
+fn default_epoch_records() -> usize {
+    32
+}
+fn default_max_epochs_in_flight() -> u64 {
+    4
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            workers: one(),
+            intra_op_threads: one(),
+            epoch_records: default_epoch_records(),
+            max_epochs_in_flight: default_max_epochs_in_flight(),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! `riffle bench`: the pipeline against a straight-line loop and ONNX Runtime alone, in one run.
+//!
+//! (a) the pipeline as `riffle run` runs it (W workers × `intra_op_threads`);
+//! (b) one thread looping over the same stage code: read, pre-process, model with the same batch
+//!     size and W × `intra_op_threads` ONNX Runtime threads, post-process;
+//! (c) only the model calls of (b), on tensors prepared beforehand: the compute limit.
+//! a/b is the framework's overhead (or gain, when workers overlap decode and inference).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use arrow_array::RecordBatch;
+use riffle_dataflow::cluster::ClusterConfig;
+use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::Stage;
+use riffle_pipelines::plan::build_stage;
+use riffle_pipelines::spec::{RuntimeConfig, StageSpec};
+use riffle_pipelines::{run, Pipeline, RunOptions};
+
+use crate::cli::BenchArgs;
+
+pub fn bench_command(args: BenchArgs) -> Result<()> {
+    let out_dir = tempfile_dir()?;
+    let output = out_dir.join("bench-results.jsonl");
+    let pipeline = Arc::new(riffle_pipelines::load(&args.file, Some(&output))?);
+    let workers = args.workers.unwrap_or(pipeline.runtime.workers);
+    let threads = workers * pipeline.runtime.intra_op_threads;
+    let model_at = pipeline
+        .spec
+        .stages
+        .iter()
+        .position(|s| matches!(s.value, StageSpec::Model(_)))
+        .context("bench needs a pipeline with a `model` stage")?;
+    let max_size = match &pipeline.spec.stages[model_at].value {
+        StageSpec::Model(m) => m.batch.max_size,
+        _ => 1,
+    };
+    let records = count_records(&pipeline)?;
+    println!(
+        "bench {}: {records} records, pipeline {workers} worker(s) × {} ORT thread(s); loop and ORT-alone 1 session × {threads} thread(s); model batch {max_size}",
+        args.file.display(),
+        pipeline.runtime.intra_op_threads
+    );
+
+    let mut pipeline_s = Vec::new();
+    let mut loop_s = Vec::new();
+    let mut ort_s = Vec::new();
+    for _ in 0..args.repeats.max(1) {
+        // Interleaved so that machine noise hits all three alike.
+        let started = Instant::now();
+        run(
+            pipeline.clone(),
+            RunOptions {
+                cluster: ClusterConfig::single_process(workers),
+                metrics: Metrics::new()?,
+            },
+        )?;
+        pipeline_s.push(started.elapsed());
+        let (straight, model_only) = straight_line(&pipeline, model_at, max_size, threads)?;
+        loop_s.push(straight);
+        ort_s.push(model_only);
+    }
+    let rate = |d: &mut Vec<Duration>| {
+        d.sort();
+        records as f64 / d[d.len() / 2].as_secs_f64()
+    };
+    let (a, b, c) = (rate(&mut pipeline_s), rate(&mut loop_s), rate(&mut ort_s));
+    println!();
+    println!("| variant | records/s | vs (b) loop | vs (c) ORT alone |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| (a) riffle pipeline, {workers} worker(s) | {a:.1} | {:.2} | {:.2} |",
+        a / b,
+        a / c
+    );
+    println!(
+        "| (b) straight-line loop, same stages | {b:.1} | 1.00 | {:.2} |",
+        b / c
+    );
+    println!(
+        "| (c) ONNX Runtime alone, ready tensors | {c:.1} | {:.2} | 1.00 |",
+        c / b
+    );
+    let _ = std::fs::remove_dir_all(&out_dir);
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("riffle-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn count_records(pipeline: &Pipeline) -> Result<u64> {
+    if let Some(n) = pipeline.source.total_records() {
+        return Ok(n);
+    }
+    let mut source = pipeline.source.partition(0, 1)?;
+    let mut n = 0;
+    while let Some(b) = source.next_batch()? {
+        n += b.records.num_rows() as u64;
+    }
+    Ok(n)
+}
+
+fn stages(
+    pipeline: &Pipeline,
+    range: std::ops::Range<usize>,
+    threads: usize,
+) -> Result<Vec<Box<dyn Stage>>> {
+    let runtime = RuntimeConfig {
+        intra_op_threads: threads,
+        ..pipeline.runtime.clone()
+    };
+    let mut out = Vec::new();
+    for spec in &pipeline.spec.stages[range] {
+        let spec = match &spec.value {
+            // One session with all the threads, whatever the file says per worker.
+            StageSpec::Model(m) => {
+                let mut m = m.clone();
+                m.intra_op_threads = Some(threads);
+                StageSpec::Model(m)
+            }
+            _ => clone_spec(&spec.value)?,
+        };
+        if let Some(stage) = build_stage(&spec, &runtime)? {
+            out.push(stage);
+        }
+    }
+    Ok(out)
+}
+
+fn clone_spec(spec: &StageSpec) -> Result<StageSpec> {
+    Ok(match spec {
+        StageSpec::Decode(c) => StageSpec::Decode(c.clone()),
+        StageSpec::Resize(c) => StageSpec::Resize(c.clone()),
+        StageSpec::Model(c) => StageSpec::Model(c.clone()),
+        StageSpec::Topk(c) => StageSpec::Topk(c.clone()),
+        StageSpec::Detections(c) => StageSpec::Detections(c.clone()),
+        StageSpec::Filter(c) => StageSpec::Filter(c.clone()),
+        StageSpec::Select(c) => StageSpec::Select(c.clone()),
+        StageSpec::Exchange(c) => StageSpec::Exchange(c.clone()),
+    })
+}
+
+fn apply(stages: &mut [Box<dyn Stage>], mut batch: RecordBatch) -> Result<RecordBatch> {
+    for stage in stages.iter_mut() {
+        batch = stage.process_batch(&batch)?.records;
+    }
+    Ok(batch)
+}
+
+/// Returns (whole loop time, time spent in the model alone on prepared tensors).
+fn straight_line(
+    pipeline: &Pipeline,
+    model_at: usize,
+    max_size: usize,
+    threads: usize,
+) -> Result<(Duration, Duration)> {
+    let n = pipeline.spec.stages.len();
+    let mut pre = stages(pipeline, 0..model_at, threads)?;
+    let mut model = stages(pipeline, model_at..model_at + 1, threads)?;
+    let mut post = stages(pipeline, model_at + 1..n, threads)?;
+    if model.len() != 1 {
+        bail!("expected one model stage");
+    }
+
+    let started = Instant::now();
+    let mut source = pipeline.source.partition(0, 1)?;
+    let mut pending: Vec<RecordBatch> = Vec::new();
+    let mut pending_rows = 0;
+    let mut ready = Vec::new();
+    let mut flush = |pending: &mut Vec<RecordBatch>, ready: &mut Vec<RecordBatch>| -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let merged = arrow_select_concat(pending)?;
+        pending.clear();
+        ready.push(merged.clone());
+        let out = apply(&mut model, merged)?;
+        apply(&mut post, out)?;
+        Ok(())
+    };
+    while let Some(batch) = source.next_batch()? {
+        let batch = apply(&mut pre, batch.records)?;
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let take = (max_size - pending_rows).min(batch.num_rows() - offset);
+            pending.push(batch.slice(offset, take));
+            pending_rows += take;
+            offset += take;
+            if pending_rows == max_size {
+                flush(&mut pending, &mut ready)?;
+                pending_rows = 0;
+            }
+        }
+    }
+    flush(&mut pending, &mut ready)?;
+    let straight = started.elapsed();
+
+    let started = Instant::now();
+    for batch in ready {
+        apply(&mut model, batch)?;
+    }
+    Ok((straight, started.elapsed()))
+}
+
+fn arrow_select_concat(batches: &[RecordBatch]) -> Result<RecordBatch> {
+    if batches.len() == 1 {
+        return Ok(batches[0].clone());
+    }
+    let schema = batches[0].schema();
+    Ok(arrow_select::concat::concat_batches(&schema, batches)?)
+}

@@ -1,0 +1,90 @@
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use riffle_dataflow::cluster::ClusterConfig;
+
+/// Riffle: declarative stream-processing inference on timely dataflow.
+#[derive(Parser, Debug)]
+#[command(name = "riffle", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run a pipeline to the end of its input.
+    Run(RunArgs),
+    /// Check a pipeline file (files, model signatures, column types) without running it.
+    Validate { file: PathBuf },
+    /// Compare the pipeline with a straight-line loop and with ONNX Runtime alone.
+    Bench(BenchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// The pipeline file.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Serve Prometheus metrics at this address while running (e.g. 127.0.0.1:9898).
+    #[arg(long)]
+    pub metrics_addr: Option<String>,
+    /// Write results to this file instead of the sink's configured path.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// No progress display and no summary.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Worker threads per process (default: `runtime.workers` of the pipeline).
+    #[arg(long, short = 'w')]
+    pub workers: Option<usize>,
+    /// Processes in the cluster. Without --process or --hostfile, riffle starts them all on
+    /// this host.
+    #[arg(long, default_value_t = 1)]
+    pub processes: usize,
+    /// Index of this process in the cluster (0-based).
+    #[arg(long)]
+    pub process: Option<usize>,
+    /// File listing `host:port` of every process, one per line.
+    #[arg(long)]
+    pub hostfile: Option<PathBuf>,
+    /// First port of a local cluster (process i listens on base-port + i).
+    #[arg(long, default_value_t = 2101)]
+    pub base_port: u16,
+}
+
+impl ClusterArgs {
+    pub fn to_config(&self, default_workers: usize) -> Result<ClusterConfig> {
+        let threads = self.workers.unwrap_or(default_workers);
+        if threads == 0 {
+            bail!("--workers must be at least 1");
+        }
+        let process = self.process.unwrap_or(0);
+        Ok(match &self.hostfile {
+            Some(hostfile) => ClusterConfig::from_hostfile(threads, process, hostfile)?,
+            None if self.processes > 1 => {
+                ClusterConfig::local_processes(threads, self.processes, process, self.base_port)?
+            }
+            None => ClusterConfig::single_process(threads),
+        })
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The pipeline file.
+    pub file: PathBuf,
+    /// Worker threads for the pipeline; the loop and ONNX Runtime alone get the same total
+    /// number of ONNX Runtime threads.
+    #[arg(long, short = 'w')]
+    pub workers: Option<usize>,
+    /// Runs of each variant; the table reports the median.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+}

@@ -1,0 +1,53 @@
+//! `--processes N` on one host: start N copies of this binary as one timely cluster.
+
+use std::process::{Child, Command};
+
+use anyhow::{bail, Context, Result};
+
+use crate::cli::RunArgs;
+
+pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
+    let exe = std::env::current_exe().context("locating the riffle binary")?;
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for process in 0..args.cluster.processes {
+        let mut cmd = Command::new(&exe);
+        cmd.arg("run")
+            .arg(&args.file)
+            .arg("--processes")
+            .arg(args.cluster.processes.to_string())
+            .arg("--process")
+            .arg(process.to_string())
+            .arg("--base-port")
+            .arg(args.cluster.base_port.to_string());
+        if let Some(w) = args.cluster.workers {
+            cmd.arg("--workers").arg(w.to_string());
+        }
+        if let Some(o) = &args.output {
+            cmd.arg("--output").arg(o);
+        }
+        // One endpoint per host: the first process serves metrics.
+        if let (Some(addr), 0) = (&args.metrics_addr, process) {
+            cmd.arg("--metrics-addr").arg(addr);
+        }
+        if args.quiet || process > 0 {
+            cmd.arg("--quiet");
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting process {process}"))?;
+        children.push((process, child));
+    }
+    let mut failed = Vec::new();
+    for (process, mut child) in children {
+        let status = child
+            .wait()
+            .with_context(|| format!("waiting for process {process}"))?;
+        if !status.success() {
+            failed.push(format!("process {process} exited with {status}"));
+        }
+    }
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
+    Ok(())
+}
