@@ -45,6 +45,8 @@ pub(crate) struct RecordReader {
     framing: Framing,
     /// Lines consumed so far.
     line: u64,
+    /// Reused buffer for skipped records.
+    scratch: Vec<u8>,
 }
 
 impl RecordReader {
@@ -56,6 +58,7 @@ impl RecordReader {
             path: path.to_path_buf(),
             framing,
             line: 0,
+            scratch: Vec::new(),
         })
     }
 
@@ -70,11 +73,12 @@ impl RecordReader {
         Ok(n)
     }
 
-    /// The next non-blank record, or `None` at the end of the file.
-    pub fn next_record(&mut self) -> DataflowResult<Option<Record>> {
+    /// Reads the next non-blank record into `bytes` (cleared first) and returns the line it
+    /// starts on, or `None` at the end of the file.
+    fn read_record(&mut self, bytes: &mut Vec<u8>) -> DataflowResult<Option<u64>> {
         loop {
-            let mut bytes = Vec::new();
-            if self.read_line(&mut bytes)? == 0 {
+            bytes.clear();
+            if self.read_line(bytes)? == 0 {
                 return Ok(None);
             }
             let line = self.line;
@@ -89,7 +93,7 @@ impl RecordReader {
                         break;
                     }
                     scanned = bytes.len();
-                    if self.read_line(&mut bytes)? == 0 {
+                    if self.read_line(bytes)? == 0 {
                         break;
                     }
                 }
@@ -100,8 +104,28 @@ impl RecordReader {
             if bytes.last() != Some(&b'\n') {
                 bytes.push(b'\n');
             }
-            return Ok(Some(Record { line, bytes }));
+            return Ok(Some(line));
         }
+    }
+
+    /// The next non-blank record, or `None` at the end of the file.
+    pub fn next_record(&mut self) -> DataflowResult<Option<Record>> {
+        let mut bytes = Vec::new();
+        Ok(self
+            .read_record(&mut bytes)?
+            .map(|line| Record { line, bytes }))
+    }
+
+    /// Passes over up to `n` records without keeping them (other workers' chunks); returns how
+    /// many there were.
+    pub fn skip_records(&mut self, n: usize) -> DataflowResult<usize> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let mut skipped = 0;
+        while skipped < n && self.read_record(&mut scratch)?.is_some() {
+            skipped += 1;
+        }
+        self.scratch = scratch;
+        Ok(skipped)
     }
 
     /// Up to `n` records; fewer only at the end of the file.
@@ -182,10 +206,7 @@ impl<D: RecordDecoder> TextPartition<D> {
 
     /// Skips records that precede the data (a CSV header).
     pub fn skip_records(&mut self, n: usize) -> DataflowResult<()> {
-        for _ in 0..n {
-            self.reader.next_record()?;
-        }
-        Ok(())
+        self.reader.skip_records(n).map(|_| ())
     }
 
     /// Decodes a chunk; if it fails, decodes record by record so that only the bad records
@@ -220,17 +241,19 @@ impl<D: RecordDecoder> TextPartition<D> {
 
 impl<D: RecordDecoder> Source for TextPartition<D> {
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
-        loop {
-            let records = self.reader.next_chunk(self.batch_size)?;
-            if records.is_empty() {
+        // Other workers' chunks are scanned (to count records) but not kept or decoded.
+        while self.next_chunk % self.peers != self.index {
+            if self.reader.skip_records(self.batch_size)? == 0 {
                 return Ok(None);
             }
-            let chunk = self.next_chunk;
             self.next_chunk += 1;
-            if chunk % self.peers == self.index {
-                return self.decode_chunk(&records).map(Some);
-            }
         }
+        let records = self.reader.next_chunk(self.batch_size)?;
+        if records.is_empty() {
+            return Ok(None);
+        }
+        self.next_chunk += 1;
+        self.decode_chunk(&records).map(Some)
     }
 }
 

@@ -57,20 +57,35 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
 /// Parses YAML into a spec; syntax errors, unknown keys and wrong types carry their line.
 pub fn parse(file: &Path, text: &str) -> Result<PipelineSpec, PipelineError> {
     serde_saphyr::from_str::<PipelineSpec>(text).map_err(|e| {
-        let location = e.location();
+        let line = e.location().map(|l| l.line());
+        // The key on the offending line names the field (`score_threshold: high`).
+        let field = line
+            .and_then(|l| text.lines().nth(l.saturating_sub(1) as usize))
+            .and_then(|l| l.split_once(':'))
+            .map(|(k, _)| {
+                k.trim()
+                    .trim_start_matches(['-', '{', ' '])
+                    .trim_matches(['"', '\''])
+                    .to_string()
+            })
+            .unwrap_or_default();
         PipelineError {
             file: file.to_path_buf(),
-            line: location.map(|l| l.line()),
-            field: String::new(),
-            message: first_line(&e.to_string()),
+            line,
+            field,
+            message: parser_message(&e.to_string()),
         }
     })
 }
 
-fn first_line(text: &str) -> String {
-    // The parser's message carries a source snippet after the first line; we print our own
-    // location instead.
-    text.lines().next().unwrap_or(text).trim().to_string()
+/// The parser's message without its own location prefix and source snippet (we print ours).
+fn parser_message(text: &str) -> String {
+    let first = text.lines().next().unwrap_or(text).trim();
+    let rest = first.strip_prefix("error:").unwrap_or(first).trim();
+    match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((_, message)) => message.to_string(),
+        None => rest.to_string(),
+    }
 }
 
 /// Locates fields inside the pipeline text for error messages.
@@ -133,21 +148,52 @@ impl Locator<'_> {
             {
                 break;
             }
+            let mut path: Vec<String> = Vec::new();
             for entry in line.split([',', '{', '}']) {
-                if let Some((k, v)) = entry.split_once(": ") {
-                    if v.trim().trim_matches(['"', '\'']) == value {
-                        let k = k
-                            .trim()
-                            .trim_start_matches('-')
-                            .trim()
-                            .trim_matches(['"', '\'']);
-                        return Some((i as u64 + 1, k.to_string()));
+                let Some((k, v)) = entry.split_once(": ") else {
+                    continue;
+                };
+                let k = k
+                    .trim()
+                    .trim_start_matches('-')
+                    .trim()
+                    .trim_matches(['"', '\'']);
+                if v.trim().trim_matches(['"', '\'']) == value {
+                    path.push(k.to_string());
+                    // Block-style parents: the nearest less-indented keys above, up to the stage.
+                    let mut depth = indent(line);
+                    for above in self.lines[first + 1..i].iter().rev() {
+                        if indent(above) < depth && !above.trim().is_empty() {
+                            if let Some((pk, _)) = above.split_once(':') {
+                                path.insert(0, pk.trim().trim_matches(['"', '\'']).to_string());
+                            }
+                            depth = indent(above);
+                        }
                     }
+                    return Some((i as u64 + 1, quote_keys(&path)));
+                }
+                if v.trim().is_empty() {
+                    // `inputs: { name: column }` on one line: `inputs` is the parent.
+                    path.push(k.to_string());
                 }
             }
         }
         None
     }
+}
+
+/// `a.b."image_tensor:0"`: keys that are not plain identifiers are quoted.
+fn quote_keys(path: &[String]) -> String {
+    path.iter()
+        .map(|k| {
+            if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                k.clone()
+            } else {
+                format!("\"{k}\"")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 fn contains_key(line: &str, needle: &str) -> bool {

@@ -1,0 +1,111 @@
+//! Helpers for the end-to-end tests: the repository's assets, temporary pipelines, and running
+//! the `riffle` binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn frames_dir() -> PathBuf {
+    repo().join("data/frames/bikes")
+}
+
+pub fn model(name: &str) -> PathBuf {
+    repo().join("models").join(name)
+}
+
+/// Fails (never skips) when ONNX Runtime's library is missing, saying how to get it.
+pub fn require_onnx_runtime() {
+    let lib = riffle_operators::onnx::library_path();
+    assert!(
+        lib.is_file(),
+        "ONNX Runtime library not found at {}: run `scripts/setup.sh` (or set RIFFLE_ORT_LIB)",
+        lib.display()
+    );
+}
+
+/// A directory `<tmp>/<camera>/NNNN.jpg` holding the given bundled frames.
+pub fn frames_subset(tmp: &Path, camera: &str, frames: impl IntoIterator<Item = usize>) -> PathBuf {
+    let root = tmp.join("frames");
+    let dir = root.join(camera);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in frames {
+        let name = format!("{f:04}.jpg");
+        std::fs::copy(frames_dir().join(&name), dir.join(&name)).unwrap();
+    }
+    root
+}
+
+pub fn write(tmp: &Path, name: &str, text: &str) -> PathBuf {
+    let path = tmp.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+pub fn riffle(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("running the riffle binary")
+}
+
+/// Runs `riffle`, failing the test with its output when it fails.
+pub fn riffle_ok(args: &[&str]) -> Output {
+    let out = riffle(args);
+    assert!(
+        out.status.success(),
+        "riffle {args:?} failed\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The person-detection pipeline over `frames`, with the given model batch and worker count.
+pub fn detection_pipeline(
+    frames: &Path,
+    output: &Path,
+    cameras: usize,
+    max_size: usize,
+    workers: usize,
+) -> String {
+    format!(
+        r#"
+name: test-detect
+source:
+  images: {{ path: "{frames}", cameras: {cameras}, batch_size: 3 }}
+stages:
+  - exchange: {{ key: camera_id }}
+  - decode: {{}}
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs:
+        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+        "detection_classes:0": {{ column: classes, shape: [100] }}
+      batch: {{ max_size: {max_size}, max_delay_ms: 5 }}
+  - detections: {{ score_threshold: 0.3, keep_classes: [1], labels: {{ 1: person }}, boxes: boxes, scores: scores, classes: classes }}
+  - select: {{ columns: [camera_id, frame, detections_count, detections] }}
+sink:
+  jsonl: {{ path: "{output}" }}
+runtime: {{ workers: {workers}, epoch_records: 4 }}
+"#,
+        frames = frames.display(),
+        model = model("ssdlite_person.onnx").display(),
+        output = output.display(),
+    )
+}

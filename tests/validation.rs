@@ -1,0 +1,240 @@
+//! Every validation error names the file, the line and the field, before anything runs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+/// The shipped detection pipeline, with absolute paths and one edit applied.
+fn edited(tmp: &Path, from: &str, to: &str) -> PathBuf {
+    let text = std::fs::read_to_string(repo().join("pipelines/camera-perception.yaml")).unwrap();
+    assert!(
+        text.contains(from),
+        "test edit `{from}` not found in the pipeline"
+    );
+    let text = text
+        .replace("../", &format!("{}/", repo().display()))
+        .replacen(from, to, 1);
+    write(tmp, "p.yaml", &text)
+}
+
+fn error_of(file: &Path) -> String {
+    match riffle_pipelines::load(file, None) {
+        Ok(_) => panic!("{} validated, expected an error", file.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn line_of(file: &Path, needle: &str) -> usize {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in file")
+        + 1
+}
+
+#[test]
+fn shipped_pipelines_validate() {
+    require_onnx_runtime();
+    for name in ["camera-perception.yaml", "camera-classify.yaml"] {
+        let p = riffle_pipelines::load(&repo().join("pipelines").join(name), None)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(p.schemas.len(), p.spec.stages.len() + 1);
+    }
+}
+
+#[test]
+fn unknown_key_names_line_and_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(
+        tmp.path(),
+        "max_epochs_in_flight: 4",
+        "max_epochs_in_flihgt: 4",
+    );
+    let e = error_of(&f);
+    let line = line_of(&f, "max_epochs_in_flihgt");
+    assert!(e.starts_with(&format!("{}:{line}: ", f.display())), "{e}");
+    assert!(e.contains("unknown field `max_epochs_in_flihgt`"), "{e}");
+    assert!(
+        e.contains("max_epochs_in_flight"),
+        "should list the expected keys: {e}"
+    );
+}
+
+#[test]
+fn wrong_value_type_names_line_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "score_threshold: 0.5", "score_threshold: high");
+    let e = error_of(&f);
+    let line = line_of(&f, "score_threshold: high");
+    assert!(
+        e.starts_with(&format!("{}:{line}: score_threshold: ", f.display())),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_model_file_names_line_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "ssdlite_person.onnx", "no_such_model.onnx");
+    let e = error_of(&f);
+    let line = line_of(&f, "no_such_model.onnx");
+    assert!(
+        e.starts_with(&format!("{}:{line}: stages[3].model.path: ", f.display())),
+        "{e}"
+    );
+    assert!(e.contains("not found"), "{e}");
+}
+
+#[test]
+fn input_dtype_mismatch_names_model_input() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "dtype: u8", "dtype: f32");
+    let e = error_of(&f);
+    let line = line_of(&f, "\"image_tensor:0\": tensor");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: stages[3].model.inputs.\"image_tensor:0\": ",
+            f.display()
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("expected UInt8") && e.contains("found Float32"),
+        "{e}"
+    );
+}
+
+#[test]
+fn input_shape_mismatch_against_model_signature() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(repo().join("pipelines/camera-classify.yaml"))
+        .unwrap()
+        .replace("../", &format!("{}/", repo().display()))
+        .replace("width: 224", "width: 220");
+    let f = write(tmp.path(), "c.yaml", &text);
+    let e = error_of(&f);
+    let line = line_of(&f, "inputs: { input: tensor }");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: stages[2].model.inputs.input: ",
+            f.display()
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("Float32[?,3,224,224]") && e.contains("found Float32[?,3,224,220]"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_column_lists_the_columns_there() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(
+        tmp.path(),
+        "\"image_tensor:0\": tensor",
+        "\"image_tensor:0\": pixels_typo",
+    );
+    let e = error_of(&f);
+    assert!(e.contains("column `pixels_typo`"), "{e}");
+    assert!(
+        e.contains("no such column") && e.contains("tensor ("),
+        "{e}"
+    );
+}
+
+#[test]
+fn unmapped_model_input_and_unknown_output_are_errors() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(
+        tmp.path(),
+        "\"detection_scores:0\"",
+        "\"detection_score:0\"",
+    );
+    let e = error_of(&f);
+    assert!(
+        e.contains("has no output `detection_score:0`") && e.contains("detection_scores:0"),
+        "{e}"
+    );
+    let f = edited(
+        tmp.path(),
+        "\"image_tensor:0\": tensor",
+        "\"image:0\": tensor",
+    );
+    let e = error_of(&f);
+    assert!(e.contains("needs input `image_tensor:0`"), "{e}");
+}
+
+#[test]
+fn exchange_key_must_exist() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "{ key: camera_id }", "{ key: camera }");
+    let e = error_of(&f);
+    let line = line_of(&f, "{ key: camera }");
+    assert!(
+        e.starts_with(&format!("{}:{line}: stages[0].exchange.key: ", f.display())),
+        "{e}"
+    );
+    assert!(e.contains("camera_id (Utf8)"), "{e}");
+}
+
+#[test]
+fn missing_source_directory_and_zero_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "data/frames", "data/no-frames");
+    let e = error_of(&f);
+    assert!(
+        e.contains(": source.path: ") && e.contains("does not exist"),
+        "{e}"
+    );
+    let f = edited(tmp.path(), "workers: 2", "workers: 0");
+    let e = error_of(&f);
+    let line = line_of(&f, "workers: 0");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: runtime.workers: expected a number ≥ 1",
+            f.display()
+        )),
+        "{e}"
+    );
+}
+
+#[test]
+fn cuda_device_fails_validation_without_cuda() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(
+        tmp.path(),
+        "batch: { max_size: 4",
+        "device: \"cuda:0\"\n      batch: { max_size: 4",
+    );
+    let e = error_of(&f);
+    assert!(e.contains("stages[3].model") && e.contains("cuda:0"), "{e}");
+}
+
+#[test]
+fn validate_command_prints_schemas_and_fails_with_location() {
+    let out = riffle_ok(&[
+        "validate",
+        repo()
+            .join("pipelines/camera-perception.yaml")
+            .to_str()
+            .unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("after detections") && text.contains("detections_count"),
+        "{text}"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "ssdlite_person.onnx", "gone.onnx");
+    let out = riffle(&["validate", f.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stages[3].model.path"));
+}
