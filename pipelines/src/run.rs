@@ -34,6 +34,13 @@ pub struct RunReport {
 pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, DataflowError> {
     let started = Instant::now();
     let metrics = options.metrics.clone();
+    // Registered up front so the summary lists stages in pipeline order.
+    metrics.stage("source")?;
+    for name in crate::plan::stage_names(&pipeline) {
+        metrics.stage(&name)?;
+    }
+    metrics.stage("sink")?;
+    metrics.stage("dead-letters")?;
     let config = options.cluster.to_timely();
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();
