@@ -32,3 +32,32 @@ fn content_type() -> tiny_http::Header {
         .parse()
         .expect("a constant, well-formed header")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn serves_stage_metrics_in_prometheus_text_format() {
+        let metrics = Metrics::new().unwrap();
+        metrics
+            .stage("model")
+            .unwrap()
+            .record_batch(8, 8, 0, std::time::Duration::from_millis(3));
+        let addr = format!("127.0.0.1:{}", 30000 + std::process::id() % 20000);
+        let _server = serve_metrics(&addr, metrics).unwrap();
+        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        stream.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(
+            body.contains("riffle_stage_records_in_total{stage=\"model\"} 8"),
+            "{body}"
+        );
+        assert!(body.contains("riffle_stage_batch_rows_bucket"), "{body}");
+    }
+}

@@ -81,7 +81,7 @@ fn missing_model_file_names_line_and_field() {
     let e = error_of(&f);
     let line = line_of(&f, "no_such_model.onnx");
     assert!(
-        e.starts_with(&format!("{}:{line}: stages[3].model.path: ", f.display())),
+        e.starts_with(&format!("{}:{line}: stages[2].model.path: ", f.display())),
         "{e}"
     );
     assert!(e.contains("not found"), "{e}");
@@ -96,7 +96,7 @@ fn input_dtype_mismatch_names_model_input() {
     let line = line_of(&f, "\"image_tensor:0\": tensor");
     assert!(
         e.starts_with(&format!(
-            "{}:{line}: stages[3].model.inputs.\"image_tensor:0\": ",
+            "{}:{line}: stages[2].model.inputs.\"image_tensor:0\": ",
             f.display()
         )),
         "{e}"
@@ -215,7 +215,7 @@ fn cuda_device_fails_validation_without_cuda() {
         "device: \"cuda:0\"\n      batch: { max_size: 4",
     );
     let e = error_of(&f);
-    assert!(e.contains("stages[3].model") && e.contains("cuda:0"), "{e}");
+    assert!(e.contains("stages[2].model") && e.contains("cuda:0"), "{e}");
 }
 
 #[test]
@@ -236,5 +236,5 @@ fn validate_command_prints_schemas_and_fails_with_location() {
     let f = edited(tmp.path(), "ssdlite_person.onnx", "gone.onnx");
     let out = riffle(&["validate", f.to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("stages[3].model.path"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("stages[2].model.path"));
 }

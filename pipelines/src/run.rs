@@ -36,8 +36,14 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
     let metrics = options.metrics.clone();
     // Registered up front so the summary lists stages in pipeline order.
     metrics.stage("source")?;
-    for name in crate::plan::stage_names(&pipeline) {
-        metrics.stage(&name)?;
+    for (name, spec) in crate::plan::stage_names(&pipeline)
+        .iter()
+        .zip(&pipeline.spec.stages)
+    {
+        // Exchanges only move rows; they have no per-batch work to report.
+        if !matches!(spec.value, crate::spec::StageSpec::Exchange(_)) {
+            metrics.stage(name)?;
+        }
     }
     metrics.stage("sink")?;
     metrics.stage("dead-letters")?;
@@ -127,8 +133,10 @@ fn run_worker(
             epoch += 1;
             input.advance_to(epoch);
             // Flow control: wait while the sink is more than `in_flight` epochs behind.
+            // Park rather than spin: on a small machine a spinning worker steals the core
+            // another worker's model is running on. Messages and timers unpark it.
             while probe.less_than(&epoch.saturating_sub(in_flight)) {
-                worker.step();
+                worker.step_or_park(Some(Duration::from_millis(1)));
             }
         }
         worker.step();
