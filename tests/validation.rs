@@ -174,9 +174,13 @@ fn unmapped_model_input_and_unknown_output_are_errors() {
 #[test]
 fn exchange_key_must_exist() {
     let tmp = tempfile::tempdir().unwrap();
-    let f = edited(tmp.path(), "{ key: camera_id }", "{ key: camera }");
+    let f = edited(
+        tmp.path(),
+        "  - decode: {}",
+        "  - exchange: { key: camera }\n  - decode: {}",
+    );
     let e = error_of(&f);
-    let line = line_of(&f, "{ key: camera }");
+    let line = line_of(&f, "- exchange: { key: camera }");
     assert!(
         e.starts_with(&format!("{}:{line}: stages[0].exchange.key: ", f.display())),
         "{e}"
