@@ -132,6 +132,16 @@ impl Model {
                 "device `cuda:{n}`: no CUDA execution is available in this build; use `cpu` or `auto`"
             )));
         }
+        if config.device == Device::Auto {
+            // Once per process, not once per worker.
+            static AUTO_LOGGED: std::sync::Once = std::sync::Once::new();
+            AUTO_LOGGED.call_once(|| {
+                tracing::info!(
+                    "model {}: device `auto` runs on CPU (no CUDA execution in this build)",
+                    config.path.display()
+                )
+            });
+        }
         if config.batch.max_size == 0 {
             return Err(DataflowError::Config(
                 "batch.max_size must be at least 1".into(),
