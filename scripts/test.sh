@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: fetch what is missing, then lint and test.
+# The whole test suite on a fresh machine: fetch what is missing (ONNX Runtime, kcat, a Kafka
+# broker), start the broker, then lint and test. The broker is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+if ! command -v kcat >/dev/null; then
+  echo "test: installing kcat (Debian package), an independent Kafka client for interop tests"
+  apt-get update -qq && apt-get install -y -qq kcat >/dev/null
+fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+
+# A broker of our own on a test port, so a demo broker on 9092 is left alone.
+export RIFFLE_KAFKA_PORT="${RIFFLE_KAFKA_PORT:-19092}"
+export RIFFLE_KAFKA_BROKERS="127.0.0.1:$RIFFLE_KAFKA_PORT"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+trap 'scripts/kafka.sh stop; rm -f "$log"' EXIT
+scripts/kafka.sh start
+
 cargo test --workspace --all-targets 2>&1 | tee "$log"
 cargo test --workspace --doc 2>&1 | tee -a "$log"
 # One closing line over every test binary and the doc tests.

@@ -20,6 +20,45 @@ pub enum Command {
     Validate { file: PathBuf },
     /// Compare the pipeline with a straight-line loop and with ONNX Runtime alone.
     Bench(BenchArgs),
+    /// Replay image frames or click events into a Kafka topic (demos, load tests).
+    Produce(ProduceArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ProduceArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Topic to write (created if missing).
+    #[arg(long)]
+    pub topic: String,
+    /// Partitions of a topic this command creates.
+    #[arg(long, default_value_t = 4)]
+    pub partitions: i32,
+    /// A directory of frames: one message per image, key = camera id, headers frame and path.
+    #[arg(long)]
+    pub frames: Option<PathBuf>,
+    /// Split each directory's frames into this many camera streams.
+    #[arg(long)]
+    pub cameras: Option<usize>,
+    /// Frames per second per camera (default: as fast as possible).
+    #[arg(long)]
+    pub fps: Option<f64>,
+    /// Replay the frames this many times.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
+    /// A CSV file with a header: one JSON message per row.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// A JSON-lines file: one message per line.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+    /// Messages per second for --csv/--jsonl (default: as fast as possible).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Column whose value is the message key (--csv/--jsonl).
+    #[arg(long)]
+    pub key: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod launch;
+mod produce;
 mod serve;
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ fn main() {
         Command::Run(args) => run_command(args),
         Command::Validate { file } => validate_command(&file),
         Command::Bench(args) => bench::bench_command(args),
+        Command::Produce(args) => produce::produce_command(args),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");

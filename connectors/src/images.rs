@@ -363,7 +363,7 @@ impl Source for ImagesPartition {
             Arc::new(BinaryArray::from_iter_values(contents)),
         ];
         let records = RecordBatch::try_new(self.schema.clone(), columns)?;
-        Ok(Some(SourceBatch { records, rejected }))
+        Ok(Some(SourceBatch::new(records, rejected)))
     }
 }
 

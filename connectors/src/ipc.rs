@@ -105,10 +105,7 @@ impl Source for IpcPartition {
                 ))
             }
         };
-        Ok(Some(SourceBatch {
-            records,
-            rejected: Vec::new(),
-        }))
+        Ok(Some(SourceBatch::new(records, Vec::new())))
     }
 }
 

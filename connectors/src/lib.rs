@@ -15,6 +15,7 @@ pub mod csv;
 pub mod images;
 pub mod ipc;
 pub mod jsonl;
+pub mod kafka;
 pub mod stdout;
 mod text;
 
@@ -38,6 +39,7 @@ pub enum SourceConfig {
     Ipc(IpcSourceConfig),
     Csv(CsvSourceConfig),
     Jsonl(JsonlSourceConfig),
+    Kafka(kafka::KafkaSourceConfig),
 }
 
 impl SourceConfig {
@@ -49,6 +51,7 @@ impl SourceConfig {
             SourceConfig::Ipc(c) => Box::new(IpcSource::new(c)?),
             SourceConfig::Csv(c) => Box::new(CsvSource::new(c)?),
             SourceConfig::Jsonl(c) => Box::new(JsonlSource::new(c)?),
+            SourceConfig::Kafka(c) => Box::new(kafka::KafkaSourceFactory::new(c)?),
         })
     }
 
@@ -59,6 +62,7 @@ impl SourceConfig {
             SourceConfig::Ipc(c) => vec![c.path.as_path()],
             SourceConfig::Csv(c) => vec![c.path.as_path()],
             SourceConfig::Jsonl(c) => vec![c.path.as_path()],
+            SourceConfig::Kafka(_) => Vec::new(),
         }
     }
 
@@ -69,6 +73,7 @@ impl SourceConfig {
             SourceConfig::Ipc(c) => vec![&mut c.path],
             SourceConfig::Csv(c) => vec![&mut c.path],
             SourceConfig::Jsonl(c) => vec![&mut c.path],
+            SourceConfig::Kafka(_) => Vec::new(),
         }
     }
 }
@@ -81,6 +86,7 @@ pub enum SinkConfig {
     Jsonl(JsonlSinkConfig),
     Stdout(StdoutSinkConfig),
     Ipc(IpcSinkConfig),
+    Kafka(kafka::KafkaSinkConfig),
 }
 
 impl SinkConfig {
@@ -89,6 +95,7 @@ impl SinkConfig {
             SinkConfig::Jsonl(c) => Box::new(c.clone()),
             SinkConfig::Stdout(c) => Box::new(c.clone()),
             SinkConfig::Ipc(c) => Box::new(c.clone()),
+            SinkConfig::Kafka(c) => Box::new(kafka::KafkaSinkFactory::new(c)?),
         })
     }
 
@@ -98,6 +105,7 @@ impl SinkConfig {
             SinkConfig::Jsonl(c) => vec![c.path.as_path()],
             SinkConfig::Stdout(_) => Vec::new(),
             SinkConfig::Ipc(c) => vec![c.path.as_path()],
+            SinkConfig::Kafka(_) => Vec::new(),
         }
     }
 
@@ -107,6 +115,7 @@ impl SinkConfig {
             SinkConfig::Jsonl(c) => vec![&mut c.path],
             SinkConfig::Stdout(_) => Vec::new(),
             SinkConfig::Ipc(c) => vec![&mut c.path],
+            SinkConfig::Kafka(_) => Vec::new(),
         }
     }
 }

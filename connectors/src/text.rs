@@ -213,10 +213,7 @@ impl<D: RecordDecoder> TextPartition<D> {
     /// are rejected.
     fn decode_chunk(&self, records: &[Record]) -> DataflowResult<SourceBatch> {
         if let Ok(batch) = self.decoder.decode(records) {
-            return Ok(SourceBatch {
-                records: batch,
-                rejected: Vec::new(),
-            });
+            return Ok(SourceBatch::new(batch, Vec::new()));
         }
         let mut good = Vec::with_capacity(records.len());
         let mut rejected = Vec::new();
@@ -235,7 +232,7 @@ impl<D: RecordDecoder> TextPartition<D> {
             }
         }
         let records = arrow_select::concat::concat_batches(&self.schema, &good)?;
-        Ok(SourceBatch { records, rejected })
+        Ok(SourceBatch::new(records, rejected))
     }
 }
 

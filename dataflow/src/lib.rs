@@ -24,7 +24,7 @@ pub mod tensor;
 pub use batch::{Batch, BatchKind};
 pub use error::{DataflowError, DataflowResult};
 pub use sink::Sink;
-pub use source::{Source, SourceFactory};
+pub use source::{Source, SourceBatch, SourceFactory, SourcePosition};
 pub use stage::{Stage, StageOutput};
 
 /// Logical time of a record: the epoch its source assigned it to.

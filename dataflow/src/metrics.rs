@@ -165,6 +165,30 @@ impl Metrics {
         String::from_utf8(buf).map_err(|e| DataflowError::Config(e.to_string()))
     }
 
+    /// Values of metrics that connectors registered (`riffle_kafka_*`), one line each.
+    fn connector_values(&self) -> Vec<(String, f64)> {
+        let mut out = Vec::new();
+        for family in self.registry.gather() {
+            if !family.name().starts_with("riffle_kafka_") {
+                continue;
+            }
+            for metric in family.get_metric() {
+                let labels: Vec<String> = metric
+                    .get_label()
+                    .iter()
+                    .map(|l| format!("{}={}", l.name(), l.value()))
+                    .collect();
+                let value = match family.get_field_type() {
+                    prometheus::proto::MetricType::COUNTER => metric.get_counter().get_value(),
+                    prometheus::proto::MetricType::GAUGE => metric.get_gauge().get_value(),
+                    _ => continue,
+                };
+                out.push((format!("{}{{{}}}", family.name(), labels.join(",")), value));
+            }
+        }
+        out
+    }
+
     /// A snapshot for the end-of-run report.
     pub fn summary(&self, elapsed: Duration) -> Summary {
         let stages = lock(&self.stages);
@@ -172,6 +196,7 @@ impl Metrics {
         list.sort_by_key(|s| s.order);
         let e2e = lock(&self.end_to_end_hdr);
         Summary {
+            connectors: self.connector_values(),
             elapsed,
             stages: list.iter().map(|s| s.summary()).collect(),
             end_to_end_p50: Duration::from_micros(e2e.value_at_quantile(0.5)),
@@ -249,6 +274,8 @@ pub struct Summary {
     pub end_to_end_p99: Duration,
     /// Rows that reached the sink.
     pub results: u64,
+    /// Connector metrics (Kafka lag, bytes, produce errors) by name and labels.
+    pub connectors: Vec<(String, f64)>,
 }
 
 impl Summary {
@@ -291,7 +318,11 @@ impl std::fmt::Display for Summary {
             self.throughput(),
             fmt_duration(self.end_to_end_p50),
             fmt_duration(self.end_to_end_p99)
-        )
+        )?;
+        for (name, value) in &self.connectors {
+            writeln!(f, "{name} {value}")?;
+        }
+        Ok(())
     }
 }
 

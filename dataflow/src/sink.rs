@@ -3,6 +3,7 @@
 use arrow_array::RecordBatch;
 
 use crate::error::DataflowResult;
+use crate::metrics::Metrics;
 
 /// A destination for result (or dead-letter) batches.
 pub trait Sink: Send {
@@ -14,4 +15,9 @@ pub trait Sink: Send {
 /// A configured sink that can be opened once per process.
 pub trait SinkFactory: Send + Sync {
     fn open(&self) -> DataflowResult<Box<dyn Sink>>;
+
+    /// Registers the sink's own metrics (bytes, produce errors) once per process.
+    fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
+        Ok(())
+    }
 }

@@ -4,6 +4,7 @@ use arrow_schema::SchemaRef;
 
 use crate::dead_letter::DeadLetter;
 use crate::error::DataflowResult;
+use crate::metrics::Metrics;
 use arrow_array::RecordBatch;
 
 /// One batch read by a source, with the inputs it could not read.
@@ -11,6 +12,27 @@ use arrow_array::RecordBatch;
 pub struct SourceBatch {
     pub records: RecordBatch,
     pub rejected: Vec<DeadLetter>,
+    /// The input positions this batch covers (Kafka partition offsets), for checkpoints.
+    pub positions: Vec<SourcePosition>,
+}
+
+impl SourceBatch {
+    /// A batch from a source without positions (files).
+    pub fn new(records: RecordBatch, rejected: Vec<DeadLetter>) -> Self {
+        SourceBatch {
+            records,
+            rejected,
+            positions: Vec::new(),
+        }
+    }
+}
+
+/// A contiguous range of one partition's offsets, both ends included.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SourcePosition {
+    pub partition: i32,
+    pub first_offset: i64,
+    pub last_offset: i64,
 }
 
 /// The part of a source that one worker reads.
@@ -31,5 +53,10 @@ pub trait SourceFactory: Send + Sync {
     /// Total number of records across all partitions, when known (progress display).
     fn total_records(&self) -> Option<u64> {
         None
+    }
+
+    /// Registers the source's own metrics (lag, bytes) once per process.
+    fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
+        Ok(())
     }
 }

@@ -47,6 +47,9 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
     }
     metrics.stage("sink")?;
     metrics.stage("dead-letters")?;
+    pipeline.source.attach_metrics(&metrics)?;
+    pipeline.sink.attach_metrics(&metrics)?;
+    pipeline.dead_letter.attach_metrics(&metrics)?;
     let config = options.cluster.to_timely();
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();

@@ -422,8 +422,20 @@ fn validate(
     })
 }
 
-/// Rejected records go beside the sink's file, or to `dead-letters.jsonl` for stdout.
+/// Rejected records go beside the sink's file, to `<topic>-dead-letters` (reason and stage in
+/// headers) for a Kafka sink, or to `dead-letters.jsonl` for stdout.
 fn default_dead_letter(sink: &SinkConfig) -> SinkConfig {
+    if let SinkConfig::Kafka(kafka) = sink {
+        let mut dlq = kafka.clone();
+        dlq.topic = format!("{}-dead-letters", kafka.topic);
+        dlq.format = riffle_connectors::kafka::SinkFormat::Json;
+        dlq.key = None;
+        dlq.headers = [("reason", "reason"), ("stage", "stage")]
+            .into_iter()
+            .map(|(h, c)| (h.to_string(), c.to_string()))
+            .collect();
+        return SinkConfig::Kafka(dlq);
+    }
     let mut sink = sink.clone();
     let path = match sink.paths_mut().into_iter().next() {
         Some(p) => {

@@ -2,6 +2,8 @@
 //! the `riffle` binary.
 #![allow(dead_code)]
 
+pub mod kafka;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,119 @@
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+/// `source: { kafka: {...} }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSourceConfig {
+    /// `host:port[,host:port…]` (librdkafka `bootstrap.servers`).
+    pub brokers: String,
+    pub topic: String,
+    /// How a message's value becomes columns.
+    pub format: MessageFormat,
+    /// Column that receives the message key as a string (none: the key is not kept).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Where reading starts in every partition.
+    #[serde(default)]
+    pub start: StartAt,
+    /// End the run once every partition reaches the end offset seen at start.
+    #[serde(default)]
+    pub stop_at_end: bool,
+    /// Most messages per batch.
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Longest wait to fill a batch before emitting what arrived.
+    #[serde(default = "default_linger_ms")]
+    pub linger_ms: u64,
+    /// Value columns for `json`/`csv` (name → type); inferred from the topic's first messages
+    /// when absent.
+    #[serde(default)]
+    pub schema: Option<BTreeMap<String, ColumnType>>,
+    /// Message headers copied into typed columns (header name → type).
+    #[serde(default)]
+    pub header_columns: BTreeMap<String, ColumnType>,
+    /// Any librdkafka consumer option, passed through.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+fn default_batch_size() -> usize {
+    256
+}
+fn default_linger_ms() -> u64 {
+    20
+}
+
+/// Message value formats.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageFormat {
+    /// One JSON object per message (arrow-json).
+    Json,
+    /// One CSV record per message, no header (arrow-csv).
+    Csv,
+    /// An encoded image: the value lands in a `bytes` column for `decode`.
+    Jpeg,
+    /// Any payload, as a `bytes` column.
+    Raw,
+}
+
+/// Where a source starts reading.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StartAt {
+    #[default]
+    Earliest,
+    Latest,
+    /// The first message at or after this time (ms since the Unix epoch).
+    TimestampMs(i64),
+    /// Given offsets per partition (partitions not listed start at the earliest).
+    Offsets(BTreeMap<i32, i64>),
+}
+
+/// Types for declared columns.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ColumnType {
+    String,
+    Int64,
+    Float64,
+    Bool,
+}
+
+/// `sink: { kafka: {...} }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaSinkConfig {
+    pub brokers: String,
+    pub topic: String,
+    /// Message value: one JSON object per row, or one Arrow IPC stream per batch.
+    #[serde(default)]
+    pub format: SinkFormat,
+    /// Column whose value (as a string) is the message key.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// Message headers from columns (header name → column).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// How long `flush` waits for every delivery report before failing.
+    #[serde(default = "default_delivery_timeout_ms")]
+    pub delivery_timeout_ms: u64,
+    /// Any librdkafka producer option, passed through.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+fn default_delivery_timeout_ms() -> u64 {
+    30_000
+}
+
+/// Kafka sink value formats.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SinkFormat {
+    #[default]
+    Json,
+    Ipc,
+}

@@ -1,0 +1,17 @@
+//! Kafka in and out (rdkafka, bundled librdkafka).
+//!
+//! The source assigns partitions to workers itself (partition p → worker p mod workers, across
+//! all processes) instead of joining a consumer group: offsets belong to Riffle's checkpoints,
+//! as in Flink and Arroyo, and are committed back to Kafka only as advisory, for lag tools.
+
+mod config;
+mod metrics;
+pub mod replay;
+mod sink;
+mod source;
+
+pub use config::{
+    ColumnType, KafkaSinkConfig, KafkaSourceConfig, MessageFormat, SinkFormat, StartAt,
+};
+pub use sink::KafkaSinkFactory;
+pub use source::KafkaSourceFactory;

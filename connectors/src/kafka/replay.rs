@@ -1,0 +1,183 @@
+//! Replaying bundled data into a topic (`riffle produce`, demos, load tests, benchmarks).
+
+use std::time::{Duration, Instant};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::RecordBatch;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::ClientConfig;
+use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
+
+/// Creates `topic` with `partitions` partitions unless it exists.
+pub fn ensure_topic(brokers: &str, topic: &str, partitions: i32) -> DataflowResult<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| DataflowError::io("starting the admin client's runtime", e))?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = runtime
+        .block_on(admin.create_topics([&new], &options))
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((_, code)) => {
+                return Err(DataflowError::Config(format!(
+                    "creating topic `{topic}` on {brokers}: {code}"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How fast to replay: messages per second in total, or as fast as the broker takes them.
+#[derive(Clone, Copy, Debug)]
+pub struct Pace {
+    pub messages_per_second: Option<f64>,
+}
+
+/// What a replay did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Replayed {
+    pub messages: u64,
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+/// Sends every record of `source` to `topic`: images as their bytes (key `camera_id`, headers
+/// `frame` and `path`), any other source as one JSON object per row (key from `key_column`).
+pub fn replay(
+    brokers: &str,
+    topic: &str,
+    source: &dyn SourceFactory,
+    key_column: Option<&str>,
+    pace: Pace,
+) -> DataflowResult<Replayed> {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    let mut reader = source.partition(0, 1)?;
+    let started = Instant::now();
+    let mut done = Replayed::default();
+    while let Some(batch) = reader.next_batch()? {
+        for message in messages(&batch.records, key_column)? {
+            if let Some(rate) = pace.messages_per_second.filter(|r| *r > 0.0) {
+                let due = started + Duration::from_secs_f64(done.messages as f64 / rate);
+                if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                    std::thread::sleep(wait);
+                }
+            }
+            let mut headers = OwnedHeaders::new();
+            for (name, value) in &message.headers {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                });
+            }
+            let mut record = BaseRecord::to(topic)
+                .payload(&message.value)
+                .headers(headers);
+            if let Some(key) = &message.key {
+                record = record.key(key.as_str());
+            }
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    // The local queue is full: let deliveries drain, then retry the same record.
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        producer.poll(Duration::from_millis(10));
+                        record = back;
+                    }
+                    Err((e, _)) => return Err(kafka_error(brokers, topic, e)),
+                }
+            }
+            producer.poll(Duration::ZERO);
+            done.messages += 1;
+            done.bytes += message.value.len() as u64;
+        }
+    }
+    producer
+        .flush(Duration::from_secs(60))
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    done.elapsed = started.elapsed();
+    Ok(done)
+}
+
+struct OutMessage {
+    key: Option<String>,
+    value: Vec<u8>,
+    headers: Vec<(String, String)>,
+}
+
+fn messages(batch: &RecordBatch, key_column: Option<&str>) -> DataflowResult<Vec<OutMessage>> {
+    let rows = batch.num_rows();
+    // Image sources: raw bytes with their ids in key and headers, as cameras would send them.
+    if let (Some(bytes), Some(camera), Some(frame), Some(path)) = (
+        batch.column_by_name("bytes"),
+        batch.column_by_name("camera_id"),
+        batch.column_by_name("frame"),
+        batch.column_by_name("path"),
+    ) {
+        let (bytes, camera) = (bytes.as_binary::<i32>(), camera.as_string::<i32>());
+        let (frame, path) = (frame.as_primitive::<Int64Type>(), path.as_string::<i32>());
+        return Ok((0..rows)
+            .map(|i| OutMessage {
+                key: Some(camera.value(i).to_string()),
+                value: bytes.value(i).to_vec(),
+                headers: vec![
+                    ("frame".into(), frame.value(i).to_string()),
+                    ("path".into(), path.value(i).to_string()),
+                ],
+            })
+            .collect());
+    }
+    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
+    writer.write(batch)?;
+    writer.finish()?;
+    let text = writer.into_inner();
+    let keys = match key_column {
+        Some(name) => {
+            let column = batch
+                .column_by_name(name)
+                .ok_or_else(|| DataflowError::schema(name, "a key column", "no such column"))?;
+            let strings = arrow_cast_to_strings(column.as_ref())?;
+            strings.into_iter().map(Some).collect()
+        }
+        None => vec![None; rows],
+    };
+    Ok(text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .zip(keys)
+        .map(|(line, key)| OutMessage {
+            key,
+            value: line.to_vec(),
+            headers: Vec::new(),
+        })
+        .collect())
+}
+
+fn arrow_cast_to_strings(column: &dyn arrow_array::Array) -> DataflowResult<Vec<String>> {
+    let formatter = arrow_cast::display::ArrayFormatter::try_new(column, &Default::default())?;
+    Ok((0..column.len())
+        .map(|i| formatter.value(i).to_string())
+        .collect())
+}
+
+pub(crate) fn kafka_error(brokers: &str, topic: &str, e: KafkaError) -> DataflowError {
+    DataflowError::Config(format!("kafka {brokers} topic `{topic}`: {e}"))
+}

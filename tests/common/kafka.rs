@@ -1,0 +1,105 @@
+//! The broker the Kafka tests run against, and reading a topic back.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+/// `RIFFLE_KAFKA_BROKERS`, set by `scripts/test.sh` after `scripts/kafka.sh start`. Fails (never
+/// skips) when unset or unreachable, saying how to start one.
+pub fn brokers() -> String {
+    let how = "start a Kafka-protocol broker with `scripts/kafka.sh start` and set \
+               RIFFLE_KAFKA_BROKERS=127.0.0.1:9092 (scripts/test.sh does both)";
+    let brokers = std::env::var("RIFFLE_KAFKA_BROKERS")
+        .unwrap_or_else(|_| panic!("RIFFLE_KAFKA_BROKERS is not set: {how}"));
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    if let Err(e) = consumer.fetch_metadata(None, Duration::from_secs(10)) {
+        panic!("no broker at {brokers} ({e}): {how}");
+    }
+    brokers
+}
+
+/// A topic name no other test run uses.
+pub fn topic(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{name}-{}-{nanos}", std::process::id())
+}
+
+pub struct Received {
+    pub key: Option<String>,
+    pub value: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Every message of `topic`, reading each partition up to its high watermark.
+pub fn consume_all(brokers: &str, topic: &str) -> Vec<Received> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "riffle-tests")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let partitions: Vec<i32> = metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| p.id())
+        .collect();
+    let mut ends = BTreeMap::new();
+    let mut list = TopicPartitionList::new();
+    for p in &partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, *p, Duration::from_secs(10))
+            .unwrap();
+        ends.insert(*p, high);
+        list.add_partition_offset(topic, *p, Offset::Beginning)
+            .unwrap();
+    }
+    consumer.assign(&list).unwrap();
+    let mut out = Vec::new();
+    let mut next: BTreeMap<i32, i64> = partitions.iter().map(|p| (*p, 0)).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while next.iter().any(|(p, n)| *n < ends[p]) {
+        assert!(
+            Instant::now() < deadline,
+            "timed out reading {topic}: at {next:?} of {ends:?}"
+        );
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message.unwrap();
+        next.insert(message.partition(), message.offset() + 1);
+        let headers = message
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_string(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(Received {
+            key: message
+                .key()
+                .map(|k| String::from_utf8_lossy(k).into_owned()),
+            value: message.payload().unwrap_or_default().to_vec(),
+            headers,
+        });
+    }
+    out
+}

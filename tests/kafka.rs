@@ -1,0 +1,296 @@
+//! Pipelines on a real Kafka-protocol broker (tansu; `scripts/kafka.sh start`): frames in and
+//! detections out equal the file run, clicks as JSON, a topic written by kcat, poison messages
+//! in the dead-letter topic.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::kafka::{brokers, consume_all, topic};
+use common::*;
+use serde_json::Value;
+
+fn produce(args: &[&str]) {
+    riffle_ok(&[&["produce"], args].concat());
+}
+
+fn detections_by_frame(
+    rows: impl IntoIterator<Item = Value>,
+) -> BTreeMap<(String, i64), Vec<(String, f64)>> {
+    rows.into_iter()
+        .map(|r| {
+            let key = (
+                r["camera_id"].as_str().unwrap().to_string(),
+                r["frame"].as_i64().unwrap(),
+            );
+            let dets = r["detections"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| {
+                    (
+                        d["label"].as_str().unwrap_or("").to_string(),
+                        (d["score"].as_f64().unwrap() * 1e4).round() / 1e4,
+                    )
+                })
+                .collect();
+            (key, dets)
+        })
+        .collect()
+}
+
+fn kafka_camera_pipeline(brokers: &str, input: &str, output: &str) -> String {
+    std::fs::read_to_string(repo().join("pipelines/camera-perception-kafka.yaml"))
+        .unwrap()
+        .replace("../", &format!("{}/", repo().display()))
+        .replace("127.0.0.1:9092", brokers)
+        .replace("topic: cameras", &format!("topic: {input}"))
+        .replace("topic: detections", &format!("topic: {output}"))
+}
+
+#[test]
+fn frames_through_kafka_equal_the_file_run() {
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "bikes", 124..140);
+    let (input, output) = (topic("cameras"), topic("detections"));
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "3",
+        "--frames",
+        frames.to_str().unwrap(),
+        "--cameras",
+        "2",
+    ]);
+
+    let p = write(
+        tmp.path(),
+        "kafka.yaml",
+        &kafka_camera_pipeline(&brokers, &input, &output),
+    );
+    riffle_ok(&["run", "-q", p.to_str().unwrap()]);
+    let received = consume_all(&brokers, &output);
+    assert_eq!(received.len(), 16, "one result per frame");
+    for r in &received {
+        let row: Value = serde_json::from_slice(&r.value).unwrap();
+        assert_eq!(
+            r.key.as_deref(),
+            row["camera_id"].as_str(),
+            "message key = camera_id"
+        );
+    }
+    let from_kafka = detections_by_frame(
+        received
+            .iter()
+            .map(|r| serde_json::from_slice(&r.value).unwrap()),
+    );
+
+    // The same frames from files, through the same stages.
+    let out = tmp.path().join("files.jsonl");
+    let text = std::fs::read_to_string(repo().join("pipelines/camera-perception.yaml"))
+        .unwrap()
+        .replace("../data/frames", frames.to_str().unwrap())
+        .replace("cameras: 4", "cameras: 2")
+        .replace("../", &format!("{}/", repo().display()));
+    let p = write(tmp.path(), "files.yaml", &text);
+    riffle_ok(&[
+        "run",
+        "-q",
+        p.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let from_files = detections_by_frame(read_jsonl(&out));
+    assert_eq!(from_kafka, from_files);
+    assert!(
+        from_kafka.values().any(|d| !d.is_empty()),
+        "frames 124..140 show the cyclist"
+    );
+}
+
+#[test]
+fn clickstream_json_from_kafka_keeps_the_clicks() {
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = repo().join("data/clickstream/obd-random-all-2000.csv");
+    let input = topic("clicks");
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--csv",
+        csv.to_str().unwrap(),
+        "--key",
+        "user_feature_0",
+    ]);
+    let out = tmp.path().join("clicks.jsonl");
+    let text = std::fs::read_to_string(repo().join("pipelines/clicks-kafka.yaml"))
+        .unwrap()
+        .replace("127.0.0.1:9092", &brokers)
+        .replace("topic: clicks", &format!("topic: {input}"));
+    let p = write(tmp.path(), "clicks.yaml", &text);
+    riffle_ok(&[
+        "run",
+        "-q",
+        p.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+
+    // Expected straight from the CSV: the rows with click = 1.
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut expected: Vec<(String, String, i64)> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|f| f[3] == "1")
+        .map(|f| (f[0].to_string(), f[5].to_string(), f[1].parse().unwrap()))
+        .collect();
+    let mut got: Vec<(String, String, i64)> = read_jsonl(&out)
+        .iter()
+        .map(|r| {
+            (
+                r["timestamp"].as_str().unwrap().to_string(),
+                r["user"].as_str().unwrap().to_string(),
+                r["item_id"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    expected.sort();
+    got.sort();
+    assert!(!expected.is_empty());
+    assert_eq!(got, expected);
+}
+
+fn kcat(args: &[&str], input: &str) {
+    use std::io::Write;
+    let mut child = Command::new("kcat")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("kcat not found ({e}): install it with `apt-get install kcat` (scripts/test.sh does)"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "kcat {args:?} failed");
+}
+
+#[test]
+fn topic_written_by_kcat_is_read_and_poison_goes_to_the_dead_letter_topic() {
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let (input, output) = (topic("kcat-in"), topic("kcat-out"));
+    riffle_connectors::kafka::replay::ensure_topic(&brokers, &input, 2).unwrap();
+    // kcat: key and value separated by `|`, one message per line; one value is not JSON.
+    let lines = "u1|{\"user\":\"u1\",\"item\":3,\"price\":9.5}\n\
+                 u2|{\"user\":\"u2\",\"item\":7,\"price\":1.25}\n\
+                 u3|{\"user\":\"u3\",\"item\":\n\
+                 u1|{\"user\":\"u1\",\"item\":8,\"price\":4.0}\n";
+    kcat(&["-P", "-b", &brokers, "-t", &input, "-K", "|"], lines);
+    let p = write(
+        tmp.path(),
+        "kcat.yaml",
+        &format!(
+            r#"
+source:
+  kafka:
+    brokers: "{brokers}"
+    topic: {input}
+    format: json
+    key: user_key
+    stop_at_end: true
+    schema: {{ user: string, item: int64, price: float64 }}
+stages:
+  - filter: {{ column: price, op: gt, value: 2.0 }}
+sink:
+  kafka: {{ brokers: "{brokers}", topic: {output}, key: user_key }}
+runtime: {{ workers: 2 }}
+"#
+        ),
+    );
+    riffle_ok(&["run", "-q", p.to_str().unwrap()]);
+    let mut out: Vec<(Option<String>, Value)> = consume_all(&brokers, &output)
+        .into_iter()
+        .map(|r| (r.key, serde_json::from_slice(&r.value).unwrap()))
+        .collect();
+    out.sort_by_key(|(_, v)| v["item"].as_i64());
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(out[0].0.as_deref(), Some("u1"));
+    assert_eq!(out[0].1["item"], 3);
+    assert_eq!(out[1].1["item"], 8);
+    assert_eq!(out[1].1["user_key"], "u1", "the kcat key is a column");
+
+    let dead = consume_all(&brokers, &format!("{output}-dead-letters"));
+    assert_eq!(dead.len(), 1, "the truncated JSON message");
+    assert_eq!(
+        dead[0].headers.get("stage").map(String::as_str),
+        Some("source")
+    );
+    assert!(
+        !dead[0]
+            .headers
+            .get("reason")
+            .cloned()
+            .unwrap_or_default()
+            .is_empty(),
+        "reason header"
+    );
+    let letter: Value = serde_json::from_slice(&dead[0].value).unwrap();
+    assert!(
+        letter["record"].as_str().unwrap().contains("offset"),
+        "{letter}"
+    );
+}
+
+#[test]
+fn truncated_jpeg_from_kafka_goes_to_the_dead_letter_topic_and_the_rest_runs() {
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", [128, 129, 130]);
+    let good = std::fs::read(frames.join("cam/0130.jpg")).unwrap();
+    std::fs::write(frames.join("cam/0131.jpg"), &good[..good.len() / 2]).unwrap();
+    let (input, output) = (topic("poison-in"), topic("poison-out"));
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "2",
+        "--frames",
+        frames.to_str().unwrap(),
+    ]);
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &kafka_camera_pipeline(&brokers, &input, &output),
+    );
+    riffle_ok(&["run", "-q", p.to_str().unwrap()]);
+    let results = consume_all(&brokers, &output);
+    assert_eq!(results.len(), 3);
+    let dead = consume_all(&brokers, &format!("{output}-dead-letters"));
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        dead[0].headers.get("stage").map(String::as_str),
+        Some("decode")
+    );
+    assert!(
+        dead[0].headers["reason"].contains("JPEG"),
+        "{:?}",
+        dead[0].headers
+    );
+    let letter: Value = serde_json::from_slice(&dead[0].value).unwrap();
+    let record: Value = serde_json::from_str(letter["record"].as_str().unwrap()).unwrap();
+    assert_eq!(record["frame"], 131);
+}
