@@ -443,7 +443,9 @@ fn raw_messages_carry_bytes_key_position_and_typed_headers() {
     assert!(timestamps.iter().all(|t| t.is_some_and(|t| t > 0)));
 }
 
-fn sink_config(value: Value) -> KafkaSinkConfig {
+/// The tests create their topics on the mock cluster themselves.
+fn sink_config(mut value: Value) -> KafkaSinkConfig {
+    value["create_topic"] = json!(false);
     serde_json::from_value(value).unwrap()
 }
 

@@ -130,8 +130,11 @@ fn run_worker(
                 ingest,
             ));
         }
-        records_in_epoch += rows + batch.rejected.len();
-        if records_in_epoch >= epoch_records {
+        let read = rows + batch.rejected.len();
+        records_in_epoch += read;
+        // An epoch closes when full, or when the source goes idle (an empty read from a
+        // stream), so results of a quiet stream still complete and get flushed.
+        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) {
             records_in_epoch = 0;
             epoch += 1;
             input.advance_to(epoch);

@@ -97,12 +97,25 @@ pub struct KafkaSinkConfig {
     /// Message headers from columns (header name → column).
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// Create the topic when the run starts if it does not exist (with `partitions`).
+    #[serde(default = "default_true")]
+    pub create_topic: bool,
+    /// Partitions of a topic the sink creates.
+    #[serde(default = "default_partitions")]
+    pub partitions: i32,
     /// How long `flush` waits for every delivery report before failing.
     #[serde(default = "default_delivery_timeout_ms")]
     pub delivery_timeout_ms: u64,
     /// Any librdkafka producer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_partitions() -> i32 {
+    4
 }
 
 fn default_delivery_timeout_ms() -> u64 {

@@ -54,6 +54,14 @@ impl KafkaSinkFactory {
 
 impl SinkFactory for KafkaSinkFactory {
     fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        // Brokers differ on auto-creating topics; create ours explicitly, at run time only.
+        if self.config.create_topic {
+            super::replay::ensure_topic(
+                &self.config.brokers,
+                &self.config.topic,
+                self.config.partitions,
+            )?;
+        }
         Ok(Box::new(KafkaSink::open(&self.config)?))
     }
 
