@@ -32,9 +32,11 @@ start() {
   if running; then echo "kafka: already running on 127.0.0.1:$port"; return; fi
   mkdir -p "$state"
   rm -f "$state/tansu.db" "$state/tansu.db-"*
-  (cd "$state" && nohup "$tansu" broker \
+  # exec: the recorded pid is the broker's own, so `stop` ends it.
+  (cd "$state" && exec nohup "$tansu" broker \
       --listener-url "$url" --advertised-listener-url "$url" \
-      --storage-engine "sqlite://tansu.db" >"$state/broker.log" 2>&1 & echo $! >"$state/pid")
+      --storage-engine "sqlite://tansu.db" >"$state/broker.log" 2>&1) &
+  echo $! >"$state/pid"
   for _ in $(seq 1 100); do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "kafka: tansu broker on 127.0.0.1:$port (log $state/broker.log)"

@@ -37,17 +37,30 @@ pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
             .with_context(|| format!("starting process {process}"))?;
         children.push((process, child));
     }
-    let mut failed = Vec::new();
-    for (process, mut child) in children {
-        let status = child
-            .wait()
-            .with_context(|| format!("waiting for process {process}"))?;
-        if !status.success() {
-            failed.push(format!("process {process} exited with {status}"));
+    // A process that fails leaves the others waiting for it forever: stop them all.
+    loop {
+        let mut failed = None;
+        let mut all_done = true;
+        for (process, child) in children.iter_mut() {
+            match child
+                .try_wait()
+                .with_context(|| format!("watching process {process}"))?
+            {
+                Some(status) if status.success() => {}
+                Some(status) => failed = Some(format!("process {process} exited with {status}")),
+                None => all_done = false,
+            }
         }
+        if let Some(why) = failed {
+            for (_, child) in children.iter_mut() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            bail!("{why}; stopped the other processes");
+        }
+        if all_done {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    if !failed.is_empty() {
-        bail!("{}", failed.join("; "));
-    }
-    Ok(())
 }

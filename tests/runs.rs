@@ -164,6 +164,19 @@ fn camera_pipeline_finds_the_cyclist_and_the_known_number_of_person_frames() {
     );
 }
 
+/// A port p with p and p+1 free now, below the ephemeral range (which clients draw from).
+fn free_port_pair() -> u16 {
+    let start = 20000 + (std::process::id() % 5000) as u16 * 2;
+    (start..30000)
+        .step_by(2)
+        .find(|p| {
+            let a = std::net::TcpListener::bind(("127.0.0.1", *p));
+            let b = std::net::TcpListener::bind(("127.0.0.1", *p + 1));
+            a.is_ok() && b.is_ok()
+        })
+        .expect("a free pair of ports")
+}
+
 fn assert_same_detections(a: &[Value], b: &[Value], what: &str) {
     let (a, b) = (persons(a), persons(b));
     assert_eq!(
@@ -205,7 +218,7 @@ fn same_results_for_1_or_4_workers_2_processes_and_any_batch_size() {
         "frames 120..150 hold persons"
     );
     assert_same_detections(&one, &run("w4", 4, 4, &[]), "4 workers");
-    let port = (20000 + std::process::id() % 20000).to_string();
+    let port = free_port_pair().to_string();
     assert_same_detections(
         &one,
         &run("p2", 4, 1, &["--processes", "2", "--base-port", &port]),
@@ -255,4 +268,48 @@ fn malformed_images_go_to_the_dead_letter_sink_and_the_run_goes_on() {
         summary.contains("decode") && summary.contains("p99"),
         "end-of-run summary: {summary}"
     );
+}
+
+#[test]
+fn a_failing_process_stops_the_local_cluster_instead_of_hanging() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", [0, 1]);
+    let out = tmp.path().join("o.jsonl");
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &detection_pipeline(&frames, &out, 1, 2, 1),
+    );
+    let port = free_port_pair();
+    // Process 0's port is taken: it fails, and process 1 would wait for it forever.
+    let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args([
+            "run",
+            "-q",
+            p.to_str().unwrap(),
+            "--processes",
+            "2",
+            "--base-port",
+            &port.to_string(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("the launcher hung after a process failed");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(stderr.contains("stopped the other processes"), "{stderr}");
 }

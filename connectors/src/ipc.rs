@@ -178,7 +178,7 @@ impl IpcFileSink {
     }
 
     /// Writes the footer; the file is complete and no more batches can be written.
-    pub fn finish(&mut self) -> DataflowResult<()> {
+    fn write_footer(&mut self) -> DataflowResult<()> {
         if self.finished {
             return Ok(());
         }
@@ -243,11 +243,16 @@ impl Sink for IpcFileSink {
         };
         result.map_err(|e| self.arrow_error("flushing", e))
     }
+
+    /// The end of the run: the footer makes the file readable.
+    fn finish(&mut self) -> DataflowResult<()> {
+        self.write_footer()
+    }
 }
 
 impl Drop for IpcFileSink {
     fn drop(&mut self) {
-        if let Err(e) = self.finish() {
+        if let Err(e) = self.write_footer() {
             tracing::error!("ipc sink: {e}");
         }
     }

@@ -8,8 +8,14 @@ use crate::metrics::Metrics;
 /// A destination for result (or dead-letter) batches.
 pub trait Sink: Send {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()>;
-    /// Makes everything written so far durable/visible; called at the end of the run.
+    /// Makes what was written so far visible; called whenever an epoch completes, so it
+    /// should not block for long.
     fn flush(&mut self) -> DataflowResult<()>;
+
+    /// Makes everything written durable; called once when the input ends.
+    fn finish(&mut self) -> DataflowResult<()> {
+        self.flush()
+    }
 }
 
 /// A configured sink that can be opened once per process.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use riffle_dataflow::metrics::Metrics;
-use riffle_dataflow::operators::{ApplyStage, BatchStream, ExchangeByKey};
+use riffle_dataflow::operators::{ApplyStage, BatchStream, ExchangeByKey, Rebalance};
 use riffle_dataflow::{DataflowResult, Stage};
 use riffle_operators::batching::{BatchPolicy, DynamicBatch};
 use riffle_operators::decode::Decode;
@@ -24,8 +24,8 @@ pub enum Step {
     Apply(Box<dyn Stage>),
     /// A stage run on dynamically merged batches (models).
     Batched(Box<dyn Stage>, BatchPolicy),
-    /// Re-shard by a key column.
-    Exchange(String),
+    /// Re-shard by a key column, or round-robin without one.
+    Exchange(Option<String>),
 }
 
 /// The stage a spec describes, or `None` for steps that are not stages (exchange).
@@ -103,7 +103,8 @@ pub fn build_chain<'scope>(
             Step::Batched(stage, policy) => {
                 stream.dynamic_batch(stage, policy, metrics.stage(&name)?)
             }
-            Step::Exchange(key) => stream.exchange_by_key(&key),
+            Step::Exchange(Some(key)) => stream.exchange_by_key(&key),
+            Step::Exchange(None) => stream.rebalance(),
         };
     }
     Ok(stream)

@@ -61,12 +61,14 @@ impl StageSpec {
     }
 }
 
-/// `exchange:` — route each row to the worker owning its key.
+/// `exchange:` — route each row to the worker owning its key, or, without a key, deal whole
+/// batches round-robin to all workers (rebalancing a skewed source).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExchangeConfig {
     /// A string or integer column.
-    pub key: String,
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 /// `runtime:` — how the pipeline runs. Command-line flags override these.

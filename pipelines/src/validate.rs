@@ -12,7 +12,7 @@ use serde_saphyr::Spanned;
 
 use crate::error::PipelineError;
 use crate::plan::build_stage;
-use crate::spec::{PipelineSpec, RuntimeConfig, StageSpec};
+use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec};
 
 /// A validated pipeline, ready to run.
 pub struct Pipeline {
@@ -332,10 +332,9 @@ fn validate(
             .cloned()
             .unwrap_or_else(|| Arc::new(arrow_schema::Schema::empty()));
         let next = match &stage.value {
-            StageSpec::Exchange(exchange) => {
-                let key_type = previous
-                    .field_with_name(&exchange.key)
-                    .map(|f| f.data_type().clone());
+            StageSpec::Exchange(ExchangeConfig { key: None }) => previous.clone(),
+            StageSpec::Exchange(ExchangeConfig { key: Some(key) }) => {
+                let key_type = previous.field_with_name(key).map(|f| f.data_type().clone());
                 match key_type {
                     Ok(t) if riffle_dataflow::operators::is_key_type(&t) => previous.clone(),
                     Ok(t) => {
@@ -343,10 +342,7 @@ fn validate(
                             line,
                             Some("key"),
                             field("key"),
-                            format!(
-                                "column `{}` is {t}; expected a string or integer column",
-                                exchange.key
-                            ),
+                            format!("column `{key}` is {t}; expected a string or integer column"),
                         ))
                     }
                     Err(_) => {
@@ -355,8 +351,7 @@ fn validate(
                             Some("key"),
                             field("key"),
                             format!(
-                                "no column `{}` here; columns are: {}",
-                                exchange.key,
+                                "no column `{key}` here; columns are: {}",
                                 column_list(&previous)
                             ),
                         ))

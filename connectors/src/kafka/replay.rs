@@ -47,6 +47,21 @@ pub struct Pace {
     pub messages_per_second: Option<f64>,
 }
 
+/// Camera `k` (in sorted order of the ids seen) writes to partition `k mod partitions`, as a
+/// camera fleet with one partition per camera would; hashing a handful of ids can leave
+/// partitions (and the workers reading them) empty.
+struct CameraPartitions {
+    partitions: i32,
+    known: std::collections::BTreeMap<String, i32>,
+}
+
+impl CameraPartitions {
+    fn partition(&mut self, camera: &str) -> i32 {
+        let next = self.known.len() as i32 % self.partitions.max(1);
+        *self.known.entry(camera.to_string()).or_insert(next)
+    }
+}
+
 /// What a replay did.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Replayed {
@@ -64,6 +79,11 @@ pub fn replay(
     key_column: Option<&str>,
     pace: Pace,
 ) -> DataflowResult<Replayed> {
+    let partitions = partition_count(brokers, topic)?;
+    let mut cameras = CameraPartitions {
+        partitions,
+        known: Default::default(),
+    };
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
@@ -93,6 +113,9 @@ pub fn replay(
                 .headers(headers);
             if let Some(key) = &message.key {
                 record = record.key(key.as_str());
+                if message.is_frame {
+                    record = record.partition(cameras.partition(key));
+                }
             }
             loop {
                 match producer.send(record) {
@@ -118,6 +141,8 @@ pub fn replay(
 }
 
 struct OutMessage {
+    /// An image from a camera (keyed by camera id).
+    is_frame: bool,
     key: Option<String>,
     value: Vec<u8>,
     headers: Vec<(String, String)>,
@@ -136,6 +161,7 @@ fn messages(batch: &RecordBatch, key_column: Option<&str>) -> DataflowResult<Vec
         let (frame, path) = (frame.as_primitive::<Int64Type>(), path.as_string::<i32>());
         return Ok((0..rows)
             .map(|i| OutMessage {
+                is_frame: true,
                 key: Some(camera.value(i).to_string()),
                 value: bytes.value(i).to_vec(),
                 headers: vec![
@@ -164,6 +190,7 @@ fn messages(batch: &RecordBatch, key_column: Option<&str>) -> DataflowResult<Vec
         .filter(|l| !l.is_empty())
         .zip(keys)
         .map(|(line, key)| OutMessage {
+            is_frame: false,
             key,
             value: line.to_vec(),
             headers: Vec::new(),
@@ -176,6 +203,21 @@ fn arrow_cast_to_strings(column: &dyn arrow_array::Array) -> DataflowResult<Vec<
     Ok((0..column.len())
         .map(|i| formatter.value(i).to_string())
         .collect())
+}
+
+fn partition_count(brokers: &str, topic: &str) -> DataflowResult<i32> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    Ok(metadata
+        .topics()
+        .first()
+        .map_or(1, |t| t.partitions().len().max(1) as i32))
 }
 
 pub(crate) fn kafka_error(brokers: &str, topic: &str, e: KafkaError) -> DataflowError {

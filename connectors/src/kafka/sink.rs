@@ -360,7 +360,15 @@ impl Sink for KafkaSink {
         self.check_deliveries()
     }
 
+    /// Called as epochs complete: serves delivery reports and surfaces failures without
+    /// waiting for the broker, so worker 0 keeps running the model meanwhile.
     fn flush(&mut self) -> DataflowResult<()> {
+        self.producer.poll(Duration::ZERO);
+        self.check_deliveries()
+    }
+
+    /// End of the run: waits for every delivery report.
+    fn finish(&mut self) -> DataflowResult<()> {
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
         let flushed = self.producer.flush(timeout);
         self.check_deliveries()?;

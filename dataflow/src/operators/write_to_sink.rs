@@ -115,8 +115,11 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                         let current: Vec<Epoch> = frontier.frontier().iter().copied().collect();
                         if current != flushed_frontier && !failed {
                             flushed_frontier = current;
+                            // An empty frontier is the end of the input: make it durable.
+                            let end = flushed_frontier.is_empty();
                             for sink in [&mut results, &mut dead_letters].into_iter().flatten() {
-                                if let Err(e) = sink.flush() {
+                                let done = if end { sink.finish() } else { sink.flush() };
+                                if let Err(e) = done {
                                     failed = true;
                                     fail(e);
                                 }
