@@ -16,7 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace};
 use riffle_connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
-use riffle_connectors::{CsvSourceConfig, ImagesConfig, SourceConfig};
+use riffle_connectors::{CsvSourceConfig, ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::Metrics;
 use riffle_dataflow::SourceFactory;
@@ -138,6 +138,7 @@ fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {
         batch_size: 64,
         repeat,
         extensions: vec!["jpg".into()],
+        partition_by: PartitionBy::Camera,
     })
     .build()
     .expect("bundled frames")

@@ -2,7 +2,9 @@
 
 use anyhow::{bail, Result};
 use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace};
-use riffle_connectors::{CsvSourceConfig, ImagesConfig, JsonlSourceConfig, SourceConfig};
+use riffle_connectors::{
+    CsvSourceConfig, ImagesConfig, JsonlSourceConfig, PartitionBy, SourceConfig,
+};
 
 use crate::cli::ProduceArgs;
 
@@ -16,6 +18,8 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
                 batch_size: 64,
                 repeat: args.repeat,
                 extensions: vec!["jpg".into(), "jpeg".into(), "png".into()],
+                // Cameras stream side by side: interleave their frames in time order.
+                partition_by: PartitionBy::Camera,
             };
             // --fps is per camera, as each camera streams at its own frame rate.
             (

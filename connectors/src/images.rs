@@ -45,6 +45,20 @@ pub struct ImagesConfig {
     /// File extensions that count as images, matched case-insensitively.
     #[serde(default = "default_extensions")]
     pub extensions: Vec<String>,
+    /// How files are dealt to workers: `batch` (chunks round-robin: even load) or `camera`
+    /// (camera k to worker k mod workers, its frames in order, interleaved with the worker's
+    /// other cameras as live streams would arrive: per-camera order end to end).
+    #[serde(default)]
+    pub partition_by: PartitionBy,
+}
+
+/// See [`ImagesConfig::partition_by`].
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PartitionBy {
+    #[default]
+    Batch,
+    Camera,
 }
 
 fn default_batch_size() -> usize {
@@ -86,6 +100,7 @@ pub struct ImagesSource {
     entries: Arc<[ImageEntry]>,
     batch_size: usize,
     repeat: usize,
+    partition_by: PartitionBy,
     /// Frame offset between repetitions.
     span: i64,
 }
@@ -145,6 +160,7 @@ impl ImagesSource {
             entries: entries.into(),
             batch_size: config.batch_size,
             repeat: config.repeat,
+            partition_by: config.partition_by,
             span,
         })
     }
@@ -281,6 +297,40 @@ fn assign_cameras(root: &Path, files: Vec<PathBuf>, cameras: Option<usize>) -> V
     entries
 }
 
+impl ImagesSource {
+    /// Rows of the cameras worker `index` owns (the k-th camera in sorted order goes to worker
+    /// k mod peers): frame by frame across its cameras, each camera in frame order.
+    fn camera_rows(&self, index: usize, peers: usize) -> Vec<usize> {
+        let mut cameras: Vec<&str> = self.entries.iter().map(|e| e.camera_id.as_str()).collect();
+        cameras.sort_unstable();
+        cameras.dedup();
+        let mine: Vec<Vec<usize>> = cameras
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| k % peers == index)
+            .map(|(_, camera)| {
+                // Entries are sorted by camera then path, so this is frame order.
+                (0..self.entries.len())
+                    .filter(|i| self.entries[*i].camera_id == *camera)
+                    .collect()
+            })
+            .collect();
+        let longest = mine.iter().map(Vec::len).max().unwrap_or(0);
+        let len = self.entries.len();
+        let mut rows = Vec::new();
+        for r in 0..self.repeat {
+            for k in 0..longest {
+                for camera in &mine {
+                    if let Some(i) = camera.get(k) {
+                        rows.push(r * len + i);
+                    }
+                }
+            }
+        }
+        rows
+    }
+}
+
 impl SourceFactory for ImagesSource {
     fn schema(&self) -> DataflowResult<SchemaRef> {
         Ok(schema())
@@ -288,13 +338,19 @@ impl SourceFactory for ImagesSource {
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
         crate::check_partition(index, peers)?;
+        let total = self.entries.len() * self.repeat;
+        let rows: Vec<usize> = match self.partition_by {
+            PartitionBy::Batch => (0..total)
+                .filter(|i| (i / self.batch_size) % peers == index)
+                .collect(),
+            PartitionBy::Camera => self.camera_rows(index, peers),
+        };
         Ok(Box::new(ImagesPartition {
             entries: self.entries.clone(),
-            total: self.entries.len() * self.repeat,
+            rows,
+            next: 0,
             batch_size: self.batch_size,
             span: self.span,
-            next_chunk: index,
-            peers,
             schema: schema(),
         }))
     }
@@ -306,23 +362,22 @@ impl SourceFactory for ImagesSource {
 
 struct ImagesPartition {
     entries: Arc<[ImageEntry]>,
-    /// Rows over all repetitions.
-    total: usize,
+    /// This worker's rows, as indices into the list repeated `repeat` times, in reading order.
+    rows: Vec<usize>,
+    next: usize,
     batch_size: usize,
     span: i64,
-    next_chunk: usize,
-    peers: usize,
     schema: SchemaRef,
 }
 
 impl Source for ImagesPartition {
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
-        let start = self.next_chunk.saturating_mul(self.batch_size);
-        if start >= self.total {
+        let start = self.next;
+        if start >= self.rows.len() {
             return Ok(None);
         }
-        self.next_chunk = self.next_chunk.saturating_add(self.peers);
-        let end = start.saturating_add(self.batch_size).min(self.total);
+        let end = start.saturating_add(self.batch_size).min(self.rows.len());
+        self.next = end;
 
         let rows = end - start;
         let mut camera_ids = Vec::with_capacity(rows);
@@ -331,7 +386,7 @@ impl Source for ImagesPartition {
         let mut contents = Vec::with_capacity(rows);
         let mut rejected = Vec::new();
         let len = self.entries.len();
-        for i in start..end {
+        for &i in &self.rows[start..end] {
             let entry = &self.entries[i % len];
             // Checked at construction not to overflow.
             let frame = entry.frame + (i / len) as i64 * self.span;

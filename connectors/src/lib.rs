@@ -26,7 +26,7 @@ use riffle_dataflow::{DataflowResult, SourceFactory};
 use serde::Deserialize;
 
 pub use crate::csv::{CsvSource, CsvSourceConfig};
-pub use crate::images::{ImagesConfig, ImagesSource};
+pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
 pub use crate::jsonl::{JsonLinesSink, JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
 pub use crate::stdout::StdoutSinkConfig;

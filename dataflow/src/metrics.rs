@@ -28,6 +28,7 @@ pub struct Metrics {
     records_out: IntCounterVec,
     batches: IntCounterVec,
     dead_letters: IntCounterVec,
+    late: IntCounterVec,
     latency: HistogramVec,
     batch_size: HistogramVec,
     end_to_end: prometheus::Histogram,
@@ -43,6 +44,7 @@ pub struct StageMetrics {
     records_out: prometheus::IntCounter,
     batches: prometheus::IntCounter,
     dead_letters: prometheus::IntCounter,
+    late: prometheus::IntCounter,
     latency: prometheus::Histogram,
     batch_size: prometheus::Histogram,
     hdr: Mutex<StageHistograms>,
@@ -73,6 +75,10 @@ impl Metrics {
         let dead_letters = counter(
             "stage_dead_letters_total",
             "Records a stage sent to the dead-letter sink",
+        )?;
+        let late = counter(
+            "stage_late_records_total",
+            "Records older than the stage's real-time budget when it reached them",
         )?;
         let latency = HistogramVec::new(
             HistogramOpts::new("stage_batch_seconds", "Time a stage spent on one batch")
@@ -109,6 +115,7 @@ impl Metrics {
             records_out,
             batches,
             dead_letters,
+            late,
             latency,
             batch_size,
             end_to_end,
@@ -131,6 +138,7 @@ impl Metrics {
             records_out: self.records_out.with_label_values(&l),
             batches: self.batches.with_label_values(&l),
             dead_letters: self.dead_letters.with_label_values(&l),
+            late: self.late.with_label_values(&l),
             latency: self.latency.with_label_values(&l),
             batch_size: self.batch_size.with_label_values(&l),
             hdr: Mutex::new(StageHistograms {
@@ -220,6 +228,11 @@ impl StageMetrics {
         let _ = hdr.batch_rows.record(rows_in.max(1) as u64);
     }
 
+    /// Records that reached the stage after their real-time budget.
+    pub fn record_late(&self, rows: usize) {
+        self.late.inc_by(rows as u64);
+    }
+
     /// Records read by a source (or any stage counted without a latency).
     pub fn records_in(&self) -> u64 {
         self.records_in.get()
@@ -237,6 +250,7 @@ impl StageMetrics {
             records_in: self.records_in.get(),
             records_out: self.records_out.get(),
             dead_letters: self.dead_letters.get(),
+            late: self.late.get(),
             batches,
             mean_batch_rows: if batches == 0 {
                 0.0
@@ -257,6 +271,8 @@ pub struct StageSummary {
     pub records_in: u64,
     pub records_out: u64,
     pub dead_letters: u64,
+    /// Records that arrived after the stage's real-time budget (dropped when so configured).
+    pub late: u64,
     pub batches: u64,
     pub mean_batch_rows: f64,
     pub max_batch_rows: u64,
@@ -293,17 +309,18 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "{:<20} {:>10} {:>10} {:>6} {:>8} {:>10} {:>10} {:>10}",
-            "stage", "in", "out", "dead", "batches", "mean rows", "p50", "p99"
+            "{:<20} {:>10} {:>10} {:>6} {:>6} {:>8} {:>10} {:>10} {:>10}",
+            "stage", "in", "out", "dead", "late", "batches", "mean rows", "p50", "p99"
         )?;
         for s in &self.stages {
             writeln!(
                 f,
-                "{:<20} {:>10} {:>10} {:>6} {:>8} {:>10.1} {:>10} {:>10}",
+                "{:<20} {:>10} {:>10} {:>6} {:>6} {:>8} {:>10.1} {:>10} {:>10}",
                 s.name,
                 s.records_in,
                 s.records_out,
                 s.dead_letters,
+                s.late,
                 s.batches,
                 s.mean_batch_rows,
                 fmt_duration(s.p50),

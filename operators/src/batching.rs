@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_select::concat::concat_batches;
+use riffle_dataflow::batch::now_ns;
 use riffle_dataflow::metrics::StageMetrics;
 use riffle_dataflow::operators::{run_stage, BatchStream};
 use riffle_dataflow::{Batch, BatchKind, Epoch, Stage};
@@ -16,6 +17,10 @@ use timely::dataflow::operators::{Capability, Operator};
 pub struct BatchPolicy {
     pub max_size: usize,
     pub max_delay: Duration,
+    /// Records older than this when their batch is about to run are late (counted).
+    pub late_after: Option<Duration>,
+    /// Late records are dropped rather than run.
+    pub drop_late: bool,
 }
 
 /// Runs a row-preserving [`Stage`] (a model) on batches of up to `max_size` rows gathered
@@ -56,7 +61,7 @@ pub trait DynamicBatch<'scope> {
     ///     (0..5).map(one)
     ///         .to_stream(scope)
     ///         .container::<Vec<_>>()
-    ///         .dynamic_batch(Box::new(Double), BatchPolicy { max_size: 4, max_delay: Duration::from_millis(5) }, stage_metrics)
+    ///         .dynamic_batch(Box::new(Double), BatchPolicy { max_size: 4, max_delay: Duration::from_millis(5), late_after: None, drop_late: false }, stage_metrics)
     ///         .inspect(move |b: &Batch| *seen.lock().unwrap() += b.num_rows());
     /// });
     /// assert_eq!(*rows.lock().unwrap(), 5);
@@ -117,8 +122,24 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
                     if waiting_rows == 0 || !(waiting_rows >= max_size || due || input_done) {
                         break;
                     }
-                    let group = take_rows(&mut waiting, max_size);
+                    let mut group = take_rows(&mut waiting, max_size);
                     waiting_rows -= group.iter().map(|w| w.batch.num_rows()).sum::<usize>();
+                    if let Some(budget) = policy.late_after {
+                        let now = now_ns();
+                        let late = |w: &Waiting| {
+                            now.saturating_sub(w.batch.ingest_ns) > budget.as_nanos() as u64
+                        };
+                        metrics.record_late(
+                            group
+                                .iter()
+                                .filter(|w| late(w))
+                                .map(|w| w.batch.num_rows())
+                                .sum(),
+                        );
+                        if policy.drop_late {
+                            group.retain(|w| !late(w));
+                        }
+                    }
                     for (cap, batch) in run_group(stage.as_mut(), &metrics, group) {
                         output.session(&cap).give(batch);
                     }

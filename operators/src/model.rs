@@ -70,6 +70,13 @@ pub struct BatchConfig {
     /// Run when the oldest waiting row has waited this long, even if the batch is not full.
     #[serde(default = "default_max_delay_ms")]
     pub max_delay_ms: u64,
+    /// Real-time budget: records older than this (since the source read them) when their
+    /// batch is about to run are counted as late.
+    #[serde(default)]
+    pub late_after_ms: Option<u64>,
+    /// Drop late records instead of running them (a live display wants the newest frame).
+    #[serde(default)]
+    pub drop_late: bool,
 }
 
 fn default_max_size() -> usize {
@@ -84,6 +91,8 @@ impl Default for BatchConfig {
         BatchConfig {
             max_size: default_max_size(),
             max_delay_ms: default_max_delay_ms(),
+            late_after_ms: None,
+            drop_late: false,
         }
     }
 }

@@ -81,6 +81,8 @@ pub fn worker_steps(pipeline: &Pipeline) -> DataflowResult<Vec<(String, Step)>> 
                 BatchPolicy {
                     max_size: m.batch.max_size,
                     max_delay: Duration::from_millis(m.batch.max_delay_ms),
+                    late_after: m.batch.late_after_ms.map(Duration::from_millis),
+                    drop_late: m.batch.drop_late,
                 },
             ),
             (_, Some(stage)) => Step::Apply(stage),

@@ -104,7 +104,13 @@ fn run_worker(
     let probe = worker.dataflow::<Epoch, _, _>(|scope| {
         let stream = input.to_stream(scope);
         let stream = build_chain(stream, steps, metrics)?;
-        Ok::<_, DataflowError>(stream.write_to_sink(results, dead, sink_metrics, sink_errors))
+        Ok::<_, DataflowError>(stream.write_to_sink(
+            results,
+            dead,
+            sink_metrics,
+            sink_errors,
+            pipeline.runtime.latency_column.clone(),
+        ))
     })?;
 
     let source_metrics = metrics.stage("source")?;

@@ -87,6 +87,10 @@ pub struct RuntimeConfig {
     /// Epochs a source may run ahead of the sink before it waits (bounds memory).
     #[serde(default = "default_max_epochs_in_flight")]
     pub max_epochs_in_flight: u64,
+    /// Adds a column of this name to every result: its end-to-end latency in milliseconds,
+    /// from the source reading it to the sink writing it.
+    #[serde(default)]
+    pub latency_column: Option<String>,
 }
 
 fn one() -> usize {
@@ -106,6 +110,7 @@ impl Default for RuntimeConfig {
             intra_op_threads: one(),
             epoch_records: default_epoch_records(),
             max_epochs_in_flight: default_max_epochs_in_flight(),
+            latency_column: None,
         }
     }
 }

@@ -41,7 +41,7 @@ pub trait WriteToSink<'scope> {
     ///     vec![Batch::records(data, 0)]
     ///         .to_stream(scope)
     ///         .container::<Vec<_>>()
-    ///         .write_to_sink(Some(Box::new(Count(sink_rows))), None, Metrics::new().unwrap(), Default::default());
+    ///         .write_to_sink(Some(Box::new(Count(sink_rows))), None, Metrics::new().unwrap(), Default::default(), None);
     /// });
     /// assert_eq!(*rows.lock().unwrap(), 2);
     /// ```
@@ -51,6 +51,7 @@ pub trait WriteToSink<'scope> {
         dead_letters: Option<Box<dyn Sink>>,
         metrics: Arc<Metrics>,
         errors: Arc<Mutex<Vec<DataflowError>>>,
+        latency_column: Option<String>,
     ) -> ProbeHandle<Epoch>;
 }
 
@@ -61,6 +62,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
         mut dead_letters: Option<Box<dyn Sink>>,
         metrics: Arc<Metrics>,
         errors: Arc<Mutex<Vec<DataflowError>>>,
+        latency_column: Option<String>,
     ) -> ProbeHandle<Epoch> {
         let sink_metrics = metrics.stage("sink");
         let dead_metrics = metrics.stage("dead-letters");
@@ -89,7 +91,14 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                     BatchKind::DeadLetters => (&mut dead_letters, &dead_metrics),
                                 };
                                 let Some(sink) = sink.as_mut() else { continue };
-                                if let Err(e) = sink.write_batch(&batch.data) {
+                                let now = now_ns();
+                                let data = match (&latency_column, batch.kind) {
+                                    (Some(name), BatchKind::Records) => {
+                                        with_latency(&batch.data, name, now, batch.ingest_ns)
+                                    }
+                                    _ => Ok(batch.data.clone()),
+                                };
+                                if let Err(e) = data.and_then(|d| sink.write_batch(&d)) {
                                     failed = true;
                                     fail(e);
                                     continue;
@@ -105,7 +114,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                 if batch.kind == BatchKind::Records {
                                     metrics.record_end_to_end(
                                         batch.ingest_ns,
-                                        now_ns(),
+                                        now,
                                         batch.num_rows(),
                                     );
                                 }
@@ -131,4 +140,31 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
             .probe();
         probe
     }
+}
+
+/// `batch` plus a column holding each row's end-to-end latency in milliseconds.
+fn with_latency(
+    batch: &arrow_array::RecordBatch,
+    name: &str,
+    now_ns: u64,
+    ingest_ns: u64,
+) -> Result<arrow_array::RecordBatch, DataflowError> {
+    let ms = now_ns.saturating_sub(ingest_ns) as f64 / 1e6;
+    let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
+    fields.push(Arc::new(arrow_schema::Field::new(
+        name,
+        arrow_schema::DataType::Float64,
+        false,
+    )));
+    let mut columns = batch.columns().to_vec();
+    columns.push(Arc::new(arrow_array::Float64Array::from(vec![
+        ms;
+        batch
+            .num_rows(
+            )
+    ])));
+    Ok(arrow_array::RecordBatch::try_new(
+        Arc::new(arrow_schema::Schema::new(fields)),
+        columns,
+    )?)
 }
