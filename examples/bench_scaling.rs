@@ -62,7 +62,10 @@ fn main() -> anyhow::Result<()> {
             let started = Instant::now();
             let report = riffle_pipelines::run(
                 pipeline.clone(),
-                riffle_pipelines::RunOptions { cluster: ClusterConfig::single_process(workers), metrics },
+                riffle_pipelines::RunOptions {
+                    cluster: ClusterConfig::single_process(workers),
+                    metrics,
+                },
             )?;
             let t = started.elapsed().as_secs_f64();
             if t < best {

@@ -22,6 +22,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Replay image frames or click events into a Kafka topic (demos, load tests).
     Produce(ProduceArgs),
+    /// List the CPU cores and CUDA GPUs this machine offers to pipelines.
+    Devices,
 }
 
 #[derive(Args, Debug, Clone)]

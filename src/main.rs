@@ -31,11 +31,32 @@ fn main() {
         Command::Validate { file } => validate_command(&file),
         Command::Bench(args) => bench::bench_command(args),
         Command::Produce(args) => produce::produce_command(args),
+        Command::Devices => devices_command(),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn devices_command() -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("cpu: {cores} core(s)");
+    match riffle_operators::gpu::discover() {
+        Ok(gpus) => {
+            for g in gpus {
+                println!(
+                    "cuda:{}: {} ({:.1} GiB, {:.1} GiB free)",
+                    g.ordinal,
+                    g.name,
+                    g.total_bytes as f64 / (1u64 << 30) as f64,
+                    g.free_bytes as f64 / (1u64 << 30) as f64
+                );
+            }
+        }
+        Err(why) => println!("cuda: none ({why})"),
+    }
+    Ok(())
 }
 
 fn validate_command(file: &std::path::Path) -> Result<()> {

@@ -219,7 +219,14 @@ fn cuda_device_fails_validation_without_cuda() {
         "device: \"cuda:0\"\n      batch: { max_size: 4",
     );
     let e = error_of(&f);
-    assert!(e.contains("stages[2].model") && e.contains("cuda:0"), "{e}");
+    let line = line_of(&f, "device: \"cuda:0\"");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: stages[2].model.device: device `cuda:0`: no CUDA device",
+            f.display()
+        )),
+        "{e}"
+    );
 }
 
 #[test]
@@ -241,4 +248,35 @@ fn validate_command_prints_schemas_and_fails_with_location() {
     let out = riffle(&["validate", f.to_str().unwrap()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("stages[2].model.path"));
+}
+
+#[test]
+fn auto_device_runs_on_cpu_and_says_so_once() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", [0, 1, 2, 3]);
+    let out = tmp.path().join("o.jsonl");
+    let text = detection_pipeline(&frames, &out, 2, 2, 2).replace(
+        "batch: { max_size: 2",
+        "device: auto\n      batch: { max_size: 2",
+    );
+    assert!(text.contains("device: auto"));
+    let p = write(tmp.path(), "auto.yaml", &text);
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", p.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(
+        stderr.matches("device `auto` runs on CPU").count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(read_jsonl(&out).len(), 4);
 }

@@ -8,6 +8,7 @@ pub mod batching;
 pub mod decode;
 pub mod detections;
 pub mod filter;
+pub mod gpu;
 pub mod model;
 pub mod onnx;
 pub mod resize;

@@ -136,21 +136,7 @@ pub struct Model {
 impl Model {
     /// Loads the model. `default_threads` applies when the config sets no `intra_op_threads`.
     pub fn new(config: ModelConfig, default_threads: usize) -> DataflowResult<Self> {
-        if let Device::Cuda(n) = config.device {
-            return Err(DataflowError::Config(format!(
-                "device `cuda:{n}`: no CUDA execution is available in this build; use `cpu` or `auto`"
-            )));
-        }
-        if config.device == Device::Auto {
-            // Once per process, not once per worker.
-            static AUTO_LOGGED: std::sync::Once = std::sync::Once::new();
-            AUTO_LOGGED.call_once(|| {
-                tracing::info!(
-                    "model {}: device `auto` runs on CPU (no CUDA execution in this build)",
-                    config.path.display()
-                )
-            });
-        }
+        check_device(&config)?;
         if config.batch.max_size == 0 {
             return Err(DataflowError::Config(
                 "batch.max_size must be at least 1".into(),
@@ -197,6 +183,41 @@ impl Model {
                 known.join(", ")
             ))
         })
+    }
+}
+
+/// GPU placement: `cuda:N` must name a usable GPU; `auto` says once where the model runs.
+fn check_device(config: &ModelConfig) -> DataflowResult<()> {
+    let found = crate::gpu::discover();
+    match (&config.device, &found) {
+        (Device::Cpu, _) => Ok(()),
+        (Device::Cuda(n), Err(why)) => Err(DataflowError::Config(format!(
+            "device `cuda:{n}`: no CUDA device is usable here ({why}); use `cpu`, or `auto` to take a GPU when there is one"
+        ))),
+        (Device::Cuda(n), Ok(gpus)) if *n >= gpus.len() => Err(DataflowError::Config(format!(
+            "device `cuda:{n}`: this machine has {} GPU(s), cuda:0..cuda:{}",
+            gpus.len(),
+            gpus.len().saturating_sub(1)
+        ))),
+        (Device::Cuda(n), Ok(_)) => Err(DataflowError::Config(format!(
+            "device `cuda:{n}`: running ONNX models on GPU is not in this build yet; use `cpu` or `auto`"
+        ))),
+        (Device::Auto, found) => {
+            // Once per process, not once per worker.
+            static AUTO_LOGGED: std::sync::Once = std::sync::Once::new();
+            AUTO_LOGGED.call_once(|| match found {
+                Err(why) => tracing::info!(
+                    "model {}: device `auto` runs on CPU: no CUDA device ({why})",
+                    config.path.display()
+                ),
+                Ok(gpus) => tracing::info!(
+                    "model {}: device `auto` runs on CPU: {} GPU(s) found, but GPU execution is not in this build yet",
+                    config.path.display(),
+                    gpus.len()
+                ),
+            });
+            Ok(())
+        }
     }
 }
 

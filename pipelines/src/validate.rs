@@ -478,6 +478,9 @@ fn stage_error(
     // Point at the config entry naming the offending column when there is one.
     let key = match (&e, line) {
         (DataflowError::Schema { column, .. }, Some(start)) => at.find_value(start, column),
+        (DataflowError::Config(message), Some(start)) if message.starts_with("device `") => at
+            .find_key(start, "device")
+            .map(|l| (l, "device".to_string())),
         _ => None,
     };
     match key {

@@ -1,0 +1,79 @@
+//! GPUs: discovery through the CUDA driver (loaded at run time, so the same binary runs on
+//! machines without CUDA) and the worker → GPU assignment.
+
+use std::sync::OnceLock;
+
+use cudarc::driver::CudaContext;
+
+/// One CUDA device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GpuInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub total_bytes: usize,
+    pub free_bytes: usize,
+}
+
+/// The process's GPUs, or why there are none usable (no driver library, no device, an error).
+/// Probed once: the answer does not change while the process runs.
+pub fn discover() -> Result<Vec<GpuInfo>, String> {
+    static FOUND: OnceLock<Result<Vec<GpuInfo>, String>> = OnceLock::new();
+    FOUND.get_or_init(probe).clone()
+}
+
+fn probe() -> Result<Vec<GpuInfo>, String> {
+    // cudarc panics when it cannot load libcuda; ask first.
+    // SAFETY: only tries to dlopen the driver library by its usual names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda.so) is not installed".into());
+    }
+    let count = CudaContext::device_count().map_err(|e| format!("CUDA driver: {e}"))?;
+    if count <= 0 {
+        return Err("the CUDA driver reports no device".into());
+    }
+    (0..count as usize)
+        .map(|ordinal| {
+            let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e}"))?;
+            let (free_bytes, total_bytes) = ctx
+                .mem_get_info()
+                .map_err(|e| format!("cuda:{ordinal}: {e}"))?;
+            Ok(GpuInfo {
+                ordinal,
+                name: ctx.name().map_err(|e| format!("cuda:{ordinal}: {e}"))?,
+                total_bytes,
+                free_bytes,
+            })
+        })
+        .collect()
+}
+
+/// The GPU worker `worker` uses: `map[worker mod map.len()]` when a map is given, else
+/// `worker mod gpus`.
+pub fn gpu_for_worker(worker: usize, gpus: usize, map: &[usize]) -> Option<usize> {
+    if !map.is_empty() {
+        return map.get(worker % map.len()).copied();
+    }
+    (gpus > 0).then(|| worker % gpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_spread_over_gpus_or_follow_the_map() {
+        assert_eq!(gpu_for_worker(0, 2, &[]), Some(0));
+        assert_eq!(gpu_for_worker(3, 2, &[]), Some(1));
+        assert_eq!(gpu_for_worker(2, 0, &[]), None);
+        assert_eq!(gpu_for_worker(1, 4, &[3, 3, 0]), Some(3));
+        assert_eq!(gpu_for_worker(5, 4, &[3, 3, 0]), Some(0));
+    }
+
+    #[test]
+    fn discovery_never_panics_and_explains_an_absence() {
+        match discover() {
+            Ok(gpus) => assert!(!gpus.is_empty()),
+            Err(why) => assert!(!why.is_empty()),
+        }
+    }
+}
