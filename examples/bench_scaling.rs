@@ -52,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    println!("| workers | pipeline frames/s | e2e p50 | e2e p99 | ORT alone frames/s ({0} session(s) × 1 thread) | pipeline / ORT | scaling efficiency |", "W");
+    println!("| workers | pipeline frames/s | e2e p50 | e2e p99 | ORT alone frames/s (W sessions × 1 thread) | pipeline / ORT | scaling efficiency |");
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut base = 0.0;
     for workers in [1usize, 2] {
