@@ -75,6 +75,9 @@ pub struct RunArgs {
     /// Write results to this file instead of the sink's configured path.
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// Checkpoint into this directory and resume from it (overrides `runtime.checkpoint.dir`).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
     /// No progress display and no summary.
     #[arg(long, short)]
     pub quiet: bool,

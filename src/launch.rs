@@ -25,6 +25,9 @@ pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
         if let Some(o) = &args.output {
             cmd.arg("--output").arg(o);
         }
+        if let Some(dir) = &args.checkpoint_dir {
+            cmd.arg("--checkpoint-dir").arg(dir);
+        }
         // One endpoint per host: the first process serves metrics.
         if let (Some(addr), 0) = (&args.metrics_addr, process) {
             cmd.arg("--metrics-addr").arg(addr);

@@ -89,7 +89,15 @@ fn run_command(args: RunArgs) -> Result<()> {
     {
         return launch::launch_local_cluster(&args);
     }
-    let pipeline = Arc::new(riffle_pipelines::load(&args.file, args.output.as_deref())?);
+    let mut pipeline = riffle_pipelines::load(&args.file, args.output.as_deref())?;
+    if let Some(dir) = &args.checkpoint_dir {
+        let keep = pipeline.runtime.checkpoint.as_ref().map_or(3, |c| c.keep);
+        pipeline.runtime.checkpoint = Some(riffle_pipelines::spec::CheckpointConfig {
+            dir: dir.clone(),
+            keep,
+        });
+    }
+    let pipeline = Arc::new(pipeline);
     let cluster = args.cluster.to_config(pipeline.runtime.workers)?;
     let metrics = Metrics::new()?;
     let _server = match &args.metrics_addr {

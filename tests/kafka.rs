@@ -302,3 +302,81 @@ fn truncated_jpeg_from_kafka_goes_to_the_dead_letter_topic_and_the_rest_runs() {
     let record: Value = serde_json::from_str(letter["record"].as_str().unwrap()).unwrap();
     assert_eq!(record["frame"], 131);
 }
+
+#[test]
+fn a_run_with_checkpoints_resumes_where_the_last_one_ended() {
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = topic("resume-in");
+    riffle_connectors::kafka::replay::ensure_topic(&brokers, &input, 2).unwrap();
+    let send = |from: i64, to: i64| {
+        let lines: String = (from..to)
+            .map(|i| format!("k{i}|{{\"n\":{i}}}\n"))
+            .collect();
+        kcat(&["-P", "-b", &brokers, "-t", &input, "-K", "|"], &lines);
+    };
+    let ckpt = tmp.path().join("ckpt");
+    let p = write(
+        tmp.path(),
+        "resume.yaml",
+        &format!(
+            r#"
+source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: json, stop_at_end: true, schema: {{ n: int64 }}, batch_size: 4 }} }}
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+runtime: {{ workers: 2, epoch_records: 3 }}
+"#
+        ),
+    );
+    let numbers = |out: &std::path::Path| {
+        let mut n: Vec<i64> = read_jsonl(out)
+            .iter()
+            .map(|r| r["n"].as_i64().unwrap())
+            .collect();
+        n.sort();
+        n
+    };
+    send(0, 10);
+    let first = tmp.path().join("first.jsonl");
+    riffle_ok(&[
+        "run",
+        "-q",
+        p.to_str().unwrap(),
+        "--output",
+        first.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_eq!(numbers(&first), (0..10).collect::<Vec<_>>());
+    let store = riffle_dataflow::checkpoint::CheckpointStore::open(&ckpt, 3).unwrap();
+    let latest = store.latest().unwrap().expect("a checkpoint after the run");
+    let offsets = &latest.sources[&format!("kafka:{input}")];
+    assert_eq!(
+        offsets.values().sum::<i64>(),
+        10,
+        "next offsets cover all 10 messages: {offsets:?}"
+    );
+
+    send(10, 15);
+    let second = tmp.path().join("second.jsonl");
+    riffle_ok(&[
+        "run",
+        "-q",
+        p.to_str().unwrap(),
+        "--output",
+        second.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        numbers(&second),
+        (10..15).collect::<Vec<_>>(),
+        "only what came after the checkpoint"
+    );
+    let again = store.latest().unwrap().unwrap();
+    assert!(
+        again.epoch > latest.epoch,
+        "epochs continue across runs: {} then {}",
+        latest.epoch,
+        again.epoch
+    );
+}

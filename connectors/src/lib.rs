@@ -55,6 +55,19 @@ impl SourceConfig {
         })
     }
 
+    /// The same source starting at checkpointed positions (partition → next offset), for the
+    /// sources that can seek.
+    pub fn resumed(&self, offsets: &std::collections::BTreeMap<i32, i64>) -> Option<SourceConfig> {
+        match self {
+            SourceConfig::Kafka(c) => {
+                let mut c = c.clone();
+                c.start = kafka::StartAt::Offsets(offsets.clone());
+                Some(SourceConfig::Kafka(c))
+            }
+            _ => None,
+        }
+    }
+
     /// Files or directories the source reads.
     pub fn paths(&self) -> Vec<&Path> {
         match self {

@@ -11,6 +11,7 @@
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
 
 pub mod batch;
+pub mod checkpoint;
 pub mod cluster;
 pub mod dead_letter;
 pub mod error;

@@ -55,6 +55,12 @@ pub trait SourceFactory: Send + Sync {
         None
     }
 
+    /// Names the source in checkpoints when its positions (partition offsets) can be resumed
+    /// from; `None` for sources that cannot seek.
+    fn checkpoint_id(&self) -> Option<String> {
+        None
+    }
+
     /// Registers the source's own metrics (lag, bytes) once per process.
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())

@@ -11,6 +11,7 @@
 //! - [`plan`]: the per-worker operator chain built from a validated pipeline.
 //! - [`run`]: executes a pipeline on threads and processes, feeding sources under flow control.
 
+pub mod checkpointing;
 pub mod error;
 pub mod plan;
 pub mod run;

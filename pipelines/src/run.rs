@@ -11,6 +11,7 @@ use riffle_dataflow::operators::WriteToSink;
 use riffle_dataflow::{Batch, DataflowError, Epoch};
 use timely::dataflow::InputHandle;
 
+use crate::checkpointing::{self, Checkpointer, Positions, Start};
 use crate::plan::{build_chain, worker_steps};
 use crate::validate::Pipeline;
 
@@ -50,12 +51,13 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
     pipeline.source.attach_metrics(&metrics)?;
     pipeline.sink.attach_metrics(&metrics)?;
     pipeline.dead_letter.attach_metrics(&metrics)?;
+    let start = Arc::new(checkpointing::start(&pipeline)?);
     let config = options.cluster.to_timely();
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();
     let worker_pipeline = pipeline.clone();
     let guards = timely::execute(config, move |worker| {
-        let result = run_worker(worker, &worker_pipeline, &metrics, &worker_errors);
+        let result = run_worker(worker, &worker_pipeline, &start, &metrics, &worker_errors);
         if let Err(e) = result {
             tracing::error!(worker = worker.index(), "{e}");
             if let Ok(mut errs) = worker_errors.lock() {
@@ -82,6 +84,7 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
 fn run_worker(
     worker: &mut timely::worker::Worker,
     pipeline: &Pipeline,
+    start: &Start,
     metrics: &Arc<Metrics>,
     errors: &Arc<Mutex<Vec<DataflowError>>>,
 ) -> Result<(), DataflowError> {
@@ -101,7 +104,9 @@ fn run_worker(
         InputHandle::new();
     let sink_metrics = metrics.clone();
     let sink_errors = errors.clone();
+    let mut positions: Option<Positions> = None;
     let probe = worker.dataflow::<Epoch, _, _>(|scope| {
+        positions = Some(Positions::build(scope));
         let stream = input.to_stream(scope);
         let stream = build_chain(stream, steps, metrics)?;
         Ok::<_, DataflowError>(stream.write_to_sink(
@@ -113,11 +118,22 @@ fn run_worker(
         ))
     })?;
 
+    let mut positions =
+        positions.ok_or_else(|| DataflowError::Cluster("dataflow not built".into()))?;
+    // Worker 0 writes the checkpoints.
+    let mut checkpointer = match (&start.store, start.source.checkpoint_id()) {
+        (Some(store), Some(id)) if index == 0 => {
+            Some(Checkpointer::new(store.clone(), id, peers, start))
+        }
+        _ => None,
+    };
     let source_metrics = metrics.stage("source")?;
-    let mut source = pipeline.source.partition(index, peers)?;
+    let mut source = start.source.partition(index, peers)?;
     let epoch_records = pipeline.runtime.epoch_records;
     let in_flight = pipeline.runtime.max_epochs_in_flight;
-    let mut epoch: Epoch = 0;
+    let mut epoch: Epoch = start.first_epoch;
+    input.advance_to(epoch);
+    positions.input.advance_to(epoch);
     let mut records_in_epoch = 0;
     loop {
         let read_started = Instant::now();
@@ -127,6 +143,9 @@ fn run_worker(
         let rows = batch.records.num_rows();
         source_metrics.record_batch(rows, rows, batch.rejected.len(), read_started.elapsed());
         let ingest = now_ns();
+        for p in &batch.positions {
+            positions.input.send((p.partition, p.last_offset + 1));
+        }
         if rows > 0 {
             input.send(Batch::records(batch.records, ingest));
         }
@@ -144,23 +163,43 @@ fn run_worker(
             records_in_epoch = 0;
             epoch += 1;
             input.advance_to(epoch);
+            positions.input.advance_to(epoch);
             // Flow control: wait while the sink is more than `in_flight` epochs behind.
             // Park rather than spin: on a small machine a spinning worker steals the core
             // another worker's model is running on. Messages and timers unpark it.
             while probe.less_than(&epoch.saturating_sub(in_flight)) {
                 worker.step_or_park(Some(Duration::from_millis(1)));
+                checkpoint(&mut checkpointer, &positions, &probe)?;
             }
         }
         worker.step();
+        checkpoint(&mut checkpointer, &positions, &probe)?;
         if !sink_ok(errors) {
             break;
         }
     }
     input.close();
-    while !probe.done() {
+    positions.close();
+    while !probe.done() || !positions.probe.done() {
         worker.step_or_park(Some(Duration::from_millis(1)));
+        checkpoint(&mut checkpointer, &positions, &probe)?;
+    }
+    // Only a run that wrote all its results may record that it got this far.
+    if sink_ok(errors) {
+        checkpoint(&mut checkpointer, &positions, &probe)?;
     }
     Ok(())
+}
+
+fn checkpoint(
+    checkpointer: &mut Option<Checkpointer>,
+    positions: &Positions,
+    sink: &timely::dataflow::ProbeHandle<Epoch>,
+) -> Result<(), DataflowError> {
+    match checkpointer {
+        Some(c) => c.poll(positions, sink),
+        None => Ok(()),
+    }
 }
 
 fn sink_ok(errors: &Arc<Mutex<Vec<DataflowError>>>) -> bool {

@@ -91,6 +91,24 @@ pub struct RuntimeConfig {
     /// from the source reading it to the sink writing it.
     #[serde(default)]
     pub latency_column: Option<String>,
+    /// Checkpoint source positions as epochs complete, and resume from the newest on start.
+    #[serde(default)]
+    pub checkpoint: Option<CheckpointConfig>,
+}
+
+/// `runtime.checkpoint:` — where checkpoints go.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    /// A local directory, or any shared path (NFS/EFS) for many hosts.
+    pub dir: std::path::PathBuf,
+    /// Checkpoints kept (older ones are deleted); at least 2.
+    #[serde(default = "default_keep")]
+    pub keep: usize,
+}
+
+fn default_keep() -> usize {
+    3
 }
 
 fn one() -> usize {
@@ -111,6 +129,7 @@ impl Default for RuntimeConfig {
             epoch_records: default_epoch_records(),
             max_epochs_in_flight: default_max_epochs_in_flight(),
             latency_column: None,
+            checkpoint: None,
         }
     }
 }

@@ -224,12 +224,15 @@ fn validate(
         }
     };
 
-    let runtime = spec
+    let mut runtime = spec
         .runtime
         .as_ref()
         .map(|r| r.value.clone())
         .unwrap_or_default();
     let runtime_line = spec.runtime.as_ref().and_then(line_of);
+    if let Some(checkpoint) = runtime.checkpoint.as_mut() {
+        resolve(&mut checkpoint.dir);
+    }
     for (key, value) in [
         ("workers", runtime.workers),
         ("intra_op_threads", runtime.intra_op_threads),

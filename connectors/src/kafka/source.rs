@@ -106,6 +106,10 @@ impl SourceFactory for KafkaSourceFactory {
         Ok(self.schema.clone())
     }
 
+    fn checkpoint_id(&self) -> Option<String> {
+        Some(format!("kafka:{}", self.config.topic))
+    }
+
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
         crate::check_partition(index, peers)?;
         let mine: Vec<i32> = self
