@@ -336,17 +336,20 @@ runtime: {{ workers: 2, epoch_records: 3 }}
         n
     };
     send(0, 10);
-    let first = tmp.path().join("first.jsonl");
-    riffle_ok(&[
-        "run",
-        "-q",
-        p.to_str().unwrap(),
-        "--output",
-        first.to_str().unwrap(),
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-    ]);
-    assert_eq!(numbers(&first), (0..10).collect::<Vec<_>>());
+    let out = tmp.path().join("out.jsonl");
+    let run = || {
+        riffle_ok(&[
+            "run",
+            "-q",
+            p.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ])
+    };
+    run();
+    assert_eq!(numbers(&out), (0..10).collect::<Vec<_>>());
     let store = riffle_dataflow::checkpoint::CheckpointStore::open(&ckpt, 3).unwrap();
     let latest = store.latest().unwrap().expect("a checkpoint after the run");
     let offsets = &latest.sources[&format!("kafka:{input}")];
@@ -356,21 +359,13 @@ runtime: {{ workers: 2, epoch_records: 3 }}
         "next offsets cover all 10 messages: {offsets:?}"
     );
 
+    // The next run reads only what came after, and appends to the same file.
     send(10, 15);
-    let second = tmp.path().join("second.jsonl");
-    riffle_ok(&[
-        "run",
-        "-q",
-        p.to_str().unwrap(),
-        "--output",
-        second.to_str().unwrap(),
-        "--checkpoint-dir",
-        ckpt.to_str().unwrap(),
-    ]);
+    run();
     assert_eq!(
-        numbers(&second),
-        (10..15).collect::<Vec<_>>(),
-        "only what came after the checkpoint"
+        numbers(&out),
+        (0..15).collect::<Vec<_>>(),
+        "each message exactly once"
     );
     let again = store.latest().unwrap().unwrap();
     assert!(
@@ -378,5 +373,25 @@ runtime: {{ workers: 2, epoch_records: 3 }}
         "epochs continue across runs: {} then {}",
         latest.epoch,
         again.epoch
+    );
+
+    // The checkpoint belongs to that file: resuming into another one fails at once, clearly.
+    let started = std::time::Instant::now();
+    let other = tmp.path().join("other.jsonl");
+    let run = riffle(&[
+        "run",
+        "-q",
+        p.to_str().unwrap(),
+        "--output",
+        other.to_str().unwrap(),
+        "--checkpoint-dir",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("the checkpoint recorded"), "{stderr}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "a failed worker must not leave the others waiting"
     );
 }

@@ -165,10 +165,42 @@ impl SinkFactory for JsonlSinkConfig {
         create_parent(&self.path)?;
         let file = File::create(&self.path)
             .map_err(|e| DataflowError::io(format!("creating {}", self.path.display()), e))?;
-        Ok(Box::new(JsonLinesSink::new(
-            BufWriter::with_capacity(256 * 1024, file),
-            self.path.display().to_string(),
-        )))
+        Ok(Box::new(
+            JsonLinesSink::new(
+                BufWriter::with_capacity(256 * 1024, file),
+                self.path.display().to_string(),
+            )
+            .tracking_position(0),
+        ))
+    }
+
+    /// Reopens the file after a restart: what lies past the checkpointed `position` was
+    /// written after the checkpoint and is produced again, so it is cut off first.
+    fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
+        create_parent(&self.path)?;
+        let io = |what: &str, e| DataflowError::io(format!("{what} {}", self.path.display()), e);
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| io("opening", e))?;
+        let length = file.metadata().map_err(|e| io("reading", e))?.len();
+        if length < position {
+            return Err(DataflowError::Config(format!(
+                "{} holds {length} bytes but the checkpoint recorded {position}: the file was changed outside the pipeline",
+                self.path.display()
+            )));
+        }
+        file.set_len(position).map_err(|e| io("truncating", e))?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| io("seeking", e))?;
+        Ok(Box::new(
+            JsonLinesSink::new(
+                BufWriter::with_capacity(256 * 1024, file),
+                self.path.display().to_string(),
+            )
+            .tracking_position(position),
+        ))
     }
 }
 
@@ -188,6 +220,8 @@ pub(crate) fn create_parent(path: &Path) -> DataflowResult<()> {
 /// lines huge, and the other columns identify the record.
 pub struct JsonLinesSink<W: Write + Send> {
     out: W,
+    /// Bytes in the destination so far, for sinks whose position can be checkpointed.
+    position: Option<u64>,
     /// Names the destination in errors.
     label: String,
     options: WriterBuilder,
@@ -197,9 +231,16 @@ impl<W: Write + Send> JsonLinesSink<W> {
     pub fn new(out: W, label: impl Into<String>) -> Self {
         JsonLinesSink {
             out,
+            position: None,
             label: label.into(),
             options: WriterBuilder::new().with_explicit_nulls(true),
         }
+    }
+
+    /// Tracks the byte position from `start` (a file's length when it was opened).
+    pub fn tracking_position(mut self, start: u64) -> Self {
+        self.position = Some(start);
+        self
     }
 
     pub fn into_inner(self) -> W {
@@ -210,28 +251,32 @@ impl<W: Write + Send> JsonLinesSink<W> {
 impl<W: Write + Send> Sink for JsonLinesSink<W> {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
         let batch = without_binary_columns(batch)?;
-        let mut writer = self
-            .options
-            .clone()
-            .build::<_, LineDelimited>(&mut self.out);
+        // Encoded first, so that the position advances by exactly what reaches the file.
+        let mut writer = self.options.clone().build::<_, LineDelimited>(Vec::new());
         writer
             .write(&batch)
             .and_then(|()| writer.finish())
-            .map_err(|e| match e {
-                ArrowError::IoError(_, source) => {
-                    DataflowError::io(format!("writing {}", self.label), source)
-                }
-                other => DataflowError::stage(
-                    "sink",
-                    format!("encoding JSON for {}: {other}", self.label),
-                ),
-            })
+            .map_err(|e| {
+                DataflowError::stage("sink", format!("encoding JSON for {}: {e}", self.label))
+            })?;
+        let bytes = writer.into_inner();
+        self.out
+            .write_all(&bytes)
+            .map_err(|e| DataflowError::io(format!("writing {}", self.label), e))?;
+        if let Some(p) = self.position.as_mut() {
+            *p += bytes.len() as u64;
+        }
+        Ok(())
     }
 
     fn flush(&mut self) -> DataflowResult<()> {
         self.out
             .flush()
             .map_err(|e| DataflowError::io(format!("flushing {}", self.label), e))
+    }
+
+    fn position(&self) -> Option<u64> {
+        self.position
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Start {
     pub store: Option<CheckpointStore>,
     /// Positions already covered by the checkpoint resumed from.
     pub resumed: Offsets,
+    /// Where the results sink stood at that checkpoint.
+    pub sink_position: Option<u64>,
 }
 
 /// Opens the pipeline's checkpoint store, if any, and resumes from its newest checkpoint.
@@ -42,6 +44,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             first_epoch: 0,
             store: None,
             resumed: Offsets::new(),
+            sink_position: None,
         });
     };
     let Some(id) = pipeline.source.checkpoint_id() else {
@@ -61,6 +64,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             first_epoch: 0,
             store: Some(store),
             resumed: Offsets::new(),
+            sink_position: None,
         });
     };
     let offsets = checkpoint.sources.get(&id).cloned().unwrap_or_default();
@@ -83,6 +87,10 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
         first_epoch: checkpoint.epoch + 1,
         store: Some(store),
         resumed: offsets,
+        sink_position: checkpoint
+            .state
+            .get(SINK_POSITION)
+            .and_then(|p| p.parse().ok()),
     })
 }
 
@@ -145,10 +153,19 @@ pub struct Checkpointer {
     written: Option<Epoch>,
     /// Highest epoch any position was received for (the last one, once everything is done).
     seen: Option<Epoch>,
+    /// The results sink's position after each completed epoch, when the sink has one: a
+    /// checkpoint is only written for an epoch whose exact sink position is known.
+    sink_positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
 }
 
 impl Checkpointer {
-    pub fn new(store: CheckpointStore, source_id: String, workers: usize, start: &Start) -> Self {
+    pub fn new(
+        store: CheckpointStore,
+        source_id: String,
+        workers: usize,
+        start: &Start,
+        sink_positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+    ) -> Self {
         Checkpointer {
             store,
             source_id,
@@ -157,6 +174,7 @@ impl Checkpointer {
             // The checkpoint resumed from is already written.
             written: start.first_epoch.checked_sub(1),
             seen: None,
+            sink_positions,
         }
     }
 
@@ -165,43 +183,62 @@ impl Checkpointer {
     pub fn poll(&mut self, positions: &Positions, sink: &ProbeHandle<Epoch>) -> DataflowResult<()> {
         let frontier = |p: &ProbeHandle<Epoch>| p.with_frontier(|f| f.first().copied());
         // Epochs strictly below both frontiers are complete (no frontier: everything is).
-        let done = match (frontier(&positions.probe), frontier(sink)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        let mut target = match (frontier(&positions.probe), frontier(sink)) {
+            (Some(a), Some(b)) => match a.min(b).checked_sub(1) {
+                Some(t) => t,
+                None => return Ok(()),
+            },
+            (Some(a), None) | (None, Some(a)) => match a.checked_sub(1) {
+                Some(t) => t,
+                None => return Ok(()),
+            },
+            (None, None) => Epoch::MAX,
         };
+        let mut sink_position = None;
+        if let Some(sink_positions) = &self.sink_positions {
+            let known = sink_positions.borrow();
+            let Some((&epoch, &at)) = known.range(..=target).next_back() else {
+                return Ok(());
+            };
+            target = epoch;
+            sink_position = Some(at);
+        }
         let mut received = positions.received.borrow_mut();
-        let complete: Vec<Epoch> = received
-            .keys()
-            .copied()
-            .filter(|e| done.is_none_or(|d| *e < d))
-            .collect();
-        for epoch in &complete {
-            if let Some(offsets) = received.remove(epoch) {
+        let complete: Vec<Epoch> = received.range(..=target).map(|(e, _)| *e).collect();
+        for epoch in complete {
+            if let Some(offsets) = received.remove(&epoch) {
                 for (partition, next) in offsets {
                     let at = self.committed.entry(partition).or_insert(next);
                     *at = (*at).max(next);
                 }
             }
-            self.seen = self.seen.max(Some(*epoch));
+            self.seen = self.seen.max(Some(epoch));
         }
         drop(received);
-        let epoch = match done {
-            Some(d) if d > 0 => Some(d - 1),
-            Some(_) => None,
-            None => self.seen,
+        let epoch = if target == Epoch::MAX {
+            self.seen.max(self.written)
+        } else {
+            Some(target)
         };
         let Some(epoch) = epoch else { return Ok(()) };
         if self.written.is_some_and(|w| w >= epoch) || self.committed.is_empty() {
             return Ok(());
         }
+        let mut state = BTreeMap::new();
+        if let Some(at) = sink_position {
+            state.insert(SINK_POSITION.to_string(), at.to_string());
+        }
         let checkpoint = Checkpoint {
             epoch,
             workers: self.workers,
             sources: BTreeMap::from([(self.source_id.clone(), self.committed.clone())]),
-            state: BTreeMap::new(),
+            state,
         };
         self.store.write(&checkpoint)?;
         self.written = Some(epoch);
         Ok(())
     }
 }
+
+/// Key of the results sink's position in a checkpoint's state.
+pub const SINK_POSITION: &str = "sink.position";

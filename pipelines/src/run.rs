@@ -1,5 +1,8 @@
 //! Executing a validated pipeline on timely workers.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -7,7 +10,7 @@ use riffle_dataflow::batch::now_ns;
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::dead_letter;
 use riffle_dataflow::metrics::{Metrics, Summary};
-use riffle_dataflow::operators::WriteToSink;
+use riffle_dataflow::operators::{SinkOptions, WriteToSink};
 use riffle_dataflow::{Batch, DataflowError, Epoch};
 use timely::dataflow::InputHandle;
 
@@ -64,6 +67,13 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
                 errs.push(e);
             }
         }
+        // After a failure the dataflows can never complete (a peer stopped feeding them);
+        // timely would wait for them forever, so drop them.
+        if !healthy(&worker_errors) {
+            for id in worker.installed_dataflows() {
+                worker.drop_dataflow(id);
+            }
+        }
     })
     .map_err(DataflowError::Cluster)?;
     for outcome in guards.join() {
@@ -91,40 +101,49 @@ fn run_worker(
     let index = worker.index();
     let peers = worker.peers();
     let steps = worker_steps(pipeline)?;
-    // Only worker 0 writes: the sink operator routes every batch there.
+    // Only worker 0 writes: the sink operator routes every batch there. After a restart the
+    // results sink continues from the checkpointed position.
     let (results, dead) = if index == 0 {
-        (
-            Some(pipeline.sink.open()?),
-            Some(pipeline.dead_letter.open()?),
-        )
+        let results = match start.sink_position {
+            Some(at) => pipeline.sink.open_at(at)?,
+            None => pipeline.sink.open()?,
+        };
+        (Some(results), Some(pipeline.dead_letter.open()?))
     } else {
         (None, None)
     };
+    let sink_positions = results
+        .as_ref()
+        .and_then(|r| r.position())
+        .map(|_| Rc::new(RefCell::new(BTreeMap::new())));
     let mut input: InputHandle<Epoch, timely::container::CapacityContainerBuilder<Vec<Batch>>> =
         InputHandle::new();
-    let sink_metrics = metrics.clone();
-    let sink_errors = errors.clone();
+    let options = SinkOptions {
+        results,
+        dead_letters: dead,
+        latency_column: pipeline.runtime.latency_column.clone(),
+        positions: sink_positions.clone(),
+        errors: errors.clone(),
+    };
     let mut positions: Option<Positions> = None;
     let probe = worker.dataflow::<Epoch, _, _>(|scope| {
         positions = Some(Positions::build(scope));
         let stream = input.to_stream(scope);
         let stream = build_chain(stream, steps, metrics)?;
-        Ok::<_, DataflowError>(stream.write_to_sink(
-            results,
-            dead,
-            sink_metrics,
-            sink_errors,
-            pipeline.runtime.latency_column.clone(),
-        ))
+        Ok::<_, DataflowError>(stream.write_to_sink(options, metrics.clone()))
     })?;
 
     let mut positions =
         positions.ok_or_else(|| DataflowError::Cluster("dataflow not built".into()))?;
     // Worker 0 writes the checkpoints.
     let mut checkpointer = match (&start.store, start.source.checkpoint_id()) {
-        (Some(store), Some(id)) if index == 0 => {
-            Some(Checkpointer::new(store.clone(), id, peers, start))
-        }
+        (Some(store), Some(id)) if index == 0 => Some(Checkpointer::new(
+            store.clone(),
+            id,
+            peers,
+            start,
+            sink_positions,
+        )),
         _ => None,
     };
     let source_metrics = metrics.stage("source")?;
@@ -167,25 +186,26 @@ fn run_worker(
             // Flow control: wait while the sink is more than `in_flight` epochs behind.
             // Park rather than spin: on a small machine a spinning worker steals the core
             // another worker's model is running on. Messages and timers unpark it.
-            while probe.less_than(&epoch.saturating_sub(in_flight)) {
+            while probe.less_than(&epoch.saturating_sub(in_flight)) && healthy(errors) {
                 worker.step_or_park(Some(Duration::from_millis(1)));
                 checkpoint(&mut checkpointer, &positions, &probe)?;
             }
         }
         worker.step();
         checkpoint(&mut checkpointer, &positions, &probe)?;
-        if !sink_ok(errors) {
+        if !healthy(errors) {
             break;
         }
     }
     input.close();
     positions.close();
-    while !probe.done() || !positions.probe.done() {
+    // A failed worker (any process) stops everyone: the others would wait for it forever.
+    while (!probe.done() || !positions.probe.done()) && healthy(errors) {
         worker.step_or_park(Some(Duration::from_millis(1)));
         checkpoint(&mut checkpointer, &positions, &probe)?;
     }
     // Only a run that wrote all its results may record that it got this far.
-    if sink_ok(errors) {
+    if healthy(errors) {
         checkpoint(&mut checkpointer, &positions, &probe)?;
     }
     Ok(())
@@ -202,6 +222,7 @@ fn checkpoint(
     }
 }
 
-fn sink_ok(errors: &Arc<Mutex<Vec<DataflowError>>>) -> bool {
+/// No worker of this process has failed.
+fn healthy(errors: &Arc<Mutex<Vec<DataflowError>>>) -> bool {
     errors.lock().map(|e| e.is_empty()).unwrap_or(false)
 }

@@ -1,3 +1,6 @@
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -12,12 +15,27 @@ use crate::metrics::Metrics;
 use crate::sink::Sink;
 use crate::{Batch, BatchKind, Epoch};
 
+/// Where results and dead letters go, and what the sink reports back.
+#[derive(Default)]
+pub struct SinkOptions {
+    /// Results (on worker 0; other workers pass `None`).
+    pub results: Option<Box<dyn Sink>>,
+    /// Dead letters (on worker 0).
+    pub dead_letters: Option<Box<dyn Sink>>,
+    /// Adds a column of this name with each result's end-to-end latency in ms.
+    pub latency_column: Option<String>,
+    /// Filled with the results sink's position after each completed epoch (for checkpoints).
+    pub positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+    /// The first write error; later batches are dropped so the run can end and report it.
+    pub errors: Arc<Mutex<Vec<DataflowError>>>,
+}
+
 /// Sinks a stream: results to one sink, dead letters to another.
 pub trait WriteToSink<'scope> {
-    /// Sends every batch to worker 0, which writes results to `results` and dead letters to
-    /// `dead_letters` (other workers pass `None`: only worker 0 opens the files). The first
-    /// write error is stored in `errors` and later batches are dropped, so the run can end and
-    /// report it. Returns a probe that passes an epoch once its results are written.
+    /// Sends every batch to worker 0, which writes each epoch's results once the epoch is
+    /// complete, in epoch order, so that the sink's contents after epoch `e` are exactly the
+    /// results of epochs ≤ `e` (what a checkpoint of `e` must match). Dead letters are written
+    /// as they come. Returns a probe that passes an epoch once its results are written.
     ///
     /// # Examples
     /// ```
@@ -25,7 +43,7 @@ pub trait WriteToSink<'scope> {
     /// use arrow_array::{Int64Array, RecordBatch};
     /// use riffle_dataflow::{Batch, DataflowResult, Sink};
     /// use riffle_dataflow::metrics::Metrics;
-    /// use riffle_dataflow::operators::WriteToSink;
+    /// use riffle_dataflow::operators::{SinkOptions, WriteToSink};
     /// use timely::dataflow::operators::ToStream;
     ///
     /// struct Count(Arc<Mutex<usize>>);
@@ -38,32 +56,26 @@ pub trait WriteToSink<'scope> {
     /// let sink_rows = rows.clone();
     /// timely::example(move |scope| {
     ///     let data = RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(vec![1, 2])) as _)]).unwrap();
+    ///     let options = SinkOptions { results: Some(Box::new(Count(sink_rows))), ..Default::default() };
     ///     vec![Batch::records(data, 0)]
     ///         .to_stream(scope)
     ///         .container::<Vec<_>>()
-    ///         .write_to_sink(Some(Box::new(Count(sink_rows))), None, Metrics::new().unwrap(), Default::default(), None);
+    ///         .write_to_sink(options, Metrics::new().unwrap());
     /// });
     /// assert_eq!(*rows.lock().unwrap(), 2);
     /// ```
-    fn write_to_sink(
-        self,
-        results: Option<Box<dyn Sink>>,
-        dead_letters: Option<Box<dyn Sink>>,
-        metrics: Arc<Metrics>,
-        errors: Arc<Mutex<Vec<DataflowError>>>,
-        latency_column: Option<String>,
-    ) -> ProbeHandle<Epoch>;
+    fn write_to_sink(self, options: SinkOptions, metrics: Arc<Metrics>) -> ProbeHandle<Epoch>;
 }
 
 impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
-    fn write_to_sink(
-        self,
-        mut results: Option<Box<dyn Sink>>,
-        mut dead_letters: Option<Box<dyn Sink>>,
-        metrics: Arc<Metrics>,
-        errors: Arc<Mutex<Vec<DataflowError>>>,
-        latency_column: Option<String>,
-    ) -> ProbeHandle<Epoch> {
+    fn write_to_sink(self, options: SinkOptions, metrics: Arc<Metrics>) -> ProbeHandle<Epoch> {
+        let SinkOptions {
+            mut results,
+            mut dead_letters,
+            latency_column,
+            positions,
+            errors,
+        } = options;
         let sink_metrics = metrics.stage("sink");
         let dead_metrics = metrics.stage("dead-letters");
         let mut failed = false;
@@ -73,59 +85,90 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                 errors.push(e);
             }
         };
-        let mut flushed_frontier: Vec<Epoch> = Vec::new();
+        let mut pending: BTreeMap<Epoch, Vec<Batch>> = BTreeMap::new();
+        let mut flushed_frontier: Option<Vec<Epoch>> = None;
         let (probe, _) = self
             .unary_frontier::<timely::container::CapacityContainerBuilder<Vec<()>>, _, _, _>(
                 Exchange::new(|_: &Batch| 0),
                 "WriteToSink",
                 move |_, _| {
                     move |(input, frontier), _output| {
-                        input.for_each(|_cap, data| {
+                        input.for_each(|cap, data| {
+                            let epoch = cap.least().copied().unwrap_or_default();
                             for batch in data.drain(..) {
+                                match batch.kind {
+                                    BatchKind::Records => {
+                                        pending.entry(epoch).or_default().push(batch)
+                                    }
+                                    BatchKind::DeadLetters if !failed => {
+                                        let started = Instant::now();
+                                        let Some(sink) = dead_letters.as_mut() else {
+                                            continue;
+                                        };
+                                        match sink.write_batch(&batch.data) {
+                                            Ok(()) => {
+                                                if let Ok(m) = &dead_metrics {
+                                                    m.record_batch(
+                                                        batch.num_rows(),
+                                                        batch.num_rows(),
+                                                        0,
+                                                        started.elapsed(),
+                                                    );
+                                                }
+                                            }
+                                            Err(e) => {
+                                                failed = true;
+                                                fail(e);
+                                            }
+                                        }
+                                    }
+                                    BatchKind::DeadLetters => {}
+                                }
+                            }
+                        });
+                        // Every epoch the frontier has passed is complete: write it, in order.
+                        let complete: Vec<Epoch> = pending
+                            .keys()
+                            .copied()
+                            .filter(|e| !frontier.less_equal(e))
+                            .collect();
+                        for epoch in complete {
+                            for batch in pending.remove(&epoch).unwrap_or_default() {
                                 if failed {
                                     continue;
                                 }
                                 let started = Instant::now();
-                                let (sink, stage) = match batch.kind {
-                                    BatchKind::Records => (&mut results, &sink_metrics),
-                                    BatchKind::DeadLetters => (&mut dead_letters, &dead_metrics),
+                                let Some(sink) = results.as_mut() else {
+                                    continue;
                                 };
-                                let Some(sink) = sink.as_mut() else { continue };
                                 let now = now_ns();
-                                let data = match (&latency_column, batch.kind) {
-                                    (Some(name), BatchKind::Records) => {
+                                let data = match &latency_column {
+                                    Some(name) => {
                                         with_latency(&batch.data, name, now, batch.ingest_ns)
                                     }
-                                    _ => Ok(batch.data.clone()),
+                                    None => Ok(batch.data.clone()),
                                 };
                                 if let Err(e) = data.and_then(|d| sink.write_batch(&d)) {
                                     failed = true;
                                     fail(e);
                                     continue;
                                 }
-                                if let Ok(stage) = stage {
-                                    stage.record_batch(
+                                if let Ok(m) = &sink_metrics {
+                                    m.record_batch(
                                         batch.num_rows(),
                                         batch.num_rows(),
                                         0,
                                         started.elapsed(),
                                     );
                                 }
-                                if batch.kind == BatchKind::Records {
-                                    metrics.record_end_to_end(
-                                        batch.ingest_ns,
-                                        now,
-                                        batch.num_rows(),
-                                    );
-                                }
+                                metrics.record_end_to_end(batch.ingest_ns, now, batch.num_rows());
                             }
-                        });
-                        // Make each completed epoch visible to readers of the files.
+                        }
+                        // Make each completed epoch visible, and note where it ends.
                         let current: Vec<Epoch> = frontier.frontier().iter().copied().collect();
-                        if current != flushed_frontier && !failed {
-                            flushed_frontier = current;
+                        if flushed_frontier.as_ref() != Some(&current) && !failed {
                             // An empty frontier is the end of the input: make it durable.
-                            let end = flushed_frontier.is_empty();
+                            let end = current.is_empty();
                             for sink in [&mut results, &mut dead_letters].into_iter().flatten() {
                                 let done = if end { sink.finish() } else { sink.flush() };
                                 if let Err(e) = done {
@@ -133,6 +176,18 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                     fail(e);
                                 }
                             }
+                            if let (Some(positions), Some(at)) =
+                                (&positions, results.as_ref().and_then(|s| s.position()))
+                            {
+                                let last_complete = match current.first() {
+                                    Some(f) => f.checked_sub(1),
+                                    None => Some(Epoch::MAX),
+                                };
+                                if let (Some(epoch), false) = (last_complete, failed) {
+                                    positions.borrow_mut().insert(epoch, at);
+                                }
+                            }
+                            flushed_frontier = Some(current);
                         }
                     }
                 },
