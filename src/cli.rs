@@ -81,6 +81,9 @@ pub struct RunArgs {
     /// No progress display and no summary.
     #[arg(long, short)]
     pub quiet: bool,
+    /// With --processes: how many times the supervisor restarts a failed cluster.
+    #[arg(long, default_value_t = 10)]
+    pub max_restarts: usize,
 }
 
 #[derive(Args, Debug, Clone)]

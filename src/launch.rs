@@ -1,12 +1,38 @@
-//! `--processes N` on one host: start N copies of this binary as one timely cluster.
+//! `--processes N` on one host: the supervisor. It starts N copies of this binary as one timely
+//! cluster, watches them, and when any exits abnormally stops the others and starts the cluster
+//! again (resuming from the newest checkpoint when the pipeline has them), with capped
+//! exponential backoff.
 
 use std::process::{Child, Command};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
 use crate::cli::RunArgs;
 
 pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
+    let mut backoff = Duration::from_millis(200);
+    let mut restarts = 0;
+    loop {
+        match run_cluster_once(args) {
+            Ok(()) => return Ok(()),
+            Err(why) if restarts < args.max_restarts => {
+                restarts += 1;
+                eprintln!(
+                    "riffle: {why:#}; restarting the cluster in {} ms (restart {restarts} of at most {})",
+                    backoff.as_millis(),
+                    args.max_restarts
+                );
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+            Err(why) => return Err(why.context(format!("gave up after {restarts} restart(s)"))),
+        }
+    }
+}
+
+/// Runs the cluster until every process exits, or one fails (the others are then stopped).
+fn run_cluster_once(args: &RunArgs) -> Result<()> {
     let exe = std::env::current_exe().context("locating the riffle binary")?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     for process in 0..args.cluster.processes {
@@ -64,6 +90,6 @@ pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
         if all_done {
             return Ok(());
         }
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -395,3 +395,143 @@ runtime: {{ workers: 2, epoch_records: 3 }}
         "a failed worker must not leave the others waiting"
     );
 }
+
+/// Pids of the worker processes the supervisor started for `pipeline`.
+fn worker_pids(pipeline: &std::path::Path) -> Vec<u32> {
+    let needle = pipeline.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(&needle) && cmdline.contains("--process ")
+        })
+        .collect()
+}
+
+#[test]
+fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "street", 0..200);
+    let input = topic("kill-in");
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "4",
+        "--frames",
+        frames.to_str().unwrap(),
+        "--cameras",
+        "4",
+    ]);
+    let pipeline = format!(
+        r#"
+source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 4 }} }}
+stages:
+  - decode: {{}}
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs:
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+      batch: {{ max_size: 4, max_delay_ms: 5 }}
+  - select: {{ columns: [camera_id, frame] }}
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+runtime: {{ workers: 1, epoch_records: 4 }}
+"#,
+        model = model("ssdlite_person.onnx").display()
+    );
+    let expected: Vec<(String, i64)> = {
+        let mut e: Vec<(String, i64)> = (0..200)
+            .map(|f| (format!("street-{}", f / 50), f))
+            .collect();
+        e.sort();
+        e
+    };
+    // Trials kill each process in turn, at different moments.
+    for (trial, (victim, after_ms)) in [(0usize, 1500u64), (1, 2200), (0, 3000)]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = tmp.path().join(format!("trial{trial}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = write(&dir, "kill.yaml", &pipeline);
+        let out = dir.join("out.jsonl");
+        let port = free_port_pair().to_string();
+        let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args([
+                "run",
+                "-q",
+                p.to_str().unwrap(),
+                "--processes",
+                "2",
+                "--base-port",
+                &port,
+            ])
+            .args([
+                "--output",
+                out.to_str().unwrap(),
+                "--checkpoint-dir",
+                dir.join("ckpt").to_str().unwrap(),
+            ])
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(after_ms));
+        let pids = worker_pids(&p);
+        assert_eq!(
+            pids.len(),
+            2,
+            "trial {trial}: both worker processes run at {after_ms} ms: {pids:?}"
+        );
+        let mut pids = pids;
+        pids.sort();
+        // Lower pid = started first = process 0.
+        let killed = std::process::Command::new("kill")
+            .args(["-9", &pids[victim].to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        let status = loop {
+            if let Some(status) = supervisor.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trial {trial}: the cluster did not finish"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "trial {trial}: {stderr}");
+        assert!(
+            stderr.contains("restarting the cluster"),
+            "trial {trial}: the kill landed mid-run: {stderr}"
+        );
+        let mut got: Vec<(String, i64)> = read_jsonl(&out)
+            .iter()
+            .map(|r| {
+                (
+                    r["camera_id"].as_str().unwrap().to_string(),
+                    r["frame"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(
+            got.len(),
+            expected.len(),
+            "trial {trial}: every frame exactly once (no loss, no duplicate)"
+        );
+        assert_eq!(got, expected, "trial {trial}");
+    }
+}

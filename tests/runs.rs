@@ -164,19 +164,6 @@ fn camera_pipeline_finds_the_cyclist_and_the_known_number_of_person_frames() {
     );
 }
 
-/// A port p with p and p+1 free now, below the ephemeral range (which clients draw from).
-fn free_port_pair() -> u16 {
-    let start = 20000 + (std::process::id() % 5000) as u16 * 2;
-    (start..30000)
-        .step_by(2)
-        .find(|p| {
-            let a = std::net::TcpListener::bind(("127.0.0.1", *p));
-            let b = std::net::TcpListener::bind(("127.0.0.1", *p + 1));
-            a.is_ok() && b.is_ok()
-        })
-        .expect("a free pair of ports")
-}
-
 fn assert_same_detections(a: &[Value], b: &[Value], what: &str) {
     let (a, b) = (persons(a), persons(b));
     assert_eq!(
@@ -293,6 +280,8 @@ fn a_failing_process_stops_the_local_cluster_instead_of_hanging() {
             "2",
             "--base-port",
             &port.to_string(),
+            "--max-restarts",
+            "0",
         ])
         .stderr(std::process::Stdio::piped())
         .spawn()

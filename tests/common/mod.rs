@@ -111,3 +111,16 @@ runtime: {{ workers: {workers}, epoch_records: 4 }}
         output = output.display(),
     )
 }
+
+/// A port p with p and p+1 free now, below the ephemeral range (which clients draw from).
+pub fn free_port_pair() -> u16 {
+    let start = 20000 + (std::process::id() % 5000) as u16 * 2;
+    (start..30000)
+        .step_by(2)
+        .find(|p| {
+            let a = std::net::TcpListener::bind(("127.0.0.1", *p));
+            let b = std::net::TcpListener::bind(("127.0.0.1", *p + 1));
+            a.is_ok() && b.is_ok()
+        })
+        .expect("a free pair of ports")
+}
