@@ -6,6 +6,7 @@
 #   scripts/kafka.sh start     # install if missing, start on 127.0.0.1:${RIFFLE_KAFKA_PORT:-9092}
 #   scripts/kafka.sh stop
 #   scripts/kafka.sh status
+#   scripts/kafka.sh pid       # the broker's process id (tests pause it to simulate an outage)
 #   scripts/kafka.sh topic NAME [PARTITIONS]
 set -euo pipefail
 
@@ -58,6 +59,7 @@ case "${1:-}" in
   start) start ;;
   stop) stop ;;
   status) if running; then echo "running on 127.0.0.1:$port"; else echo "not running"; exit 1; fi ;;
+  pid) running && cat "$state/pid" ;;
   topic) "$tansu" topic create "$2" --partitions "${3:-4}" --broker "$url" ;;
-  *) echo "usage: $0 install|start|stop|status|topic NAME [PARTITIONS]" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|status|pid|topic NAME [PARTITIONS]" >&2; exit 2 ;;
 esac

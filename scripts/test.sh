@@ -17,6 +17,8 @@ export RIFFLE_KAFKA_BROKERS="127.0.0.1:$RIFFLE_KAFKA_PORT"
 log=$(mktemp)
 trap 'scripts/kafka.sh stop; rm -f "$log"' EXIT
 scripts/kafka.sh start
+RIFFLE_KAFKA_PID=$(scripts/kafka.sh pid)
+export RIFFLE_KAFKA_PID
 
 cargo test --workspace --all-targets 2>&1 | tee "$log"
 cargo test --workspace --doc 2>&1 | tee -a "$log"

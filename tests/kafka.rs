@@ -538,3 +538,103 @@ runtime: {{ workers: 1, epoch_records: 4 }}
         assert_eq!(got, expected, "trial {trial}");
     }
 }
+
+#[test]
+fn a_10_second_broker_outage_mid_run_loses_nothing() {
+    require_onnx_runtime();
+    let brokers = brokers();
+    let broker_pid = std::env::var("RIFFLE_KAFKA_PID").expect(
+        "RIFFLE_KAFKA_PID: the broker's pid (`scripts/kafka.sh pid`; scripts/test.sh sets it)",
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "street", 0..120);
+    let input = topic("outage-in");
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "2",
+        "--frames",
+        frames.to_str().unwrap(),
+        "--cameras",
+        "2",
+    ]);
+    let out = tmp.path().join("out.jsonl");
+    let p = write(
+        tmp.path(),
+        "outage.yaml",
+        &format!(
+            r#"
+source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 2 }} }}
+stages:
+  - decode: {{}}
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs: {{ "detection_scores:0": {{ column: scores, shape: [100] }} }}
+      batch: {{ max_size: 2, max_delay_ms: 5 }}
+  - select: {{ columns: [camera_id, frame] }}
+sink: {{ jsonl: {{ path: "{out}" }} }}
+runtime: {{ workers: 2, epoch_records: 2, max_epochs_in_flight: 1 }}
+"#,
+            model = model("ssdlite_person.onnx").display(),
+            out = out.display()
+        ),
+    );
+    let started = std::time::Instant::now();
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", p.to_str().unwrap()])
+        .env("RUST_LOG", "error")
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "the run must still be going when the broker stops"
+    );
+    // The broker stops answering for 10 s (paused: its data survives, as on a real restart).
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &broker_pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    signal("-STOP");
+    // Resumed even if this test fails, so later tests find a working broker.
+    struct Resume<'a>(&'a str);
+    impl Drop for Resume<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", self.0])
+                .status();
+        }
+    }
+    let resume = Resume(&broker_pid);
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    drop(resume);
+    let status = run.wait().unwrap();
+    assert!(status.success());
+    assert!(
+        started.elapsed() > std::time::Duration::from_secs(10),
+        "the run spanned the outage"
+    );
+    let mut got: Vec<(String, i64)> = read_jsonl(&out)
+        .iter()
+        .map(|r| {
+            (
+                r["camera_id"].as_str().unwrap().to_string(),
+                r["frame"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    let mut expected: Vec<(String, i64)> = (0..120)
+        .map(|f| (format!("street-{}", f / 60), f))
+        .collect();
+    expected.sort();
+    assert_eq!(got, expected, "every frame exactly once after the outage");
+}
