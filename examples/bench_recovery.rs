@@ -20,7 +20,9 @@ use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::Metrics;
 
 fn main() -> anyhow::Result<()> {
-    let brokers = std::env::args().nth(1).unwrap_or_else(|| "127.0.0.1:9092".into());
+    let brokers = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:9092".into());
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let tmp = std::env::temp_dir().join(format!("bench-recovery-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
@@ -35,13 +37,25 @@ fn main() -> anyhow::Result<()> {
         partition_by: PartitionBy::Camera,
     })
     .build()?;
-    let produced = replay(&brokers, &topic, frames.as_ref(), None, Pace { messages_per_second: None })?;
+    let produced = replay(
+        &brokers,
+        &topic,
+        frames.as_ref(),
+        None,
+        Pace {
+            messages_per_second: None,
+        },
+    )?;
     let yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception-kafka.yaml"))?
         .replace("../", &format!("{}/", repo.display()))
         .replace("127.0.0.1:9092", &brokers)
         .replace("topic: cameras", &format!("topic: {topic}"));
     let yaml = match (yaml.find("sink:"), yaml.find("runtime:")) {
-        (Some(a), Some(b)) => format!("{}sink: {{ jsonl: {{ path: out.jsonl }} }}\n\n{}", &yaml[..a], &yaml[b..]),
+        (Some(a), Some(b)) => format!(
+            "{}sink: {{ jsonl: {{ path: out.jsonl }} }}\n\n{}",
+            &yaml[..a],
+            &yaml[b..]
+        ),
         _ => anyhow::bail!("unexpected pipeline layout"),
     };
     let file = tmp.join("pipeline.yaml");
@@ -51,13 +65,23 @@ fn main() -> anyhow::Result<()> {
     let (mut off, mut on) = (f64::MAX, f64::MAX);
     for round in 0..3 {
         off = off.min(run(&file, &tmp.join(format!("off{round}.jsonl")), None)?);
-        on = on.min(run(&file, &tmp.join(format!("on{round}.jsonl")), Some(&tmp.join(format!("ckpt{round}"))))?);
+        on = on.min(run(
+            &file,
+            &tmp.join(format!("on{round}.jsonl")),
+            Some(&tmp.join(format!("ckpt{round}"))),
+        )?);
     }
     let n = produced.messages as f64;
-    println!("| camera pipeline from Kafka, {} frames, 2 workers | frames/s |", produced.messages);
+    println!(
+        "| camera pipeline from Kafka, {} frames, 2 workers | frames/s |",
+        produced.messages
+    );
     println!("|---|---:|");
     println!("| checkpoints off | {:.1} |", n / off);
-    println!("| checkpoints on (every epoch of 16 frames) | {:.1} |", n / on);
+    println!(
+        "| checkpoints on (every epoch of 16 frames) | {:.1} |",
+        n / on
+    );
     println!("| ratio on / off | {:.2} |", off / on);
 
     // 2. One checkpoint write.
@@ -67,7 +91,10 @@ fn main() -> anyhow::Result<()> {
         let checkpoint = Checkpoint {
             epoch,
             workers: 2,
-            sources: BTreeMap::from([(format!("kafka:{topic}"), (0..4).map(|p| (p, epoch as i64 * 100)).collect())]),
+            sources: BTreeMap::from([(
+                format!("kafka:{topic}"),
+                (0..4).map(|p| (p, epoch as i64 * 100)).collect(),
+            )]),
             state: BTreeMap::from([("sink.position".to_string(), (epoch * 1000).to_string())]),
         };
         let started = Instant::now();
@@ -78,17 +105,30 @@ fn main() -> anyhow::Result<()> {
     println!();
     println!("| checkpoint write (200 writes) | p50 | p99 |");
     println!("|---|---:|---:|");
-    println!("| write + fsync + rename + fsync dir | {:.2} ms | {:.2} ms |", ms(times[100]), ms(times[197]));
+    println!(
+        "| write + fsync + rename + fsync dir | {:.2} ms | {:.2} ms |",
+        ms(times[100]),
+        ms(times[197])
+    );
 
     // 3. Kill to resume, 3 trials.
     let riffle = repo.join("target/release/riffle");
-    anyhow::ensure!(riffle.is_file(), "build the binary first: cargo build --release");
+    anyhow::ensure!(
+        riffle.is_file(),
+        "build the binary first: cargo build --release"
+    );
     println!();
     println!("| kill -9 of a worker process, 2 processes | time until results flow again |");
     println!("|---|---:|");
     for trial in 0..3 {
         let out = tmp.join(format!("kill{trial}.jsonl"));
-        let gap = kill_and_resume(&riffle, &file, &out, &tmp.join(format!("kckpt{trial}")), 21000 + trial * 2)?;
+        let gap = kill_and_resume(
+            &riffle,
+            &file,
+            &out,
+            &tmp.join(format!("kckpt{trial}")),
+            21000 + trial * 2,
+        )?;
         println!("| trial {} | {:.2} s |", trial + 1, gap.as_secs_f64());
     }
     let _ = std::fs::remove_dir_all(&tmp);
@@ -101,22 +141,41 @@ fn ms(d: Duration) -> f64 {
 
 fn run(file: &Path, out: &Path, checkpoint: Option<&Path>) -> anyhow::Result<f64> {
     let mut pipeline = riffle_pipelines::load(file, Some(out))?;
-    pipeline.runtime.checkpoint =
-        checkpoint.map(|dir| riffle_pipelines::spec::CheckpointConfig { dir: dir.to_path_buf(), keep: 3 });
+    pipeline.runtime.checkpoint = checkpoint.map(|dir| riffle_pipelines::spec::CheckpointConfig {
+        dir: dir.to_path_buf(),
+        keep: 3,
+    });
     let started = Instant::now();
     riffle_pipelines::run(
         Arc::new(pipeline),
-        riffle_pipelines::RunOptions { cluster: ClusterConfig::single_process(2), metrics: Metrics::new()? },
+        riffle_pipelines::RunOptions {
+            cluster: ClusterConfig::single_process(2),
+            metrics: Metrics::new()?,
+        },
     )?;
     Ok(started.elapsed().as_secs_f64())
 }
 
 /// Seconds between the kill and the output file growing again.
-fn kill_and_resume(riffle: &Path, file: &Path, out: &Path, ckpt: &Path, port: usize) -> anyhow::Result<Duration> {
+fn kill_and_resume(
+    riffle: &Path,
+    file: &Path,
+    out: &Path,
+    ckpt: &Path,
+    port: usize,
+) -> anyhow::Result<Duration> {
     let mut supervisor = std::process::Command::new(riffle)
         .args(["run", "-q"])
         .arg(file)
-        .args(["--processes", "2", "--workers", "1", "--base-port", &port.to_string(), "--output"])
+        .args([
+            "--processes",
+            "2",
+            "--workers",
+            "1",
+            "--base-port",
+            &port.to_string(),
+            "--output",
+        ])
         .arg(out)
         .arg("--checkpoint-dir")
         .arg(ckpt)
@@ -140,11 +199,16 @@ fn kill_and_resume(riffle: &Path, file: &Path, out: &Path, ckpt: &Path, port: us
         })
         .ok_or_else(|| anyhow::anyhow!("no worker process found"))?;
     let before = len(out);
-    std::process::Command::new("kill").args(["-9", &victim.to_string()]).status()?;
+    std::process::Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()?;
     let killed = Instant::now();
     // The restart truncates the file to the checkpoint, then it grows past its old length.
     while len(out) <= before {
-        anyhow::ensure!(killed.elapsed() < Duration::from_secs(60), "output did not resume");
+        anyhow::ensure!(
+            killed.elapsed() < Duration::from_secs(60),
+            "output did not resume"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let gap = killed.elapsed();
