@@ -450,13 +450,7 @@ runtime: {{ workers: 1, epoch_records: 4 }}
 "#,
         model = model("ssdlite_person.onnx").display()
     );
-    let expected: Vec<(String, i64)> = {
-        let mut e: Vec<(String, i64)> = (0..200)
-            .map(|f| (format!("street-{}", f / 50), f))
-            .collect();
-        e.sort();
-        e
-    };
+    let expected = split_cameras("street", 200, 4);
     // Trials kill each process in turn, at different moments.
     for (trial, (victim, after_ms)) in [(0usize, 1500u64), (1, 2200), (0, 3000)]
         .into_iter()
@@ -520,16 +514,7 @@ runtime: {{ workers: 1, epoch_records: 4 }}
             stderr.contains("restarting the cluster"),
             "trial {trial}: the kill landed mid-run: {stderr}"
         );
-        let mut got: Vec<(String, i64)> = read_jsonl(&out)
-            .iter()
-            .map(|r| {
-                (
-                    r["camera_id"].as_str().unwrap().to_string(),
-                    r["frame"].as_i64().unwrap(),
-                )
-            })
-            .collect();
-        got.sort();
+        let got = camera_frames(&out);
         assert_eq!(
             got.len(),
             expected.len(),
@@ -622,19 +607,9 @@ runtime: {{ workers: 2, epoch_records: 2, max_epochs_in_flight: 1 }}
         started.elapsed() > std::time::Duration::from_secs(10),
         "the run spanned the outage"
     );
-    let mut got: Vec<(String, i64)> = read_jsonl(&out)
-        .iter()
-        .map(|r| {
-            (
-                r["camera_id"].as_str().unwrap().to_string(),
-                r["frame"].as_i64().unwrap(),
-            )
-        })
-        .collect();
-    got.sort();
-    let mut expected: Vec<(String, i64)> = (0..120)
-        .map(|f| (format!("street-{}", f / 60), f))
-        .collect();
-    expected.sort();
-    assert_eq!(got, expected, "every frame exactly once after the outage");
+    assert_eq!(
+        camera_frames(&out),
+        split_cameras("street", 120, 2),
+        "every frame exactly once after the outage"
+    );
 }

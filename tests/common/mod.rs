@@ -124,3 +124,29 @@ pub fn free_port_pair() -> u16 {
         })
         .expect("a free pair of ports")
 }
+
+/// (camera_id, frame) of every result in a JSONL file, sorted.
+pub fn camera_frames(path: &Path) -> Vec<(String, i64)> {
+    let mut rows: Vec<(String, i64)> = read_jsonl(path)
+        .iter()
+        .map(|r| {
+            (
+                r["camera_id"].as_str().unwrap().to_string(),
+                r["frame"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// (camera_id, frame) of frames `0..frames` of directory `dir` split into `cameras` streams,
+/// sorted: what `cameras: N` (or `riffle produce --cameras N`) makes of them.
+pub fn split_cameras(dir: &str, frames: i64, cameras: i64) -> Vec<(String, i64)> {
+    let per = frames / cameras;
+    let mut rows: Vec<(String, i64)> = (0..frames)
+        .map(|f| (format!("{dir}-{}", f / per), f))
+        .collect();
+    rows.sort();
+    rows
+}
