@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use crate::cli::RunArgs;
 
 pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = Duration::from_millis(100);
     let mut restarts = 0;
     loop {
         match run_cluster_once(args) {
@@ -65,6 +65,9 @@ fn run_cluster_once(args: &RunArgs) -> Result<()> {
             .spawn()
             .with_context(|| format!("starting process {process}"))?;
         children.push((process, child));
+        // Process i connects to the processes before it; a head start for those avoids
+        // timely's one-second retry after a refused connection.
+        std::thread::sleep(Duration::from_millis(50));
     }
     // A process that fails leaves the others waiting for it forever: stop them all.
     loop {
