@@ -24,6 +24,12 @@ pub enum Command {
     Produce(ProduceArgs),
     /// List the CPU cores and CUDA GPUs this machine offers to pipelines.
     Devices,
+    /// Print how a pipeline would run here: workers, threads, batches, placement.
+    Plan {
+        file: PathBuf,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -88,9 +94,10 @@ pub struct RunArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ClusterArgs {
-    /// Worker threads per process (default: `runtime.workers` of the pipeline).
+    /// Worker threads per process, or `auto` (this host's cores ÷ processes here ÷ ONNX
+    /// Runtime threads per worker). Default: `runtime.workers` of the pipeline.
     #[arg(long, short = 'w')]
-    pub workers: Option<usize>,
+    pub workers: Option<Workers>,
     /// Processes in the cluster. Without --process or --hostfile, riffle starts them all on
     /// this host.
     #[arg(long, default_value_t = 1)]
@@ -107,8 +114,25 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
-    pub fn to_config(&self, default_workers: usize) -> Result<ClusterConfig> {
-        let threads = self.workers.unwrap_or(default_workers);
+    pub fn to_config(
+        &self,
+        default_workers: usize,
+        intra_op_threads: usize,
+    ) -> Result<ClusterConfig> {
+        let threads = match self.workers {
+            Some(Workers::Count(n)) => n,
+            Some(Workers::Auto) => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                // With --hostfile each host runs one process; locally they share the cores.
+                let here = if self.hostfile.is_some() {
+                    1
+                } else {
+                    self.processes
+                };
+                riffle_pipelines::plan::auto_workers(cores, here, intra_op_threads)
+            }
+            None => default_workers,
+        };
         if threads == 0 {
             bail!("--workers must be at least 1");
         }
@@ -120,6 +144,35 @@ impl ClusterArgs {
             }
             None => ClusterConfig::single_process(threads),
         })
+    }
+}
+
+/// `--workers N` or `--workers auto`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workers {
+    Auto,
+    Count(usize),
+}
+
+impl std::str::FromStr for Workers {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Workers::Auto),
+            n => n
+                .parse()
+                .map(Workers::Count)
+                .map_err(|_| format!("expected a number or `auto`, found `{n}`")),
+        }
+    }
+}
+
+impl std::fmt::Display for Workers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Workers::Auto => f.write_str("auto"),
+            Workers::Count(n) => write!(f, "{n}"),
+        }
     }
 }
 

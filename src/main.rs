@@ -32,11 +32,28 @@ fn main() {
         Command::Bench(args) => bench::bench_command(args),
         Command::Produce(args) => produce::produce_command(args),
         Command::Devices => devices_command(),
+        Command::Plan { file, cluster } => plan_command(&file, &cluster),
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+fn plan_command(file: &std::path::Path, cluster: &cli::ClusterArgs) -> Result<()> {
+    let pipeline = riffle_pipelines::load(file, None)?;
+    let config = cluster.to_config(pipeline.runtime.workers, pipeline.runtime.intra_op_threads)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let gpus = match riffle_operators::gpu::discover() {
+        Ok(g) => format!("{} GPU(s)", g.len()),
+        Err(why) => format!("no GPU ({why})"),
+    };
+    println!("machine: {cores} core(s), {gpus}");
+    print!(
+        "{}",
+        riffle_pipelines::plan::describe(&pipeline, config.threads, config.processes())
+    );
+    Ok(())
 }
 
 fn devices_command() -> Result<()> {
@@ -98,7 +115,15 @@ fn run_command(args: RunArgs) -> Result<()> {
         });
     }
     let pipeline = Arc::new(pipeline);
-    let cluster = args.cluster.to_config(pipeline.runtime.workers)?;
+    let cluster = args
+        .cluster
+        .to_config(pipeline.runtime.workers, pipeline.runtime.intra_op_threads)?;
+    if matches!(args.cluster.workers, Some(cli::Workers::Auto)) {
+        tracing::info!(
+            "plan:\n{}",
+            riffle_pipelines::plan::describe(&pipeline, cluster.threads, cluster.processes())
+        );
+    }
     let metrics = Metrics::new()?;
     let _server = match &args.metrics_addr {
         Some(addr) => Some(serve::serve_metrics(addr, metrics.clone())?),

@@ -280,3 +280,41 @@ fn auto_device_runs_on_cpu_and_says_so_once() {
     );
     assert_eq!(read_jsonl(&out).len(), 4);
 }
+
+#[test]
+fn plan_shows_placement_and_workers_auto_follows_the_cores() {
+    require_onnx_runtime();
+    let file = repo().join("pipelines/camera-perception.yaml");
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let out = riffle_ok(&["plan", file.to_str().unwrap(), "--workers", "auto"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // runtime.intra_op_threads is 1 in this pipeline: one worker per core.
+    assert!(
+        text.contains(&format!("workers: {cores} per process × 1 process(es)")),
+        "{text}"
+    );
+    assert!(
+        text.contains("model") && text.contains("batch ≤ 4 rows / 10 ms"),
+        "{text}"
+    );
+    // Two local processes share the cores.
+    let out = riffle_ok(&[
+        "plan",
+        file.to_str().unwrap(),
+        "--workers",
+        "auto",
+        "--processes",
+        "2",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let per_process = (cores / 2).max(1);
+    assert!(
+        text.contains(&format!(
+            "workers: {per_process} per process × 2 process(es)"
+        )),
+        "{text}"
+    );
+    let bad = riffle(&["plan", file.to_str().unwrap(), "--workers", "many"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected a number or `auto`"));
+}

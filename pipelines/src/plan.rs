@@ -111,3 +111,73 @@ pub fn build_chain<'scope>(
     }
     Ok(stream)
 }
+
+/// Worker threads per process for `--workers auto`: the cores this process may use (an equal
+/// share when several processes run on this host), divided by the ONNX Runtime threads each
+/// worker's model runs with.
+pub fn auto_workers(cores: usize, processes_on_host: usize, intra_op_threads: usize) -> usize {
+    (cores / processes_on_host.max(1) / intra_op_threads.max(1)).max(1)
+}
+
+/// A human-readable plan: where each stage runs, with what threads and batches.
+pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String {
+    let mut out = String::new();
+    let runtime = &pipeline.runtime;
+    out.push_str(&format!(
+        "pipeline: {} ({})\n",
+        pipeline.name(),
+        pipeline.file.display()
+    ));
+    out.push_str(&format!(
+        "workers: {threads} per process × {processes} process(es) = {} worker(s), {} ONNX Runtime thread(s) each\n",
+        threads * processes,
+        runtime.intra_op_threads
+    ));
+    let total = pipeline
+        .source
+        .total_records()
+        .map_or("unknown".into(), |n| n.to_string());
+    out.push_str(&format!(
+        "source: {total} records, partitioned across all workers\n"
+    ));
+    out.push_str(&format!(
+        "epochs: {} records per source worker, at most {} in flight\n",
+        runtime.epoch_records, runtime.max_epochs_in_flight
+    ));
+    out.push_str("stages:\n");
+    for (i, (stage, name)) in pipeline
+        .spec
+        .stages
+        .iter()
+        .zip(stage_names(pipeline))
+        .enumerate()
+    {
+        let detail = match &stage.value {
+            StageSpec::Model(m) => format!(
+                "device {:?}, {}, batch ≤ {} rows / {} ms, {} ORT thread(s)",
+                m.device,
+                m.path
+                    .file_name()
+                    .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+                m.batch.max_size,
+                m.batch.max_delay_ms,
+                m.intra_op_threads.unwrap_or(runtime.intra_op_threads)
+            ),
+            StageSpec::Exchange(e) => match &e.key {
+                Some(key) => format!("re-shard by `{key}`"),
+                None => "rebalance round-robin".into(),
+            },
+            _ => "on the worker holding the batch".into(),
+        };
+        out.push_str(&format!("  {i} {name:<12} {detail}\n"));
+    }
+    out.push_str("sink: worker 0 (results and dead letters)\n");
+    if let Some(c) = &runtime.checkpoint {
+        out.push_str(&format!(
+            "checkpoints: {} (keep {})\n",
+            c.dir.display(),
+            c.keep
+        ));
+    }
+    out
+}
