@@ -224,7 +224,6 @@ pub struct JsonLinesSink<W: Write + Send> {
     position: Option<u64>,
     /// Names the destination in errors.
     label: String,
-    options: WriterBuilder,
 }
 
 impl<W: Write + Send> JsonLinesSink<W> {
@@ -233,7 +232,6 @@ impl<W: Write + Send> JsonLinesSink<W> {
             out,
             position: None,
             label: label.into(),
-            options: WriterBuilder::new().with_explicit_nulls(true),
         }
     }
 
@@ -250,16 +248,10 @@ impl<W: Write + Send> JsonLinesSink<W> {
 
 impl<W: Write + Send> Sink for JsonLinesSink<W> {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
-        let batch = without_binary_columns(batch)?;
         // Encoded first, so that the position advances by exactly what reaches the file.
-        let mut writer = self.options.clone().build::<_, LineDelimited>(Vec::new());
-        writer
-            .write(&batch)
-            .and_then(|()| writer.finish())
-            .map_err(|e| {
-                DataflowError::stage("sink", format!("encoding JSON for {}: {e}", self.label))
-            })?;
-        let bytes = writer.into_inner();
+        let bytes = json_lines(batch).map_err(|e| {
+            DataflowError::stage("sink", format!("encoding JSON for {}: {e}", self.label))
+        })?;
         self.out
             .write_all(&bytes)
             .map_err(|e| DataflowError::io(format!("writing {}", self.label), e))?;
@@ -291,14 +283,18 @@ fn is_binary(data_type: &DataType) -> bool {
 }
 
 /// The batch without its top-level binary columns.
-fn without_binary_columns(batch: &RecordBatch) -> DataflowResult<RecordBatch> {
+/// The rows as JSON lines, nulls written out, top-level binary columns left out (hex-encoded
+/// payloads would dwarf the rest). Shared by the file, stdout and Kafka sinks.
+pub(crate) fn json_lines(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
     let schema = batch.schema();
-    let fields = schema.fields();
-    if !fields.iter().any(|f| is_binary(f.data_type())) {
-        return Ok(batch.clone());
-    }
-    let keep: Vec<usize> = (0..fields.len())
-        .filter(|&i| !is_binary(fields[i].data_type()))
+    let keep: Vec<usize> = (0..schema.fields().len())
+        .filter(|&i| !is_binary(schema.field(i).data_type()))
         .collect();
-    Ok(batch.project(&keep)?)
+    let batch = batch.project(&keep)?;
+    let mut writer = WriterBuilder::new()
+        .with_explicit_nulls(true)
+        .build::<_, LineDelimited>(Vec::with_capacity(batch.get_array_memory_size()));
+    writer.write(&batch)?;
+    writer.finish()?;
+    Ok(writer.into_inner())
 }

@@ -8,9 +8,6 @@ use std::time::Duration;
 
 use arrow_array::{Array, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_json::writer::LineDelimited;
-use arrow_json::WriterBuilder;
-use arrow_schema::DataType;
 use prometheus::IntCounter;
 use rdkafka::client::ClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -248,7 +245,7 @@ impl KafkaSink {
             let array = self.column(batch, column, &format!("header `{header}`"))?;
             headers.push((header.as_str(), Rendered::new(array, &options)?));
         }
-        let lines = json_lines(batch)
+        let lines = crate::jsonl::json_lines(batch)
             .map_err(|e| sink_error(&self.config, format!("encoding rows as JSON: {e}")))?;
         let rows: Vec<&[u8]> = lines
             .split(|&b| b == b'\n')
@@ -315,33 +312,6 @@ impl<'a> Rendered<'a> {
         }
         Some(self.formatter.value(row).to_string())
     }
-}
-
-/// The rows as JSON lines, nulls included, top-level binary columns left out (as in the
-/// JSON-lines sink: hex-encoded payloads would dwarf the rest).
-fn json_lines(batch: &RecordBatch) -> Result<Vec<u8>, arrow_schema::ArrowError> {
-    let schema = batch.schema();
-    let keep: Vec<usize> = (0..schema.fields().len())
-        .filter(|&i| !is_binary(schema.field(i).data_type()))
-        .collect();
-    let batch = batch.project(&keep)?;
-    let mut buf = Vec::with_capacity(batch.get_array_memory_size());
-    let mut writer = WriterBuilder::new()
-        .with_explicit_nulls(true)
-        .build::<_, LineDelimited>(&mut buf);
-    writer.write(&batch)?;
-    writer.finish()?;
-    Ok(buf)
-}
-
-fn is_binary(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Binary
-            | DataType::LargeBinary
-            | DataType::BinaryView
-            | DataType::FixedSizeBinary(_)
-    )
 }
 
 impl Sink for KafkaSink {
