@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Fetches what Riffle needs at run time and is not in git: ONNX Runtime's shared library,
-# taken from the PyPI wheel (the only binary source reachable from every machine we run on).
-# Idempotent: does nothing when the library is already in place.
+# Fetches what Riffle needs at run time and is not in git:
+# - ONNX Runtime's shared library, taken from the PyPI wheel (the only binary source reachable
+#   from every machine we run on);
+# - the MovieLens-100k ratings (data/ml-100k/), taken from the RecBole wheel, which bundles
+#   them; GroupLens' terms forbid redistributing them, so they are fetched, never committed.
+# Idempotent: each part does nothing when its files are already in place.
 set -euo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+need_python() {
+  command -v python3 >/dev/null || { echo "setup: python3 (with pip) is needed to fetch $1" >&2; exit 1; }
+}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
 
 ORT_VERSION=1.31.1
 cache="${RIFFLE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/riffle}"
@@ -11,19 +21,15 @@ lib="$lib_dir/libonnxruntime.so.$ORT_VERSION"
 
 if [ -f "$lib" ]; then
   echo "setup: ONNX Runtime $ORT_VERSION present at $lib"
-  exit 0
-fi
-
-command -v python3 >/dev/null || { echo "setup: python3 (with pip) is needed to fetch ONNX Runtime" >&2; exit 1; }
-mkdir -p "$lib_dir"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-echo "setup: downloading onnxruntime==$ORT_VERSION wheel from PyPI"
-python3 -m pip download --quiet --no-deps --only-binary=:all: \
-  --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --python-version 311 \
-  --dest "$tmp" "onnxruntime==$ORT_VERSION"
-wheel=$(ls "$tmp"/onnxruntime-*.whl)
-python3 - "$wheel" "$lib" "$ORT_VERSION" <<'PY'
+else
+  need_python "ONNX Runtime"
+  mkdir -p "$lib_dir"
+  echo "setup: downloading onnxruntime==$ORT_VERSION wheel from PyPI"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --platform manylinux_2_27_x86_64 --platform manylinux_2_28_x86_64 --python-version 311 \
+    --dest "$tmp/ort" "onnxruntime==$ORT_VERSION"
+  wheel=$(ls "$tmp"/ort/onnxruntime-*.whl)
+  python3 - "$wheel" "$lib" "$ORT_VERSION" <<'PY'
 import sys, zipfile, shutil
 wheel, dest, ver = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z:
@@ -31,5 +37,50 @@ with zipfile.ZipFile(wheel) as z:
     with z.open(name) as src, open(dest + ".part", "wb") as out:
         shutil.copyfileobj(src, out)
 PY
-mv "$lib.part" "$lib"
-echo "setup: ONNX Runtime $ORT_VERSION installed at $lib"
+  mv "$lib.part" "$lib"
+  echo "setup: ONNX Runtime $ORT_VERSION installed at $lib"
+fi
+
+RECBOLE_VERSION=1.2.1
+ml_dir="$root/data/ml-100k"
+ratings="$ml_dir/ratings.csv"
+ratings_20k="$ml_dir/ratings-20k.csv"
+
+if [ -f "$ratings" ] && [ -f "$ratings_20k" ]; then
+  echo "setup: MovieLens-100k present at $ml_dir"
+else
+  need_python "MovieLens-100k"
+  mkdir -p "$ml_dir"
+  echo "setup: downloading recbole==$RECBOLE_VERSION wheel from PyPI (for MovieLens-100k)"
+  python3 -m pip download --quiet --no-deps --only-binary=:all: \
+    --dest "$tmp/recbole" "recbole==$RECBOLE_VERSION"
+  wheel=$(ls "$tmp"/recbole/recbole-*.whl)
+  python3 - "$wheel" "$ratings" "$ratings_20k" <<'PY'
+import os, sys, zipfile
+wheel, full, first = sys.argv[1:]
+header = "user_id:token\titem_id:token\trating:float\ttimestamp:float"
+with zipfile.ZipFile(wheel) as z:
+    text = z.read("recbole/dataset_example/ml-100k/ml-100k.inter").decode("utf-8")
+lines = text.splitlines()
+if lines[0] != header:
+    sys.exit(f"setup: unexpected ml-100k.inter header {lines[0]!r}")
+rows = [tuple(int(v) for v in line.split("\t")) for line in lines[1:] if line]
+if len(rows) != 100_000:
+    sys.exit(f"setup: expected 100000 ratings in ml-100k.inter, found {len(rows)}")
+key = lambda r: (r[3], r[0], r[1])
+# A unique key makes the order total: the same files on every machine.
+if len({key(r) for r in rows}) != len(rows):
+    sys.exit("setup: ml-100k.inter has two ratings with the same (timestamp, user, item)")
+rows.sort(key=key)
+
+def write(path, rows):
+    with open(path + ".part", "w", newline="") as out:
+        out.write("user_id,item_id,rating,timestamp\n")
+        out.writelines(f"{u},{i},{r},{t}\n" for u, i, r, t in rows)
+    os.replace(path + ".part", path)
+
+write(full, rows)
+write(first, rows[:20_000])
+PY
+  echo "setup: MovieLens-100k ratings written to $ml_dir"
+fi

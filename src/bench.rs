@@ -131,26 +131,13 @@ fn stages(
                 m.intra_op_threads = Some(threads);
                 StageSpec::Model(m)
             }
-            _ => clone_spec(&spec.value)?,
+            other => other.clone(),
         };
         if let Some(stage) = build_stage(&spec, &runtime)? {
             out.push(stage);
         }
     }
     Ok(out)
-}
-
-fn clone_spec(spec: &StageSpec) -> Result<StageSpec> {
-    Ok(match spec {
-        StageSpec::Decode(c) => StageSpec::Decode(c.clone()),
-        StageSpec::Resize(c) => StageSpec::Resize(c.clone()),
-        StageSpec::Model(c) => StageSpec::Model(c.clone()),
-        StageSpec::Topk(c) => StageSpec::Topk(c.clone()),
-        StageSpec::Detections(c) => StageSpec::Detections(c.clone()),
-        StageSpec::Filter(c) => StageSpec::Filter(c.clone()),
-        StageSpec::Select(c) => StageSpec::Select(c.clone()),
-        StageSpec::Exchange(c) => StageSpec::Exchange(c.clone()),
-    })
 }
 
 fn apply(stages: &mut [Box<dyn Stage>], mut batch: RecordBatch) -> Result<RecordBatch> {

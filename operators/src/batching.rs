@@ -140,7 +140,7 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
                             group.retain(|w| !late(w));
                         }
                     }
-                    for (cap, batch) in run_group(stage.as_mut(), &metrics, group) {
+                    for (cap, batch) in run_group(stage.as_mut(), &metrics, group, max_size) {
                         output.session(&cap).give(batch);
                     }
                 }
@@ -153,34 +153,59 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
     }
 }
 
-/// Removes up to `max_rows` rows from the front of the queue, splitting a batch if needed.
+/// Removes whole batches from the front of the queue, up to `max_rows` rows (or one batch when
+/// it alone is larger). Batches are never split: their rows may belong together downstream
+/// (e.g. the candidates of one request), and each comes out again as one batch.
 fn take_rows(waiting: &mut VecDeque<Waiting>, max_rows: usize) -> Vec<Waiting> {
     let mut group = Vec::new();
     let mut rows = 0;
-    while let Some(mut front) = waiting.pop_front() {
+    while let Some(front) = waiting.front() {
         let n = front.batch.num_rows();
-        if rows + n <= max_rows {
-            rows += n;
-            group.push(front);
-            if rows == max_rows {
-                break;
-            }
-            continue;
+        if rows > 0 && rows + n > max_rows {
+            break;
         }
-        let take = max_rows - rows;
-        let head = front.batch.with_data(front.batch.data.slice(0, take));
-        front.batch = front
-            .batch
-            .with_data(front.batch.data.slice(take, n - take));
-        group.push(Waiting {
-            cap: front.cap.clone(),
-            batch: head,
-            since: front.since,
-        });
-        waiting.push_front(front);
-        break;
+        rows += n;
+        group.extend(waiting.pop_front());
+        if rows >= max_rows {
+            break;
+        }
     }
     group
+}
+
+/// Runs `batch` through `stage` in slices of at most `max_rows`, and joins the results, so a
+/// model never sees more than its batch size.
+fn run_sliced(
+    stage: &mut dyn Stage,
+    metrics: &StageMetrics,
+    batch: &Batch,
+    max_rows: usize,
+) -> Vec<Batch> {
+    let rows = batch.num_rows();
+    if rows <= max_rows || !stage.preserves_rows() {
+        return run_stage(stage, metrics, batch);
+    }
+    let mut records = Vec::new();
+    let mut others = Vec::new();
+    for start in (0..rows).step_by(max_rows) {
+        let slice = batch.with_data(batch.data.slice(start, max_rows.min(rows - start)));
+        for out in run_stage(stage, metrics, &slice) {
+            if out.kind == BatchKind::Records {
+                records.push(out);
+            } else {
+                others.push(out);
+            }
+        }
+    }
+    let joined = records.first().and_then(|first| {
+        concat_batches(&first.data.schema(), records.iter().map(|b| &b.data))
+            .ok()
+            .map(|data| batch.with_data(data))
+    });
+    match joined {
+        Some(b) => std::iter::once(b).chain(others).collect(),
+        None => records.into_iter().chain(others).collect(),
+    }
 }
 
 /// Runs one merged batch and hands each input batch its own rows of the result.
@@ -188,6 +213,7 @@ fn run_group(
     stage: &mut dyn Stage,
     metrics: &StageMetrics,
     group: Vec<Waiting>,
+    max_rows: usize,
 ) -> Vec<(Capability<Epoch>, Batch)> {
     let Some(first) = group.first() else {
         return Vec::new();
@@ -215,7 +241,7 @@ fn run_group(
                     .into_iter()
                     .flat_map(|w| {
                         let cap = w.cap;
-                        run_stage(stage, metrics, &w.batch)
+                        run_sliced(stage, metrics, &w.batch, max_rows)
                             .into_iter()
                             .map(move |b| (cap.clone(), b))
                     })
@@ -225,7 +251,7 @@ fn run_group(
     };
     let rows_in = merged.num_rows();
     let mut out = Vec::new();
-    for result in run_stage(stage, metrics, &merged) {
+    for result in run_sliced(stage, metrics, &merged, max_rows) {
         if result.kind == BatchKind::Records
             && result.num_rows() == rows_in
             && stage.preserves_rows()

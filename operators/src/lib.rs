@@ -11,6 +11,8 @@ pub mod filter;
 pub mod gpu;
 pub mod model;
 pub mod onnx;
+pub mod rank;
+pub mod recs;
 pub mod resize;
 pub mod select;
 pub mod topk;

@@ -11,6 +11,8 @@ use riffle_operators::decode::Decode;
 use riffle_operators::detections::Detections;
 use riffle_operators::filter::Filter;
 use riffle_operators::model::Model;
+use riffle_operators::rank::Rank;
+use riffle_operators::recs::{Candidates, CandidatesConfig};
 use riffle_operators::resize::Resize;
 use riffle_operators::select::Select;
 use riffle_operators::topk::TopK;
@@ -26,6 +28,8 @@ pub enum Step {
     Batched(Box<dyn Stage>, BatchPolicy),
     /// Re-shard by a key column, or round-robin without one.
     Exchange(Option<String>),
+    /// Stateful candidate generation (its own sharding and feature dataflow).
+    Candidates(CandidatesConfig),
 }
 
 /// The stage a spec describes, or `None` for steps that are not stages (exchange).
@@ -41,7 +45,8 @@ pub fn build_stage(
         StageSpec::Detections(c) => Box::new(Detections::new(c.clone())?),
         StageSpec::Filter(c) => Box::new(Filter::new(c.clone())?),
         StageSpec::Select(c) => Box::new(Select::new(c.clone())?),
-        StageSpec::Exchange(_) => return Ok(None),
+        StageSpec::Rank(c) => Box::new(Rank::new(c.clone())?),
+        StageSpec::Exchange(_) | StageSpec::Candidates(_) => return Ok(None),
     }))
 }
 
@@ -76,6 +81,7 @@ pub fn worker_steps(pipeline: &Pipeline) -> DataflowResult<Vec<(String, Step)>> 
             build_stage(&spanned.value, &pipeline.runtime)?,
         ) {
             (StageSpec::Exchange(e), _) => Step::Exchange(e.key.clone()),
+            (StageSpec::Candidates(c), _) => Step::Candidates(c.clone()),
             (StageSpec::Model(m), Some(stage)) => Step::Batched(
                 stage,
                 BatchPolicy {
@@ -107,6 +113,7 @@ pub fn build_chain<'scope>(
             }
             Step::Exchange(Some(key)) => stream.exchange_by_key(&key),
             Step::Exchange(None) => stream.rebalance(),
+            Step::Candidates(config) => stream.candidates(config, metrics.stage(&name)?),
         };
     }
     Ok(stream)
@@ -167,6 +174,13 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
                 Some(key) => format!("re-shard by `{key}`"),
                 None => "rebalance round-robin".into(),
             },
+            StageSpec::Candidates(c) => format!(
+                "clicks sharded by `{}`; popularity window {}, seen window {}; ≤ {} candidates per click",
+                c.user,
+                c.window.map_or("unbounded".into(), |w| w.to_string()),
+                c.seen_window.map_or("unbounded".into(), |w| w.to_string()),
+                c.max_candidates
+            ),
             _ => "on the worker holding the batch".into(),
         };
         out.push_str(&format!("  {i} {name:<12} {detail}\n"));

@@ -6,6 +6,8 @@ use riffle_operators::decode::DecodeConfig;
 use riffle_operators::detections::DetectionsConfig;
 use riffle_operators::filter::FilterConfig;
 use riffle_operators::model::ModelConfig;
+use riffle_operators::rank::RankConfig;
+use riffle_operators::recs::CandidatesConfig;
 use riffle_operators::resize::ResizeConfig;
 use riffle_operators::select::SelectConfig;
 use riffle_operators::topk::TopKConfig;
@@ -32,7 +34,7 @@ pub struct PipelineSpec {
 }
 
 /// One stage; the YAML key names the kind.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum StageSpec {
     Decode(DecodeConfig),
@@ -44,6 +46,10 @@ pub enum StageSpec {
     Select(SelectConfig),
     /// Re-shards rows across workers by a key column (e.g. `camera_id`).
     Exchange(ExchangeConfig),
+    /// Recommendation candidates for each click from incrementally maintained features.
+    Candidates(CandidatesConfig),
+    /// Per-request top-k of scored candidates.
+    Rank(RankConfig),
 }
 
 impl StageSpec {
@@ -57,6 +63,8 @@ impl StageSpec {
             StageSpec::Filter(_) => "filter",
             StageSpec::Select(_) => "select",
             StageSpec::Exchange(_) => "exchange",
+            StageSpec::Candidates(_) => "candidates",
+            StageSpec::Rank(_) => "rank",
         }
     }
 }

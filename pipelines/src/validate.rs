@@ -162,7 +162,7 @@ impl Locator<'_> {
                     path.push(k.to_string());
                     // Block-style parents: the nearest less-indented keys above, up to the stage.
                     let mut depth = indent(line);
-                    for above in self.lines[first + 1..i].iter().rev() {
+                    for above in self.lines[(first + 1).min(i)..i].iter().rev() {
                         if indent(above) < depth && !above.trim().is_empty() {
                             if let Some((pk, _)) = above.split_once(':') {
                                 path.insert(0, pk.trim().trim_matches(['"', '\'']).to_string());
@@ -172,8 +172,9 @@ impl Locator<'_> {
                     }
                     return Some((i as u64 + 1, quote_keys(&path)));
                 }
-                if v.trim().is_empty() {
-                    // `inputs: { name: column }` on one line: `inputs` is the parent.
+                // `inputs: { name: column }` on one line: `inputs` is the parent (but not the
+                // stage's own `- kind:` key, which the field name already starts with).
+                if v.trim().is_empty() && !(i == first && entry.trim_start().starts_with('-')) {
                     path.push(k.to_string());
                 }
             }
@@ -361,6 +362,9 @@ fn validate(
                     }
                 }
             }
+            StageSpec::Candidates(c) => c
+                .output_schema(&previous)
+                .map_err(|e| stage_error(&at, line, &field, with_columns(e, &previous)))?,
             other => {
                 let built =
                     build_stage(other, &runtime).map_err(|e| stage_error(&at, line, &field, e))?;

@@ -136,7 +136,12 @@ pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<
         match keys.data_type() {
             DataType::Utf8 => keys.as_string::<i32>().value(row).hash(&mut h),
             DataType::LargeUtf8 => keys.as_string::<i64>().value(row).hash(&mut h),
-            DataType::Int64 => keys.as_primitive::<Int64Type>().value(row).hash(&mut h),
+            DataType::Int64 => {
+                return Ok(worker_for_int(
+                    keys.as_primitive::<Int64Type>().value(row),
+                    peers,
+                ))
+            }
             DataType::Int32 => i64::from(keys.as_primitive::<Int32Type>().value(row)).hash(&mut h),
             DataType::UInt64 => keys.as_primitive::<UInt64Type>().value(row).hash(&mut h),
             DataType::UInt32 => {
@@ -152,6 +157,14 @@ pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<
         }
     }
     Ok((h.finish() % peers as u64) as usize)
+}
+
+/// The worker owning integer key `key`: what [`worker_for`] gives a row of an Int64 column, for
+/// operators that route plain values to the owner of their key.
+pub fn worker_for_int(key: i64, peers: usize) -> usize {
+    let mut h = DefaultHasher::new();
+    key.hash(&mut h);
+    (h.finish() % peers.max(1) as u64) as usize
 }
 
 /// Whether `data_type` can key an exchange.

@@ -6,7 +6,7 @@ mod rebalance;
 mod write_to_sink;
 
 pub use apply_stage::{run_stage, ApplyStage};
-pub use exchange_by_key::{is_key_type, route_rows, worker_for, ExchangeByKey};
+pub use exchange_by_key::{is_key_type, route_rows, worker_for, worker_for_int, ExchangeByKey};
 pub use rebalance::Rebalance;
 pub use write_to_sink::{SinkOptions, WriteToSink};
 

@@ -1,0 +1,491 @@
+//! Candidate generation: for every click, the most popular items the user has not seen.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, UInt32Array, UInt64Array};
+use arrow_buffer::NullBuffer;
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use differential_dataflow::AsCollection;
+use foldhash::{HashMap, HashSet, HashSetExt};
+use riffle_dataflow::dead_letter::{self, DeadLetter};
+use riffle_dataflow::metrics::StageMetrics;
+use riffle_dataflow::operators::{worker_for_int, BatchStream, ExchangeByKey};
+use riffle_dataflow::{Batch, BatchKind, DataflowError, DataflowResult, Epoch};
+use serde::Deserialize;
+use timely::dataflow::channels::pact::Pipeline;
+use timely::dataflow::operators::vec::{Broadcast, Map};
+use timely::dataflow::operators::{Capability, Concat, Exchange, Operator};
+use timely::dataflow::StreamVec;
+
+use super::{Click, FeatureChange, SlidingWindow};
+
+const NAME: &str = "candidates";
+
+/// YAML block of a `candidates` stage.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CandidatesConfig {
+    /// Int64 column of user ids; clicks are sharded by it.
+    #[serde(default = "default_user")]
+    pub user: String,
+    /// Int64 column of item ids.
+    #[serde(default = "default_item")]
+    pub item: String,
+    /// Int64 column of event times (any unit; `window` and `seen_window` use the same).
+    #[serde(default = "default_time")]
+    pub time: String,
+    /// Popularity counts clicks this recent (in event time); unset: every click so far.
+    #[serde(default)]
+    pub window: Option<i64>,
+    /// A user's seen items are those clicked this recently; unset: every click so far.
+    #[serde(default)]
+    pub seen_window: Option<i64>,
+    /// Candidates per click (fewer while few items are known).
+    #[serde(default = "default_max_candidates")]
+    pub max_candidates: usize,
+    /// Int64 column written with each candidate item (null for a click with none).
+    #[serde(default = "default_output")]
+    pub output: String,
+    /// Int64 column written with an id shared by the rows of one click.
+    #[serde(default = "default_event")]
+    pub event: String,
+    /// UInt64 column written with the epoch whose features answered the click (all clicks of
+    /// earlier epochs are in them).
+    #[serde(default = "default_epoch")]
+    pub epoch: String,
+}
+
+fn default_user() -> String {
+    "user_id".into()
+}
+fn default_item() -> String {
+    "item_id".into()
+}
+fn default_time() -> String {
+    "timestamp".into()
+}
+fn default_max_candidates() -> usize {
+    100
+}
+fn default_output() -> String {
+    "candidate".into()
+}
+fn default_event() -> String {
+    "event".into()
+}
+fn default_epoch() -> String {
+    "epoch".into()
+}
+
+impl CandidatesConfig {
+    /// The output schema for `input`, or what is wrong with the configuration.
+    pub fn output_schema(&self, input: &Schema) -> DataflowResult<SchemaRef> {
+        if self.max_candidates == 0 {
+            return Err(DataflowError::Config(
+                "candidates: max_candidates must be at least 1".into(),
+            ));
+        }
+        for w in [self.window, self.seen_window].into_iter().flatten() {
+            if w <= 0 {
+                return Err(DataflowError::Config(format!(
+                    "candidates: windows must be positive, got {w}"
+                )));
+            }
+        }
+        for column in [&self.user, &self.item, &self.time] {
+            let field = input
+                .field_with_name(column)
+                .map_err(|_| DataflowError::schema(column, "an Int64 column", "no such column"))?;
+            if field.data_type() != &DataType::Int64 {
+                return Err(DataflowError::schema(
+                    column,
+                    "an Int64 column",
+                    field.data_type().to_string(),
+                ));
+            }
+        }
+        let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
+        for (name, data_type, nullable) in [
+            (&self.event, DataType::Int64, false),
+            (&self.output, DataType::Int64, true),
+            (&self.epoch, DataType::UInt64, false),
+        ] {
+            if input.field_with_name(name).is_ok() {
+                return Err(DataflowError::schema(
+                    name,
+                    "a new column name",
+                    "an existing column",
+                ));
+            }
+            fields.push(Field::new(name, data_type, nullable));
+        }
+        Ok(Arc::new(Schema::new_with_metadata(
+            fields,
+            input.metadata().clone(),
+        )))
+    }
+}
+
+/// Extension trait adding candidate generation to batch streams.
+pub trait Candidates<'scope> {
+    /// Shards clicks by user, maintains popularity and seen items with differential-dataflow,
+    /// and replaces every click row by one row per candidate item (or one row with a null
+    /// candidate when there is none yet). Rows with a null user, item or time become dead letters.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use arrow_array::{Array, Int64Array, RecordBatch};
+    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::Batch;
+    /// use riffle_operators::recs::{Candidates, CandidatesConfig};
+    /// use timely::dataflow::operators::{Inspect, ToStream};
+    ///
+    /// let clicks = |users: Vec<i64>, items: Vec<i64>| {
+    ///     let times = Int64Array::from_iter_values(0..users.len() as i64);
+    ///     RecordBatch::try_from_iter(vec![
+    ///         ("user_id", Arc::new(Int64Array::from(users)) as _),
+    ///         ("item_id", Arc::new(Int64Array::from(items)) as _),
+    ///         ("timestamp", Arc::new(times) as _),
+    ///     ]).unwrap()
+    /// };
+    /// let config: CandidatesConfig = serde_json::from_str(r#"{"max_candidates": 2}"#).unwrap();
+    /// let metrics = Metrics::new().unwrap().stage("candidates").unwrap();
+    /// let out = Arc::new(Mutex::new(Vec::new()));
+    /// let sink = out.clone();
+    /// timely::example(move |scope| {
+    ///     use timely::dataflow::operators::vec::Input;
+    ///     let (mut input, stream) = scope.new_input();
+    ///     stream
+    ///         .candidates(config, metrics)
+    ///         .inspect(move |b: &Batch| sink.lock().unwrap().push(b.data.clone()));
+    ///     input.send(Batch::records(clicks(vec![1, 2, 3], vec![10, 10, 11]), 0));
+    ///     input.advance_to(1);
+    ///     input.send(Batch::records(clicks(vec![4, 1], vec![12, 13]), 0));
+    /// });
+    /// let out = out.lock().unwrap();
+    /// let candidates = |user: i64| -> Vec<Option<i64>> {
+    ///     out.iter().flat_map(|b| {
+    ///         let users = b.column_by_name("user_id").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+    ///         let c = b.column_by_name("candidate").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+    ///         (0..b.num_rows()).filter(move |&r| users.value(r) == user).map(move |r| c.is_valid(r).then(|| c.value(r)))
+    ///     }).collect()
+    /// };
+    /// // Epoch 1 sees epoch 0's popularity: 10 (twice), then 11.
+    /// assert_eq!(candidates(4), vec![Some(10), Some(11)]);
+    /// // User 1 already clicked 10.
+    /// assert_eq!(candidates(1), vec![None, Some(11)]);
+    /// ```
+    fn candidates(self, config: CandidatesConfig, metrics: Arc<StageMetrics>) -> Self;
+}
+
+impl<'scope> Candidates<'scope> for BatchStream<'scope> {
+    fn candidates(self, config: CandidatesConfig, metrics: Arc<StageMetrics>) -> Self {
+        let peers = self.scope().peers();
+        let index = self.scope().index();
+        let owned = self.exchange_by_key(&config.user);
+
+        let columns = config.clone();
+        let clicks: StreamVec<'scope, Epoch, Click> =
+            owned.clone().unary(Pipeline, "Clicks", move |_, _| {
+                move |input, output| {
+                    input.for_each(|cap, data| {
+                        let mut session = output.session(&cap);
+                        for batch in data.iter().filter(|b| b.kind == BatchKind::Records) {
+                            if let Ok((users, items, times)) = click_columns(&batch.data, &columns)
+                            {
+                                session.give_iterator(
+                                    (0..batch.num_rows())
+                                        .filter(|&r| {
+                                            users.is_valid(r)
+                                                && items.is_valid(r)
+                                                && times.is_valid(r)
+                                        })
+                                        .map(|r| Click {
+                                            user: users.value(r),
+                                            item: items.value(r),
+                                            time: times.value(r),
+                                        }),
+                                );
+                            }
+                        }
+                    });
+                }
+            });
+        // Each worker's latest event time per epoch, seen by every worker's windows.
+        let watermarks = clicks
+            .clone()
+            .unary(Pipeline, "EventTime", |_, _| {
+                move |input, output| {
+                    input.for_each(|cap, data| {
+                        if let Some(max) = data.iter().map(|c| c.time).max() {
+                            output.session(&cap).give(max);
+                        }
+                    });
+                }
+            })
+            .broadcast();
+
+        let popularity = clicks
+            .clone()
+            .sliding_window(watermarks.clone(), config.window)
+            .as_collection()
+            .map(|(_user, item)| item)
+            .count()
+            .inner
+            .map(|((item, count), t, diff)| {
+                let count = count as i64;
+                (t, FeatureChange::Popularity { item, count, diff })
+            })
+            .broadcast();
+        let seen = clicks
+            .sliding_window(watermarks, config.seen_window)
+            .as_collection()
+            .distinct()
+            .inner
+            .map(|((user, item), t, diff)| (t, FeatureChange::Seen { user, item, diff }))
+            .exchange(move |(_, c)| match c {
+                FeatureChange::Seen { user, .. } => worker_for_int(*user, peers) as u64,
+                FeatureChange::Popularity { .. } => 0,
+            });
+        let changes = popularity.concat(seen);
+
+        owned.binary_frontier(changes, Pipeline, Pipeline, "Candidates", move |_, _| {
+            let mut features = Features::default();
+            let mut waiting: BTreeMap<Epoch, Vec<(Capability<Epoch>, Batch)>> = BTreeMap::new();
+            let mut pending: BTreeMap<Epoch, Vec<FeatureChange>> = BTreeMap::new();
+            let mut next_event: i64 = 0;
+            move |(clicks, clicks_frontier), (updates, updates_frontier), output| {
+                clicks.for_each(|cap, data| {
+                    for batch in data.drain(..) {
+                        if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
+                            output.session(&cap).give(batch);
+                            continue;
+                        }
+                        if let Some(held) = cap.retain_least(output.output_index()) {
+                            waiting.entry(*held.time()).or_default().push((held, batch));
+                        }
+                    }
+                });
+                // Differential sends updates of several epochs in one message: each has its own.
+                updates.for_each(|_, data| {
+                    for (t, change) in data.drain(..) {
+                        pending.entry(t).or_default().push(change);
+                    }
+                });
+                // Clicks of epoch t are answered once every change of epochs before t is in.
+                while let Some((&t, _)) = waiting.first_key_value() {
+                    if updates_frontier.less_than(&t) {
+                        break;
+                    }
+                    features.apply_before(&mut pending, t);
+                    for (cap, batch) in waiting.remove(&t).unwrap_or_default() {
+                        let started = Instant::now();
+                        let out = features.answer(
+                            &batch.data,
+                            &config,
+                            t,
+                            &mut next_event,
+                            (index, peers),
+                        );
+                        let (records, rejected) = match out {
+                            Ok(out) => out,
+                            Err(e) => {
+                                let reason = e.to_string();
+                                let letters = (0..batch.num_rows())
+                                    .map(|r| DeadLetter::for_row(NAME, &batch.data, r, &reason))
+                                    .collect();
+                                (None, letters)
+                            }
+                        };
+                        let rows_out = records.as_ref().map_or(0, RecordBatch::num_rows);
+                        metrics.record_batch(
+                            batch.num_rows(),
+                            rows_out,
+                            rejected.len(),
+                            started.elapsed(),
+                        );
+                        let mut session = output.session(&cap);
+                        if let Some(records) = records.filter(|r| r.num_rows() > 0) {
+                            session.give(batch.with_data(records));
+                        }
+                        if !rejected.is_empty() {
+                            match dead_letter::to_batch(&rejected) {
+                                Ok(letters) => {
+                                    session.give(Batch::dead_letters(letters, batch.ingest_ns))
+                                }
+                                Err(e) => tracing::error!("candidates: dead letters: {e}"),
+                            }
+                        }
+                    }
+                }
+                // Changes of epochs no click can still need go in now, so they do not pile up.
+                let floor = clicks_frontier
+                    .frontier()
+                    .iter()
+                    .chain(waiting.keys())
+                    .min()
+                    .copied();
+                match floor {
+                    Some(f) => features.apply_before(&mut pending, f),
+                    None => pending.clear(),
+                }
+            }
+        })
+    }
+}
+
+/// The features one worker answers from: global popularity and its own users' seen items.
+#[derive(Default)]
+struct Features {
+    counts: HashMap<i64, i64>,
+    /// Items by popularity (count descending, then id), rebuilt when counts change.
+    ranking: Vec<i64>,
+    stale: bool,
+    seen: HashMap<i64, HashSet<i64>>,
+}
+
+impl Features {
+    fn apply_before(&mut self, pending: &mut BTreeMap<Epoch, Vec<FeatureChange>>, t: Epoch) {
+        while let Some(entry) = pending.first_entry() {
+            if *entry.key() >= t {
+                break;
+            }
+            for change in entry.remove() {
+                self.apply(change);
+            }
+        }
+    }
+
+    fn apply(&mut self, change: FeatureChange) {
+        match change {
+            FeatureChange::Popularity { item, count, diff } => {
+                self.stale = true;
+                if diff > 0 {
+                    self.counts.insert(item, count);
+                } else if self.counts.get(&item) == Some(&count) {
+                    self.counts.remove(&item);
+                }
+            }
+            FeatureChange::Seen { user, item, diff } => {
+                if diff > 0 {
+                    self.seen
+                        .entry(user)
+                        .or_default()
+                        .insert(item);
+                } else if let Some(items) = self.seen.get_mut(&user) {
+                    items.remove(&item);
+                    if items.is_empty() {
+                        self.seen.remove(&user);
+                    }
+                }
+            }
+        }
+    }
+
+    fn rank(&mut self) {
+        if !self.stale {
+            return;
+        }
+        let mut items: Vec<(i64, i64)> = self.counts.iter().map(|(i, c)| (-*c, *i)).collect();
+        items.sort_unstable();
+        self.ranking = items.into_iter().map(|(_, i)| i).collect();
+        self.stale = false;
+    }
+
+    /// One row per candidate of every click in `batch`, and dead letters for incomplete clicks.
+    fn answer(
+        &mut self,
+        batch: &RecordBatch,
+        config: &CandidatesConfig,
+        epoch: Epoch,
+        next_event: &mut i64,
+        (index, peers): (usize, usize),
+    ) -> DataflowResult<(Option<RecordBatch>, Vec<DeadLetter>)> {
+        let schema = config.output_schema(batch.schema().as_ref())?;
+        let (users, items, times) = click_columns(batch, config)?;
+        self.rank();
+        let limit = config.max_candidates;
+        let mut take: Vec<u32> = Vec::with_capacity(batch.num_rows() * limit);
+        let mut events: Vec<i64> = Vec::with_capacity(take.capacity());
+        let mut candidates: Vec<i64> = Vec::with_capacity(take.capacity());
+        let mut valid: Vec<bool> = Vec::with_capacity(take.capacity());
+        let mut rejected = Vec::new();
+        let empty = HashSet::new();
+        for row in 0..batch.num_rows() {
+            if !(users.is_valid(row) && items.is_valid(row) && times.is_valid(row)) {
+                rejected.push(DeadLetter::for_row(
+                    NAME,
+                    batch,
+                    row,
+                    format!(
+                        "`{}`, `{}` and `{}` must not be null",
+                        config.user, config.item, config.time
+                    ),
+                ));
+                continue;
+            }
+            let (user, clicked) = (users.value(row), items.value(row));
+            let seen = self.seen.get(&user).unwrap_or(&empty);
+            // Ids unique across workers: this worker's sequence, interleaved with its peers'.
+            let event = *next_event * peers as i64 + index as i64;
+            *next_event += 1;
+            let before = candidates.len();
+            for &item in &self.ranking {
+                if item != clicked && !seen.contains(&item) {
+                    candidates.push(item);
+                    if candidates.len() - before == limit {
+                        break;
+                    }
+                }
+            }
+            let n = candidates.len() - before;
+            valid.extend(std::iter::repeat_n(true, n));
+            if n == 0 {
+                // The click still gets its row, so every click has an answer downstream; the
+                // model needs a valid id, so the clicked item stands in under a null.
+                candidates.push(clicked);
+                valid.push(false);
+            }
+            let rows = n.max(1);
+            take.extend(std::iter::repeat_n(row as u32, rows));
+            events.extend(std::iter::repeat_n(event, rows));
+        }
+        let indices = UInt32Array::from(take);
+        let mut columns: Vec<ArrayRef> = batch
+            .columns()
+            .iter()
+            .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
+            .collect::<Result<_, _>>()?;
+        let rows = indices.len();
+        columns.push(Arc::new(Int64Array::from(events)));
+        let nulls = NullBuffer::from(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        columns.push(Arc::new(Int64Array::new(candidates.into(), nulls)));
+        columns.push(Arc::new(UInt64Array::from_value(epoch, rows)));
+        Ok((Some(RecordBatch::try_new(schema, columns)?), rejected))
+    }
+}
+
+fn click_columns<'a>(
+    batch: &'a RecordBatch,
+    config: &CandidatesConfig,
+) -> DataflowResult<(&'a Int64Array, &'a Int64Array, &'a Int64Array)> {
+    let column = |name: &str| -> DataflowResult<&'a Int64Array> {
+        let c = batch
+            .column_by_name(name)
+            .ok_or_else(|| DataflowError::schema(name, "an Int64 column", "no such column"))?;
+        c.as_primitive_opt::<Int64Type>().ok_or_else(|| {
+            DataflowError::schema(name, "an Int64 column", c.data_type().to_string())
+        })
+    };
+    Ok((
+        column(&config.user)?,
+        column(&config.item)?,
+        column(&config.time)?,
+    ))
+}
