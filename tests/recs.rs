@@ -39,9 +39,7 @@ fn prefix(dir: &Path, n: usize) -> PathBuf {
 }
 
 fn int(v: &Value, key: &str) -> i64 {
-    v[key]
-        .as_i64()
-        .unwrap_or_else(|| panic!("`{key}` in {v}"))
+    v[key].as_i64().unwrap_or_else(|| panic!("`{key}` in {v}"))
 }
 
 /// What a batch recomputation from all clicks of earlier epochs says the candidates are.
@@ -78,7 +76,9 @@ impl Recompute {
         self.clicks
             .iter()
             .map(|c| {
-                let (ranking, seen) = cache.entry(c.epoch).or_insert_with(|| self.features(c.epoch));
+                let (ranking, seen) = cache
+                    .entry(c.epoch)
+                    .or_insert_with(|| self.features(c.epoch));
                 let none = HashSet::new();
                 let seen = seen.get(&c.user).unwrap_or(&none);
                 ranking
@@ -178,7 +178,11 @@ fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64
     let with_candidates = got.iter().filter(|c| !c.is_empty()).count();
     assert!(with_candidates > n / 2, "most clicks get candidates");
     for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(g, e, "click {:?}: incremental vs recomputed candidates", clicks[i]);
+        assert_eq!(
+            g, e,
+            "click {:?}: incremental vs recomputed candidates",
+            clicks[i]
+        );
     }
 }
 
@@ -268,16 +272,28 @@ fn recommendations_are_the_models_top_k_of_the_candidates() {
             let direct = score
                 .get(item)
                 .unwrap_or_else(|| panic!("{item} recommended to {click:?} is not a candidate"));
-            assert!((direct - s).abs() < 1e-4, "{click:?} item {item}: {s} vs {direct}");
+            assert!(
+                (direct - s).abs() < 1e-4,
+                "{click:?} item {item}: {s} vs {direct}"
+            );
         }
-        assert!(scores.windows(2).all(|w| w[0] >= w[1]), "best first: {scores:?}");
+        assert!(
+            scores.windows(2).all(|w| w[0] >= w[1]),
+            "best first: {scores:?}"
+        );
         let lowest = scores.last().copied().unwrap_or(f64::MAX);
         for (item, s) in &score {
             if !recs.contains(item) {
-                assert!(*s <= lowest + 1e-4, "{click:?}: {item} ({s}) beats a recommendation");
+                assert!(
+                    *s <= lowest + 1e-4,
+                    "{click:?}: {item} ({s}) beats a recommendation"
+                );
             }
         }
         checked += 1;
     }
-    assert!(checked > 1000, "most clicks get recommendations ({checked})");
+    assert!(
+        checked > 1000,
+        "most clicks get recommendations ({checked})"
+    );
 }

@@ -373,10 +373,7 @@ impl Features {
             }
             FeatureChange::Seen { user, item, diff } => {
                 if diff > 0 {
-                    self.seen
-                        .entry(user)
-                        .or_default()
-                        .insert(item);
+                    self.seen.entry(user).or_default().insert(item);
                 } else if let Some(items) = self.seen.get_mut(&user) {
                     items.remove(&item);
                     if items.is_empty() {

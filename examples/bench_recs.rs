@@ -1,0 +1,261 @@
+//! Recommendation pipeline benchmark (not a test): the first 20,000 MovieLens-100k ratings in
+//! time order; per click, ≤ 100 most popular items so far that the user has not rated → NCF
+//! click model → top 10. Riffle (2 workers × 1 ORT thread) against a straight loop (exact
+//! per-click features, one model call per click, ORT with 2 threads) and ONNX Runtime alone on
+//! the loop's prepared tensors (2 sessions × 1 thread, per click and in large batches), all in
+//! one run. Needs `scripts/setup.sh` (ratings, ORT).
+//!
+//!     cargo run --release --example bench_recs
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use arrow_array::{Array, Float32Array, Int64Array, RecordBatch};
+use riffle_dataflow::cluster::ClusterConfig;
+use riffle_dataflow::metrics::{fmt_duration, Metrics};
+use riffle_dataflow::Stage;
+use riffle_pipelines::plan::build_stage;
+use riffle_pipelines::spec::{RuntimeConfig, StageSpec};
+
+const CANDIDATES: usize = 100;
+const K: usize = 10;
+/// The best Python peer on this job, measured on these machines (../shared/notes/targets.md).
+const PEER_EVENTS_PER_S: f64 = 26_747.0;
+
+fn main() -> Result<()> {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let ratings = repo.join("data/ml-100k/ratings-20k.csv");
+    if !ratings.is_file() {
+        bail!("{} not found: run scripts/setup.sh", ratings.display());
+    }
+    let model = repo.join("models/ml100k_ncf_ctr.onnx");
+    let clicks = read_clicks(&ratings)?;
+    let events = clicks.len() as f64;
+    let tmp = std::env::temp_dir().join(format!("bench-recs-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+
+    // The straight loop, and the tensors it prepared for ONNX Runtime alone.
+    let mut loop_best = Duration::MAX;
+    let mut loop_latency = Vec::new();
+    let mut ready = Vec::new();
+    for _ in 0..3 {
+        let (took, latency, batches) = straight_loop(&clicks, &model)?;
+        if took < loop_best {
+            loop_best = took;
+            loop_latency = latency;
+        }
+        ready = batches;
+    }
+    loop_latency.sort();
+    let ort_per_click = best_of(3, || ort_alone(&model, &ready, 2))?;
+    let merged = merge(&ready, 8192)?;
+    let ort_batched = best_of(3, || ort_alone(&model, &merged, 2))?;
+
+    println!("| run | events/s | p50 latency | p99 latency | vs straight loop | vs ORT alone per click | vs peer ×3 target |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let row = |name: &str, rate: f64, p50: Duration, p99: Duration| {
+        println!(
+            "| {name} | {rate:.0} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            fmt_duration(p50),
+            fmt_duration(p99),
+            rate / (events / loop_best.as_secs_f64()),
+            rate / (events / ort_per_click.as_secs_f64()),
+            rate / (3.0 * PEER_EVENTS_PER_S)
+        )
+    };
+    for epoch_records in [64usize, 96, 128] {
+        let file = write_pipeline(&tmp, &ratings, &model, epoch_records)?;
+        let pipeline = Arc::new(riffle_pipelines::load(&file, None)?);
+        let mut best: Option<(f64, riffle_dataflow::metrics::Summary)> = None;
+        for _ in 0..3 {
+            let started = Instant::now();
+            let report = riffle_pipelines::run(
+                pipeline.clone(),
+                riffle_pipelines::RunOptions {
+                    cluster: ClusterConfig::single_process(2),
+                    metrics: Metrics::new()?,
+                },
+            )?;
+            let t = started.elapsed().as_secs_f64();
+            if best.as_ref().is_none_or(|(b, _)| t < *b) {
+                best = Some((t, report.summary));
+            }
+        }
+        let (t, s) = best.context("no run")?;
+        row(
+            &format!("riffle, 2 workers, epochs of {epoch_records} clicks/worker"),
+            events / t,
+            s.end_to_end_p50,
+            s.end_to_end_p99,
+        );
+    }
+    let pct = |q: f64| loop_latency[((loop_latency.len() - 1) as f64 * q) as usize];
+    row(
+        "straight loop (1 thread + ORT 2 threads)",
+        events / loop_best.as_secs_f64(),
+        pct(0.5),
+        pct(0.99),
+    );
+    row(
+        "ORT alone, one call per click (2 × 1 thread)",
+        events / ort_per_click.as_secs_f64(),
+        Duration::ZERO,
+        Duration::ZERO,
+    );
+    row(
+        "ORT alone, batches of 8192 rows (2 × 1 thread)",
+        events / ort_batched.as_secs_f64(),
+        Duration::ZERO,
+        Duration::ZERO,
+    );
+    let _ = std::fs::remove_dir_all(tmp);
+    Ok(())
+}
+
+fn read_clicks(path: &Path) -> Result<Vec<(i64, i64)>> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            Ok((f[0].parse()?, f[1].parse()?))
+        })
+        .collect()
+}
+
+fn write_pipeline(
+    dir: &Path,
+    ratings: &Path,
+    model: &Path,
+    epoch_records: usize,
+) -> Result<PathBuf> {
+    let file = dir.join(format!("recs-{epoch_records}.yaml"));
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+source: {{ csv: {{ path: "{}", batch_size: {epoch_records} }} }}
+stages:
+  - candidates: {{ max_candidates: {CANDIDATES} }}
+  - model:
+      path: "{}"
+      inputs: {{ user_id: user_id, item_id: candidate }}
+      outputs: {{ p_click: p_click }}
+      keep_inputs: true
+      batch: {{ max_size: 8192, max_delay_ms: 1 }}
+  - rank: {{ k: {K} }}
+  - select: {{ columns: [user_id, item_id, recs, recs_score] }}
+sink: {{ jsonl: {{ path: "{}" }} }}
+runtime: {{ workers: 2, epoch_records: {epoch_records}, max_epochs_in_flight: 2, latency_column: latency_ms }}
+"#,
+            ratings.display(),
+            model.display(),
+            dir.join("out.jsonl").display()
+        ),
+    )?;
+    Ok(file)
+}
+
+fn model_stage(model: &Path, threads: usize) -> Result<Box<dyn Stage>> {
+    let spec: StageSpec = serde_json::from_value(serde_json::json!({
+        "model": {
+            "path": model,
+            "inputs": { "user_id": "user_id", "item_id": "candidate" },
+            "outputs": { "p_click": "p_click" },
+            "intra_op_threads": threads,
+        }
+    }))?;
+    build_stage(&spec, &RuntimeConfig::default())?.context("a model stage")
+}
+
+/// Per click: exact features so far, one model call for its candidates, top-k.
+fn straight_loop(
+    clicks: &[(i64, i64)],
+    model: &Path,
+) -> Result<(Duration, Vec<Duration>, Vec<RecordBatch>)> {
+    let mut stage = model_stage(model, 2)?;
+    let mut counts: HashMap<i64, i64> = HashMap::new();
+    let mut ranking: BTreeSet<(i64, i64)> = BTreeSet::new();
+    let mut seen: HashMap<i64, HashSet<i64>> = HashMap::new();
+    let mut latency = Vec::with_capacity(clicks.len());
+    let mut ready = Vec::new();
+    let started = Instant::now();
+    for &(user, item) in clicks {
+        let t = Instant::now();
+        let none = HashSet::new();
+        let user_seen = seen.get(&user).unwrap_or(&none);
+        let candidates: Vec<i64> = ranking
+            .iter()
+            .map(|(_, i)| *i)
+            .filter(|i| *i != item && !user_seen.contains(i))
+            .take(CANDIDATES)
+            .collect();
+        if !candidates.is_empty() {
+            let batch = RecordBatch::try_from_iter(vec![
+                (
+                    "user_id",
+                    Arc::new(Int64Array::from(vec![user; candidates.len()])) as _,
+                ),
+                ("candidate", Arc::new(Int64Array::from(candidates)) as _),
+            ])?;
+            let out = stage.process_batch(&batch)?.records;
+            let scores = out
+                .column_by_name("p_click")
+                .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
+                .context("p_click")?;
+            let mut order: Vec<usize> = (0..scores.len()).collect();
+            order.sort_unstable_by(|a, b| scores.value(*b).total_cmp(&scores.value(*a)));
+            order.truncate(K);
+            std::hint::black_box(order);
+            ready.push(batch);
+        }
+        let count = counts.entry(item).or_default();
+        ranking.remove(&(-*count, item));
+        *count += 1;
+        ranking.insert((-*count, item));
+        seen.entry(user).or_default().insert(item);
+        latency.push(t.elapsed());
+    }
+    Ok((started.elapsed(), latency, ready))
+}
+
+/// `sessions` sessions of 1 thread, each running its share of `batches`.
+fn ort_alone(model: &Path, batches: &[RecordBatch], sessions: usize) -> Result<Duration> {
+    let mut stages = Vec::new();
+    for _ in 0..sessions {
+        stages.push(model_stage(model, 1)?);
+    }
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for (w, mut stage) in stages.into_iter().enumerate() {
+            scope.spawn(move || {
+                for b in batches.iter().skip(w).step_by(sessions) {
+                    let _ = std::hint::black_box(stage.process_batch(b));
+                }
+            });
+        }
+    });
+    Ok(started.elapsed())
+}
+
+fn merge(batches: &[RecordBatch], rows: usize) -> Result<Vec<RecordBatch>> {
+    let Some(first) = batches.first() else {
+        return Ok(Vec::new());
+    };
+    let all = arrow_select::concat::concat_batches(&first.schema(), batches)?;
+    Ok((0..all.num_rows())
+        .step_by(rows)
+        .map(|s| all.slice(s, rows.min(all.num_rows() - s)))
+        .collect())
+}
+
+fn best_of(n: usize, mut f: impl FnMut() -> Result<Duration>) -> Result<Duration> {
+    let mut best = Duration::MAX;
+    for _ in 0..n {
+        best = best.min(f()?);
+    }
+    Ok(best)
+}
