@@ -42,6 +42,9 @@ fn int(v: &Value, key: &str) -> i64 {
     v[key].as_i64().unwrap_or_else(|| panic!("`{key}` in {v}"))
 }
 
+/// Popularity ranking, and seen items per user.
+type Features = (Vec<i64>, HashMap<i64, HashSet<i64>>);
+
 /// What a batch recomputation from all clicks of earlier epochs says the candidates are.
 struct Recompute {
     clicks: Vec<Answered>,
@@ -52,7 +55,7 @@ struct Recompute {
 
 impl Recompute {
     /// Candidates per epoch's features: (popularity ranking, seen items per user).
-    fn features(&self, epoch: u64) -> (Vec<i64>, HashMap<i64, HashSet<i64>>) {
+    fn features(&self, epoch: u64) -> Features {
         let before: Vec<&Answered> = self.clicks.iter().filter(|c| c.epoch < epoch).collect();
         let watermark = before.iter().map(|c| c.time).max().unwrap_or(i64::MIN);
         let inside = |c: &Answered, w: Option<i64>| w.is_none_or(|w| c.time > watermark - w);
@@ -72,7 +75,7 @@ impl Recompute {
     }
 
     fn candidates_by_click(&self) -> Vec<Vec<i64>> {
-        let mut cache: BTreeMap<u64, (Vec<i64>, HashMap<i64, HashSet<i64>>)> = BTreeMap::new();
+        let mut cache: BTreeMap<u64, Features> = BTreeMap::new();
         self.clicks
             .iter()
             .map(|c| {
