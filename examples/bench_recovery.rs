@@ -149,6 +149,7 @@ fn run(file: &Path, out: &Path, checkpoint: Option<&Path>) -> anyhow::Result<f64
     pipeline.runtime.checkpoint = checkpoint.map(|dir| riffle_pipelines::spec::CheckpointConfig {
         dir: dir.to_path_buf(),
         keep: 3,
+        interval_ms: 0,
     });
     let started = Instant::now();
     riffle_pipelines::run(

@@ -108,10 +108,15 @@ fn run_command(args: RunArgs) -> Result<()> {
     }
     let mut pipeline = riffle_pipelines::load(&args.file, args.output.as_deref())?;
     if let Some(dir) = &args.checkpoint_dir {
-        let keep = pipeline.runtime.checkpoint.as_ref().map_or(3, |c| c.keep);
+        let (keep, interval_ms) = pipeline
+            .runtime
+            .checkpoint
+            .as_ref()
+            .map_or((3, 0), |c| (c.keep, c.interval_ms));
         pipeline.runtime.checkpoint = Some(riffle_pipelines::spec::CheckpointConfig {
             dir: dir.clone(),
             keep,
+            interval_ms,
         });
     }
     let pipeline = Arc::new(pipeline);

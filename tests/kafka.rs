@@ -400,19 +400,6 @@ runtime: {{ workers: 2, epoch_records: 3 }}
 }
 
 /// Pids of the worker processes the supervisor started for `pipeline`.
-fn worker_pids(pipeline: &std::path::Path) -> Vec<u32> {
-    let needle = pipeline.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            cmdline.contains(&needle) && cmdline.contains("--process ")
-        })
-        .collect()
-}
-
 #[test]
 fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
     require_onnx_runtime();

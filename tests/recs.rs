@@ -7,6 +7,7 @@ mod common;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use common::kafka::{brokers, topic};
 use common::*;
 use ort::session::Session;
 use ort::value::TensorRef;
@@ -132,12 +133,18 @@ fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64
         ),
         workers,
     );
-    // Rows of one click are consecutive and share its event id.
+    let (clicks, got) = answered_clicks(&rows);
+    check_against_recomputation(&csv, &clicks, &got, window, seen_window, 20);
+}
+
+/// The clicks answered and their candidates: rows of one click are consecutive and share its
+/// event id, which no other click has.
+fn answered_clicks(rows: &[Value]) -> (Vec<Answered>, Vec<Vec<i64>>) {
     let mut clicks: Vec<Answered> = Vec::new();
     let mut got: Vec<Vec<i64>> = Vec::new();
     let mut events = HashSet::new();
     let mut last_event = None;
-    for r in &rows {
+    for r in rows {
         let event = int(r, "event");
         if last_event != Some(event) {
             assert!(events.insert(event), "event {event} answered twice");
@@ -154,10 +161,24 @@ fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64
             got.last_mut().unwrap().push(c);
         }
     }
+    (clicks, got)
+}
+
+/// Every click of `csv` answered exactly once, with the candidates a batch recomputation from
+/// all clicks of earlier epochs gives.
+fn check_against_recomputation(
+    csv: &Path,
+    clicks: &[Answered],
+    got: &[Vec<i64>],
+    window: Option<i64>,
+    seen_window: Option<i64>,
+    max: usize,
+) {
+    let n = clicks.len();
     let mut answered: Vec<(i64, i64, i64)> =
         clicks.iter().map(|c| (c.time, c.user, c.item)).collect();
     answered.sort();
-    let text = std::fs::read_to_string(&csv).unwrap();
+    let text = std::fs::read_to_string(csv).unwrap();
     let mut input: Vec<(i64, i64, i64)> = text
         .lines()
         .skip(1)
@@ -172,10 +193,10 @@ fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64
     assert!(epochs.len() > 5, "several epochs of features: {epochs:?}");
 
     let expected = Recompute {
-        clicks: clicks.clone(),
+        clicks: clicks.to_vec(),
         window,
         seen_window,
-        max: 20,
+        max,
     }
     .candidates_by_click();
     let with_candidates = got.iter().filter(|c| !c.is_empty()).count();
@@ -299,4 +320,94 @@ fn recommendations_are_the_models_top_k_of_the_candidates() {
         checked > 1000,
         "most clicks get recommendations ({checked})"
     );
+}
+
+#[test]
+fn features_survive_kill_9_through_checkpointed_operator_state() {
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 3000;
+    let csv = prefix(tmp.path(), n);
+    let input = topic("recs-kill");
+    riffle_ok(&[
+        "produce",
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "2",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--key",
+        "user_id",
+    ]);
+    // Paced so that the kill lands mid-run: 2 processes × 400 clicks/s ≈ 4 s.
+    let pipeline = format!(
+        r#"
+source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: json, stop_at_end: true, batch_size: 32, max_records_per_second: 400 }} }}
+stages:
+  - candidates: {{ window: 86400, max_candidates: 10 }}
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+runtime: {{ workers: 1, epoch_records: 32 }}
+"#
+    );
+    for (trial, (victim, after_ms)) in [(0usize, 2000u64), (1, 2600)].into_iter().enumerate() {
+        let dir = tmp.path().join(format!("trial{trial}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = write(&dir, "recs.yaml", &pipeline);
+        let out = dir.join("out.jsonl");
+        let stderr = run_killing(&p, &out, &dir.join("ckpt"), victim, after_ms);
+        assert!(
+            stderr.contains("restarting the cluster"),
+            "trial {trial}: the kill landed mid-run: {stderr}"
+        );
+        let resumed = std::fs::read_dir(dir.join("ckpt")).unwrap().count();
+        assert!(resumed > 0, "trial {trial}: checkpoints were written");
+        let rows = read_jsonl(&out);
+        let (clicks, got) = answered_clicks(&rows);
+        // Without the restored windows, clicks after the restart would get candidates from
+        // empty features and differ from the recomputation.
+        check_against_recomputation(&csv, &clicks, &got, Some(86_400), None, 10);
+    }
+}
+
+/// Runs `pipeline` as a 2-process supervised cluster with checkpoints, `kill -9`s process
+/// `victim` after `after_ms`, waits for the cluster to finish, and returns its stderr.
+fn run_killing(pipeline: &Path, out: &Path, ckpt: &Path, victim: usize, after_ms: u64) -> String {
+    let port = free_port_pair().to_string();
+    let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", pipeline.to_str().unwrap()])
+        .args(["--processes", "2", "--base-port", &port])
+        .args(["--output", out.to_str().unwrap()])
+        .args(["--checkpoint-dir", ckpt.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(after_ms));
+    let mut pids = worker_pids(pipeline);
+    assert_eq!(pids.len(), 2, "both worker processes run at {after_ms} ms");
+    pids.sort();
+    // Lower pid = started first = process 0.
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pids[victim].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let status = loop {
+        if let Some(status) = supervisor.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    stderr
 }

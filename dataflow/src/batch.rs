@@ -10,6 +10,8 @@ use serde::de::Error as _;
 use serde::ser::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::compression::{decode, encode, Compression};
+
 /// What a batch carries: results on their way to the sink, or records that failed a stage.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum BatchKind {
@@ -22,7 +24,8 @@ pub enum BatchKind {
 ///
 /// Within a process, batches move between workers by pointer (Arrow buffers are reference
 /// counted); across processes timely serialises them, and we encode the payload as Arrow IPC
-/// so the receiving side gets the same buffers without a row-by-row conversion.
+/// so the receiving side gets the same buffers without a row-by-row conversion, after
+/// [`encode`]-ing its FP32 columns as `compression` says (the receiver [`decode`]s them).
 #[derive(Clone, Debug)]
 pub struct Batch {
     pub kind: BatchKind,
@@ -32,6 +35,8 @@ pub struct Batch {
     pub ingest_ns: u64,
     /// Worker the batch is routed to by the next keyed exchange (set by `exchange_by_key`).
     pub route: u64,
+    /// How FP32 columns are encoded when the batch crosses a process boundary.
+    pub compression: Compression,
 }
 
 impl Batch {
@@ -41,6 +46,7 @@ impl Batch {
             data,
             ingest_ns,
             route: 0,
+            compression: Compression::None,
         }
     }
 
@@ -50,6 +56,7 @@ impl Batch {
             data,
             ingest_ns,
             route: 0,
+            compression: Compression::None,
         }
     }
 
@@ -64,6 +71,7 @@ impl Batch {
             data,
             ingest_ns: self.ingest_ns,
             route: self.route,
+            compression: self.compression,
         }
     }
 }
@@ -103,6 +111,7 @@ struct WireBatch {
     kind: BatchKind,
     ingest_ns: u64,
     route: u64,
+    compression: Compression,
     #[serde(with = "serde_bytes_compat")]
     ipc: Vec<u8>,
 }
@@ -121,11 +130,13 @@ mod serde_bytes_compat {
 
 impl Serialize for Batch {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let ipc = to_ipc_bytes(&self.data).map_err(S::Error::custom)?;
+        let encoded = encode(&self.data, self.compression).map_err(S::Error::custom)?;
+        let ipc = to_ipc_bytes(&encoded).map_err(S::Error::custom)?;
         WireBatch {
             kind: self.kind,
             ingest_ns: self.ingest_ns,
             route: self.route,
+            compression: self.compression,
             ipc,
         }
         .serialize(serializer)
@@ -135,12 +146,14 @@ impl Serialize for Batch {
 impl<'de> Deserialize<'de> for Batch {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = WireBatch::deserialize(deserializer)?;
-        let data = from_ipc_bytes(&wire.ipc).map_err(D::Error::custom)?;
+        let encoded = from_ipc_bytes(&wire.ipc).map_err(D::Error::custom)?;
+        let data = decode(&encoded).map_err(D::Error::custom)?;
         Ok(Batch {
             kind: wire.kind,
             data,
             ingest_ns: wire.ingest_ns,
             route: wire.route,
+            compression: wire.compression,
         })
     }
 }
@@ -170,5 +183,58 @@ mod tests {
         assert_eq!(back.ingest_ns, 42);
         assert_eq!(back.route, 3);
         assert_eq!(back.kind, BatchKind::Records);
+        assert_eq!(back.compression, Compression::None);
+    }
+
+    #[test]
+    fn fp16_batch_crosses_bincode_at_half_the_size() {
+        use crate::tensor::{tensor_column, tensor_field};
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::Float32Type;
+        use arrow_schema::{DataType, Schema};
+
+        let field = tensor_field("features", DataType::Float32, &[3, 32, 32]);
+        let values: Vec<f32> = (0..4 * 3 * 32 * 32)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+            .collect();
+        let tensor = tensor_column::<Float32Type>(&field, values).unwrap();
+        let labels = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+        let schema = Schema::new(vec![
+            field,
+            arrow_schema::Field::new("camera_id", DataType::Utf8, false),
+        ]);
+        let data = RecordBatch::try_new(Arc::new(schema), vec![tensor, labels]).unwrap();
+        let plain = Batch::records(data.clone(), 7);
+        let mut compressed = plain.with_data(data.clone());
+        compressed.compression = Compression::Fp16;
+        assert_eq!(
+            compressed.with_data(data.clone()).compression,
+            Compression::Fp16
+        );
+
+        let plain_bytes = bincode::serialize(&plain).unwrap();
+        let bytes = bincode::serialize(&compressed).unwrap();
+        let ratio = bytes.len() as f64 / plain_bytes.len() as f64;
+        assert!(
+            (0.45..0.55).contains(&ratio),
+            "{} / {}",
+            bytes.len(),
+            plain_bytes.len()
+        );
+
+        let back: Batch = bincode::deserialize(&bytes).unwrap();
+        assert_eq!(back.compression, Compression::Fp16);
+        assert_eq!(back.data.schema(), data.schema());
+        assert_eq!(back.data.column(1), data.column(1));
+        let sent = data.column(0).as_fixed_size_list().values();
+        let got = back.data.column(0).as_fixed_size_list().values();
+        let sent = sent.as_primitive::<Float32Type>().values();
+        let got = got.as_primitive::<Float32Type>().values();
+        for (a, b) in sent.iter().zip(got) {
+            assert!(
+                (a - b).abs() <= a.abs() * 2f32.powi(-11) + 2f32.powi(-25),
+                "{a} vs {b}"
+            );
+        }
     }
 }

@@ -13,6 +13,7 @@
 pub mod batch;
 pub mod checkpoint;
 pub mod cluster;
+pub mod compression;
 pub mod dead_letter;
 pub mod error;
 pub mod metrics;
@@ -23,6 +24,7 @@ pub mod stage;
 pub mod tensor;
 
 pub use batch::{Batch, BatchKind};
+pub use compression::Compression;
 pub use error::{DataflowError, DataflowResult};
 pub use sink::Sink;
 pub use source::{Source, SourceBatch, SourceFactory, SourcePosition};

@@ -8,17 +8,21 @@
 //! of those epochs has arrived, so the checkpoint for `e` is safe to write.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use riffle_dataflow::checkpoint::{Checkpoint, CheckpointStore};
+use riffle_dataflow::operators::StateUpdates;
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch, SourceFactory};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Exchange;
-use timely::dataflow::operators::{Operator, Probe};
+use timely::dataflow::operators::vec::Map;
+use timely::dataflow::operators::{Concatenate, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle, Scope};
 
+use crate::plan::Restored;
 use crate::validate::Pipeline;
 
 /// Partition → next offset.
@@ -34,6 +38,8 @@ pub struct Start {
     pub resumed: Offsets,
     /// Where the results sink stood at that checkpoint.
     pub sink_position: Option<u64>,
+    /// Stateful stages' checkpointed state, by stage name.
+    pub restored: Restored,
 }
 
 /// Opens the pipeline's checkpoint store, if any, and resumes from its newest checkpoint.
@@ -45,6 +51,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             store: None,
             resumed: Offsets::new(),
             sink_position: None,
+            restored: Restored::new(),
         });
     };
     let Some(id) = pipeline.source.checkpoint_id() else {
@@ -65,6 +72,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             store: Some(store),
             resumed: Offsets::new(),
             sink_position: None,
+            restored: Restored::new(),
         });
     };
     let offsets = checkpoint.sources.get(&id).cloned().unwrap_or_default();
@@ -91,7 +99,110 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             .state
             .get(SINK_POSITION)
             .and_then(|p| p.parse().ok()),
+        restored: restored_state(&checkpoint.state)?,
     })
+}
+
+/// The operator states in a checkpoint's state map.
+fn restored_state(state: &BTreeMap<String, String>) -> DataflowResult<Restored> {
+    let mut restored = Restored::new();
+    for (key, value) in state {
+        let Some(stage) = key.strip_prefix(OPERATOR_PREFIX) else {
+            continue;
+        };
+        let records: Vec<(String, isize)> = serde_json::from_str(value).map_err(|e| {
+            DataflowError::Config(format!(
+                "checkpointed state of `{stage}` is unreadable: {e}"
+            ))
+        })?;
+        restored.insert(stage.to_string(), records);
+    }
+    Ok(restored)
+}
+
+/// Epoch → (stage, record, diff).
+type StateByEpoch = BTreeMap<Epoch, Vec<(String, String, isize)>>;
+
+/// Stateful stages' state updates, gathered on worker 0 and consolidated as epochs complete.
+pub struct OperatorState {
+    pub probe: ProbeHandle<Epoch>,
+    /// Epoch → (stage, record, diff), filled on worker 0.
+    received: Rc<RefCell<StateByEpoch>>,
+    /// Stage → record → count, for the epochs folded in so far.
+    current: BTreeMap<String, HashMap<String, isize>>,
+}
+
+impl OperatorState {
+    /// Gathers `streams` on worker 0.
+    pub fn build<'scope>(
+        scope: Scope<'scope, Epoch>,
+        streams: Vec<(String, StateUpdates<'scope>)>,
+    ) -> OperatorState {
+        let received: Rc<RefCell<StateByEpoch>> = Rc::default();
+        let sink = received.clone();
+        let tagged = streams
+            .into_iter()
+            .map(|(name, updates)| updates.map(move |(record, diff)| (name.clone(), record, diff)));
+        let (probe, _) = scope
+            .concatenate(tagged)
+            .unary_frontier::<CapacityContainerBuilder<Vec<()>>, _, _, _>(
+                Exchange::new(|_: &(String, String, isize)| 0),
+                "CollectState",
+                move |_, _| {
+                    move |(input, _), _| {
+                        input.for_each(|cap, data| {
+                            if let Some(epoch) = cap.least().copied() {
+                                sink.borrow_mut().entry(epoch).or_default().append(data);
+                            }
+                        });
+                    }
+                },
+            )
+            .probe();
+        OperatorState {
+            probe,
+            received,
+            current: BTreeMap::new(),
+        }
+    }
+
+    /// Folds the updates of epochs ≤ `epoch` into the current state.
+    fn fold_through(&mut self, epoch: Epoch) {
+        let mut received = self.received.borrow_mut();
+        while let Some(entry) = received.first_entry() {
+            if *entry.key() > epoch {
+                break;
+            }
+            for (stage, record, diff) in entry.remove() {
+                let records = self.current.entry(stage).or_default();
+                match records.get_mut(&record) {
+                    Some(count) => {
+                        *count += diff;
+                        if *count == 0 {
+                            records.remove(&record);
+                        }
+                    }
+                    None => {
+                        records.insert(record, diff);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The state map entries for a checkpoint.
+    fn serialise(&self) -> DataflowResult<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for (stage, records) in &self.current {
+            let mut records: Vec<(&String, &isize)> = records.iter().collect();
+            records.sort();
+            let text = serde_json::to_string(&records).map_err(|e| {
+                DataflowError::Config(format!("serialising the state of `{stage}`: {e}"))
+            })?;
+            out.insert(format!("{OPERATOR_PREFIX}{stage}"), text);
+        }
+        Ok(out)
+    }
 }
 
 /// The positions side of the dataflow, per worker.
@@ -156,6 +267,8 @@ pub struct Checkpointer {
     /// The results sink's position after each completed epoch, when the sink has one: a
     /// checkpoint is only written for an epoch whose exact sink position is known.
     sink_positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+    interval: Duration,
+    last_write: Option<Instant>,
 }
 
 impl Checkpointer {
@@ -165,8 +278,11 @@ impl Checkpointer {
         workers: usize,
         start: &Start,
         sink_positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+        interval: Duration,
     ) -> Self {
         Checkpointer {
+            interval,
+            last_write: None,
             store,
             source_id,
             workers,
@@ -180,10 +296,20 @@ impl Checkpointer {
 
     /// Writes a checkpoint for the newest epoch that is complete at the sink and whose
     /// positions have all arrived, if it is newer than the last one written.
-    pub fn poll(&mut self, positions: &Positions, sink: &ProbeHandle<Epoch>) -> DataflowResult<()> {
+    pub fn poll(
+        &mut self,
+        positions: &Positions,
+        sink: &ProbeHandle<Epoch>,
+        state: Option<&mut OperatorState>,
+    ) -> DataflowResult<()> {
         let frontier = |p: &ProbeHandle<Epoch>| p.with_frontier(|f| f.first().copied());
-        // Epochs strictly below both frontiers are complete (no frontier: everything is).
-        let mut target = match (frontier(&positions.probe), frontier(sink)) {
+        let state_frontier = state.as_ref().and_then(|s| frontier(&s.probe));
+        let sink_frontier = match (frontier(sink), state_frontier) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        // Epochs strictly below all frontiers are complete (no frontier: everything is).
+        let mut target = match (frontier(&positions.probe), sink_frontier) {
             (Some(a), Some(b)) => match a.min(b).checked_sub(1) {
                 Some(t) => t,
                 None => return Ok(()),
@@ -224,21 +350,33 @@ impl Checkpointer {
         if self.written.is_some_and(|w| w >= epoch) || self.committed.is_empty() {
             return Ok(());
         }
-        let mut state = BTreeMap::new();
+        let last = target == Epoch::MAX;
+        if !last && self.last_write.is_some_and(|t| t.elapsed() < self.interval) {
+            return Ok(());
+        }
+        let mut entries = BTreeMap::new();
         if let Some(at) = sink_position {
-            state.insert(SINK_POSITION.to_string(), at.to_string());
+            entries.insert(SINK_POSITION.to_string(), at.to_string());
+        }
+        if let Some(state) = state {
+            state.fold_through(epoch);
+            entries.extend(state.serialise()?);
         }
         let checkpoint = Checkpoint {
             epoch,
             workers: self.workers,
             sources: BTreeMap::from([(self.source_id.clone(), self.committed.clone())]),
-            state,
+            state: entries,
         };
         self.store.write(&checkpoint)?;
         self.written = Some(epoch);
+        self.last_write = Some(Instant::now());
         Ok(())
     }
 }
 
 /// Key of the results sink's position in a checkpoint's state.
 pub const SINK_POSITION: &str = "sink.position";
+
+/// Prefix of a stateful stage's entry in a checkpoint's state (`operator.<stage>`).
+pub const OPERATOR_PREFIX: &str = "operator.";

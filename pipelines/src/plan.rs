@@ -1,11 +1,12 @@
 //! From a validated pipeline to the operator chain each worker runs.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use riffle_dataflow::metrics::Metrics;
-use riffle_dataflow::operators::{ApplyStage, BatchStream, ExchangeByKey, Rebalance};
-use riffle_dataflow::{DataflowResult, Stage};
+use riffle_dataflow::operators::{ApplyStage, BatchStream, ExchangeByKey, Rebalance, StateUpdates};
+use riffle_dataflow::{DataflowResult, Epoch, Stage};
 use riffle_operators::batching::{BatchPolicy, DynamicBatch};
 use riffle_operators::decode::Decode;
 use riffle_operators::detections::Detections;
@@ -99,12 +100,19 @@ pub fn worker_steps(pipeline: &Pipeline) -> DataflowResult<Vec<(String, Step)>> 
     Ok(steps)
 }
 
-/// Appends the steps to `stream`.
+/// Checkpointed operator state by stage name: the records and their counts.
+pub type Restored = BTreeMap<String, Vec<(String, isize)>>;
+
+/// Appends the steps to `stream`. Stateful stages start from `restored` (before
+/// `first_epoch`) and report the updates of their state, by stage name, to checkpoint.
 pub fn build_chain<'scope>(
     mut stream: BatchStream<'scope>,
     steps: Vec<(String, Step)>,
     metrics: &Arc<Metrics>,
-) -> DataflowResult<BatchStream<'scope>> {
+    restored: &Restored,
+    first_epoch: Epoch,
+) -> DataflowResult<(BatchStream<'scope>, Vec<(String, StateUpdates<'scope>)>)> {
+    let mut states = Vec::new();
     for (name, step) in steps {
         stream = match step {
             Step::Apply(stage) => stream.apply_stage(stage, metrics.stage(&name)?),
@@ -113,10 +121,16 @@ pub fn build_chain<'scope>(
             }
             Step::Exchange(Some(key)) => stream.exchange_by_key(&key),
             Step::Exchange(None) => stream.rebalance(),
-            Step::Candidates(config) => stream.candidates(config, metrics.stage(&name)?),
+            Step::Candidates(config) => {
+                let state = restored.get(&name).map_or(&[][..], Vec::as_slice);
+                let (out, updates) =
+                    stream.candidates_from(config, metrics.stage(&name)?, state, first_epoch);
+                states.push((name, updates));
+                out
+            }
         };
     }
-    Ok(stream)
+    Ok((stream, states))
 }
 
 /// Worker threads per process for `--workers auto`: the cores this process may use (an equal

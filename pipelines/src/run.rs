@@ -14,7 +14,7 @@ use riffle_dataflow::operators::{SinkOptions, WriteToSink};
 use riffle_dataflow::{Batch, DataflowError, Epoch};
 use timely::dataflow::InputHandle;
 
-use crate::checkpointing::{self, Checkpointer, Positions, Start};
+use crate::checkpointing::{self, Checkpointer, OperatorState, Positions, Start};
 use crate::plan::{build_chain, worker_steps};
 use crate::validate::Pipeline;
 
@@ -126,10 +126,15 @@ fn run_worker(
         errors: errors.clone(),
     };
     let mut positions: Option<Positions> = None;
+    let mut state: Option<OperatorState> = None;
     let probe = worker.dataflow::<Epoch, _, _>(|scope| {
         positions = Some(Positions::build(scope));
         let stream = input.to_stream(scope);
-        let stream = build_chain(stream, steps, metrics)?;
+        let (stream, states) =
+            build_chain(stream, steps, metrics, &start.restored, start.first_epoch)?;
+        if !states.is_empty() {
+            state = Some(OperatorState::build(scope, states));
+        }
         Ok::<_, DataflowError>(stream.write_to_sink(options, metrics.clone()))
     })?;
 
@@ -143,6 +148,11 @@ fn run_worker(
             peers,
             start,
             sink_positions,
+            pipeline
+                .runtime
+                .checkpoint
+                .as_ref()
+                .map_or(Duration::ZERO, |c| Duration::from_millis(c.interval_ms)),
         )),
         _ => None,
     };
@@ -188,11 +198,11 @@ fn run_worker(
             // another worker's model is running on. Messages and timers unpark it.
             while probe.less_than(&epoch.saturating_sub(in_flight)) && healthy(errors) {
                 worker.step_or_park(Some(Duration::from_millis(1)));
-                checkpoint(&mut checkpointer, &positions, &probe)?;
+                checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
             }
         }
         worker.step();
-        checkpoint(&mut checkpointer, &positions, &probe)?;
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
         if !healthy(errors) {
             break;
         }
@@ -200,13 +210,14 @@ fn run_worker(
     input.close();
     positions.close();
     // A failed worker (any process) stops everyone: the others would wait for it forever.
-    while (!probe.done() || !positions.probe.done()) && healthy(errors) {
+    let state_done = |s: &Option<OperatorState>| s.as_ref().is_none_or(|s| s.probe.done());
+    while (!probe.done() || !positions.probe.done() || !state_done(&state)) && healthy(errors) {
         worker.step_or_park(Some(Duration::from_millis(1)));
-        checkpoint(&mut checkpointer, &positions, &probe)?;
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
     }
     // Only a run that wrote all its results may record that it got this far.
     if healthy(errors) {
-        checkpoint(&mut checkpointer, &positions, &probe)?;
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
     }
     Ok(())
 }
@@ -215,9 +226,10 @@ fn checkpoint(
     checkpointer: &mut Option<Checkpointer>,
     positions: &Positions,
     sink: &timely::dataflow::ProbeHandle<Epoch>,
+    state: Option<&mut OperatorState>,
 ) -> Result<(), DataflowError> {
     match checkpointer {
-        Some(c) => c.poll(positions, sink),
+        Some(c) => c.poll(positions, sink, state),
         None => Ok(()),
     }
 }

@@ -113,6 +113,11 @@ pub struct CheckpointConfig {
     /// Checkpoints kept (older ones are deleted); at least 2.
     #[serde(default = "default_keep")]
     pub keep: usize,
+    /// At most one checkpoint per this many milliseconds (0: at every completed epoch). Large
+    /// operator state (recommendation features) makes each write cost more; a restart replays
+    /// the epochs since the last one.
+    #[serde(default)]
+    pub interval_ms: u64,
 }
 
 fn default_keep() -> usize {

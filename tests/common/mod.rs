@@ -150,3 +150,17 @@ pub fn split_cameras(dir: &str, frames: i64, cameras: i64) -> Vec<(String, i64)>
     rows.sort();
     rows
 }
+
+/// Pids of the worker processes a supervisor started for `pipeline`.
+pub fn worker_pids(pipeline: &std::path::Path) -> Vec<u32> {
+    let needle = pipeline.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(&needle) && cmdline.contains("--process ")
+        })
+        .collect()
+}

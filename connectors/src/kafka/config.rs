@@ -26,6 +26,10 @@ pub struct KafkaSourceConfig {
     /// Longest wait to fill a batch before emitting what arrived.
     #[serde(default = "default_linger_ms")]
     pub linger_ms: u64,
+    /// Replay pace: at most this many messages per second per worker (unset: as fast as
+    /// they come). For replaying a recorded topic at its real rate, demos and tests.
+    #[serde(default)]
+    pub max_records_per_second: Option<f64>,
     /// Value columns for `json`/`csv` (name → type); inferred from the topic's first messages
     /// when absent.
     #[serde(default)]

@@ -588,6 +588,8 @@ struct KafkaReader {
     partitions: BTreeMap<i32, PartitionState>,
     records_in: IntCounter,
     bytes_in: IntCounter,
+    /// When pacing: the first read, and the messages read since.
+    paced: Option<(Instant, u64)>,
 }
 
 impl KafkaReader {
@@ -608,6 +610,7 @@ impl KafkaReader {
             partitions: BTreeMap::new(),
             records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
             bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
+            paced: None,
         };
         if mine.is_empty() {
             return Ok(reader);
@@ -883,6 +886,14 @@ impl Source for KafkaReader {
         // The consumer is taken out while filling so that partition state can be updated.
         let result = self.next_from(&consumer);
         self.consumer = Some(consumer);
+        if let (Some(rate), Ok(Some(batch))) = (self.config.max_records_per_second, &result) {
+            let (since, read) = self.paced.get_or_insert_with(|| (Instant::now(), 0));
+            *read += (batch.records.num_rows() + batch.rejected.len()) as u64;
+            let due = Duration::from_secs_f64(*read as f64 / rate.max(f64::MIN_POSITIVE));
+            if let Some(wait) = due.checked_sub(since.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
         result
     }
 }

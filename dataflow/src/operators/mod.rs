@@ -12,5 +12,10 @@ pub use write_to_sink::{SinkOptions, WriteToSink};
 
 use crate::{Batch, Epoch};
 
+/// A stateful operator's state as changes to a multiset of records (`+1` in, `-1` out) at the
+/// epoch they happen: consolidated up to epoch `e` they are the state to checkpoint at `e`,
+/// and replayed into the operator they restore it.
+pub type StateUpdates<'scope> = timely::dataflow::StreamVec<'scope, Epoch, (String, isize)>;
+
 /// A stream of Arrow batches timestamped with epochs.
 pub type BatchStream<'scope> = timely::dataflow::StreamVec<'scope, Epoch, Batch>;

@@ -13,7 +13,7 @@ use differential_dataflow::AsCollection;
 use foldhash::{HashMap, HashSet, HashSetExt};
 use riffle_dataflow::dead_letter::{self, DeadLetter};
 use riffle_dataflow::metrics::StageMetrics;
-use riffle_dataflow::operators::{worker_for_int, BatchStream, ExchangeByKey};
+use riffle_dataflow::operators::{worker_for_int, BatchStream, ExchangeByKey, StateUpdates};
 use riffle_dataflow::{Batch, BatchKind, DataflowError, DataflowResult, Epoch};
 use serde::Deserialize;
 use timely::dataflow::channels::pact::Pipeline;
@@ -21,7 +21,7 @@ use timely::dataflow::operators::vec::{Broadcast, Map};
 use timely::dataflow::operators::{Capability, Concat, Exchange, Operator};
 use timely::dataflow::StreamVec;
 
-use super::{Click, FeatureChange, SlidingWindow};
+use super::{Click, FeatureChange, Restore, SlidingWindow};
 
 const NAME: &str = "candidates";
 
@@ -50,7 +50,8 @@ pub struct CandidatesConfig {
     /// Int64 column written with each candidate item (null for a click with none).
     #[serde(default = "default_output")]
     pub output: String,
-    /// Int64 column written with an id shared by the rows of one click.
+    /// Int64 column written with an id shared by the rows of one click (unique: the epoch in
+    /// the high 32 bits).
     #[serde(default = "default_event")]
     pub event: String,
     /// UInt64 column written with the epoch whose features answered the click (all clicks of
@@ -131,7 +132,7 @@ impl CandidatesConfig {
 }
 
 /// Extension trait adding candidate generation to batch streams.
-pub trait Candidates<'scope> {
+pub trait Candidates<'scope>: Sized {
     /// Shards clicks by user, maintains popularity and seen items with differential-dataflow,
     /// and replaces every click row by one row per candidate item (or one row with a null
     /// candidate when there is none yet). Rows with a null user, item or time become dead letters.
@@ -180,13 +181,75 @@ pub trait Candidates<'scope> {
     /// // User 1 already clicked 10.
     /// assert_eq!(candidates(1), vec![None, Some(11)]);
     /// ```
-    fn candidates(self, config: CandidatesConfig, metrics: Arc<StageMetrics>) -> Self;
+    fn candidates(self, config: CandidatesConfig, metrics: Arc<StageMetrics>) -> Self {
+        self.candidates_from(config, metrics, &[], 0).0
+    }
+
+    /// As [`Candidates::candidates`], restoring the features from a checkpoint's `state` (as
+    /// the returned updates wrote it) before `first_epoch`, and returning the updates of the
+    /// state to checkpoint: the clicks in each window, as `p,user,item,time` (popularity) and
+    /// `s,user,item,time` (seen) records.
+    fn candidates_from(
+        self,
+        config: CandidatesConfig,
+        metrics: Arc<StageMetrics>,
+        state: &[(String, isize)],
+        first_epoch: Epoch,
+    ) -> (Self, StateUpdates<'scope>);
+}
+
+/// The clicks of a checkpointed state this worker owns, per window, and the latest event time.
+fn restore(
+    state: &[(String, isize)],
+    first_epoch: Epoch,
+    (index, peers): (usize, usize),
+) -> (Restore, Restore) {
+    let at = first_epoch.saturating_sub(1);
+    let (mut popular, mut seen) = (Vec::new(), Vec::new());
+    let mut watermark = None;
+    for (record, count) in state {
+        let mut fields = record.split(',');
+        let kind = fields.next();
+        let values: Vec<i64> = fields.filter_map(|f| f.parse().ok()).collect();
+        let [user, item, time] = values[..] else {
+            tracing::warn!("candidates: ignoring checkpointed record {record:?}");
+            continue;
+        };
+        watermark = watermark.max(Some(time));
+        if worker_for_int(user, peers) != index {
+            continue;
+        }
+        let into = match kind {
+            Some("p") => &mut popular,
+            Some("s") => &mut seen,
+            _ => continue,
+        };
+        let click = Click { user, item, time };
+        into.extend(std::iter::repeat_n(click, (*count).max(0) as usize));
+    }
+    let restore = |clicks| Restore {
+        clicks,
+        watermark,
+        at,
+    };
+    (restore(popular), restore(seen))
 }
 
 impl<'scope> Candidates<'scope> for BatchStream<'scope> {
-    fn candidates(self, config: CandidatesConfig, metrics: Arc<StageMetrics>) -> Self {
+    fn candidates_from(
+        self,
+        config: CandidatesConfig,
+        metrics: Arc<StageMetrics>,
+        state: &[(String, isize)],
+        first_epoch: Epoch,
+    ) -> (Self, StateUpdates<'scope>) {
         let peers = self.scope().peers();
         let index = self.scope().index();
+        let (restore_popular, restore_seen) = if first_epoch > 0 {
+            restore(state, first_epoch, (index, peers))
+        } else {
+            Default::default()
+        };
         let owned = self.exchange_by_key(&config.user);
 
         let columns = config.clone();
@@ -230,11 +293,22 @@ impl<'scope> Candidates<'scope> for BatchStream<'scope> {
             })
             .broadcast();
 
-        let popularity = clicks
+        let popular_window =
+            clicks
+                .clone()
+                .sliding_window_from(watermarks.clone(), config.window, restore_popular);
+        let seen_window = clicks.sliding_window_from(watermarks, config.seen_window, restore_seen);
+        let state = popular_window
             .clone()
-            .sliding_window(watermarks.clone(), config.window)
+            .map(|(c, _, diff)| (format!("p,{},{},{}", c.user, c.item, c.time), diff))
+            .concat(
+                seen_window
+                    .clone()
+                    .map(|(c, _, diff)| (format!("s,{},{},{}", c.user, c.item, c.time), diff)),
+            );
+        let popularity = popular_window
+            .map(|(c, t, diff)| (c.item, t, diff))
             .as_collection()
-            .map(|(_user, item)| item)
             .count()
             .inner
             .map(|((item, count), t, diff)| {
@@ -242,8 +316,8 @@ impl<'scope> Candidates<'scope> for BatchStream<'scope> {
                 (t, FeatureChange::Popularity { item, count, diff })
             })
             .broadcast();
-        let seen = clicks
-            .sliding_window(watermarks, config.seen_window)
+        let seen = seen_window
+            .map(|(c, t, diff)| ((c.user, c.item), t, diff))
             .as_collection()
             .distinct()
             .inner
@@ -254,88 +328,90 @@ impl<'scope> Candidates<'scope> for BatchStream<'scope> {
             });
         let changes = popularity.concat(seen);
 
-        owned.binary_frontier(changes, Pipeline, Pipeline, "Candidates", move |_, _| {
-            let mut features = Features::default();
-            let mut waiting: BTreeMap<Epoch, Vec<(Capability<Epoch>, Batch)>> = BTreeMap::new();
-            let mut pending: BTreeMap<Epoch, Vec<FeatureChange>> = BTreeMap::new();
-            let mut next_event: i64 = 0;
-            move |(clicks, clicks_frontier), (updates, updates_frontier), output| {
-                clicks.for_each(|cap, data| {
-                    for batch in data.drain(..) {
-                        if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
-                            output.session(&cap).give(batch);
-                            continue;
-                        }
-                        if let Some(held) = cap.retain_least(output.output_index()) {
-                            waiting.entry(*held.time()).or_default().push((held, batch));
-                        }
-                    }
-                });
-                // Differential sends updates of several epochs in one message: each has its own.
-                updates.for_each(|_, data| {
-                    for (t, change) in data.drain(..) {
-                        pending.entry(t).or_default().push(change);
-                    }
-                });
-                // Clicks of epoch t are answered once every change of epochs before t is in.
-                while let Some((&t, _)) = waiting.first_key_value() {
-                    if updates_frontier.less_than(&t) {
-                        break;
-                    }
-                    features.apply_before(&mut pending, t);
-                    for (cap, batch) in waiting.remove(&t).unwrap_or_default() {
-                        let started = Instant::now();
-                        let out = features.answer(
-                            &batch.data,
-                            &config,
-                            t,
-                            &mut next_event,
-                            (index, peers),
-                        );
-                        let (records, rejected) = match out {
-                            Ok(out) => out,
-                            Err(e) => {
-                                let reason = e.to_string();
-                                let letters = (0..batch.num_rows())
-                                    .map(|r| DeadLetter::for_row(NAME, &batch.data, r, &reason))
-                                    .collect();
-                                (None, letters)
+        let answers =
+            owned.binary_frontier(changes, Pipeline, Pipeline, "Candidates", move |_, _| {
+                let mut features = Features::default();
+                let mut waiting: BTreeMap<Epoch, Vec<(Capability<Epoch>, Batch)>> = BTreeMap::new();
+                let mut pending: BTreeMap<Epoch, Vec<FeatureChange>> = BTreeMap::new();
+                let mut next_event: (Epoch, i64) = (0, 0);
+                move |(clicks, clicks_frontier), (updates, updates_frontier), output| {
+                    clicks.for_each(|cap, data| {
+                        for batch in data.drain(..) {
+                            if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
+                                output.session(&cap).give(batch);
+                                continue;
                             }
-                        };
-                        let rows_out = records.as_ref().map_or(0, RecordBatch::num_rows);
-                        metrics.record_batch(
-                            batch.num_rows(),
-                            rows_out,
-                            rejected.len(),
-                            started.elapsed(),
-                        );
-                        let mut session = output.session(&cap);
-                        if let Some(records) = records.filter(|r| r.num_rows() > 0) {
-                            session.give(batch.with_data(records));
+                            if let Some(held) = cap.retain_least(output.output_index()) {
+                                waiting.entry(*held.time()).or_default().push((held, batch));
+                            }
                         }
-                        if !rejected.is_empty() {
-                            match dead_letter::to_batch(&rejected) {
-                                Ok(letters) => {
-                                    session.give(Batch::dead_letters(letters, batch.ingest_ns))
+                    });
+                    // Differential sends updates of several epochs in one message: each has its own.
+                    updates.for_each(|_, data| {
+                        for (t, change) in data.drain(..) {
+                            pending.entry(t).or_default().push(change);
+                        }
+                    });
+                    // Clicks of epoch t are answered once every change of epochs before t is in.
+                    while let Some((&t, _)) = waiting.first_key_value() {
+                        if updates_frontier.less_than(&t) {
+                            break;
+                        }
+                        features.apply_before(&mut pending, t);
+                        for (cap, batch) in waiting.remove(&t).unwrap_or_default() {
+                            let started = Instant::now();
+                            let out = features.answer(
+                                &batch.data,
+                                &config,
+                                t,
+                                &mut next_event,
+                                (index, peers),
+                            );
+                            let (records, rejected) = match out {
+                                Ok(out) => out,
+                                Err(e) => {
+                                    let reason = e.to_string();
+                                    let letters = (0..batch.num_rows())
+                                        .map(|r| DeadLetter::for_row(NAME, &batch.data, r, &reason))
+                                        .collect();
+                                    (None, letters)
                                 }
-                                Err(e) => tracing::error!("candidates: dead letters: {e}"),
+                            };
+                            let rows_out = records.as_ref().map_or(0, RecordBatch::num_rows);
+                            metrics.record_batch(
+                                batch.num_rows(),
+                                rows_out,
+                                rejected.len(),
+                                started.elapsed(),
+                            );
+                            let mut session = output.session(&cap);
+                            if let Some(records) = records.filter(|r| r.num_rows() > 0) {
+                                session.give(batch.with_data(records));
+                            }
+                            if !rejected.is_empty() {
+                                match dead_letter::to_batch(&rejected) {
+                                    Ok(letters) => {
+                                        session.give(Batch::dead_letters(letters, batch.ingest_ns))
+                                    }
+                                    Err(e) => tracing::error!("candidates: dead letters: {e}"),
+                                }
                             }
                         }
                     }
+                    // Changes of epochs no click can still need go in now, so they do not pile up.
+                    let floor = clicks_frontier
+                        .frontier()
+                        .iter()
+                        .chain(waiting.keys())
+                        .min()
+                        .copied();
+                    match floor {
+                        Some(f) => features.apply_before(&mut pending, f),
+                        None => pending.clear(),
+                    }
                 }
-                // Changes of epochs no click can still need go in now, so they do not pile up.
-                let floor = clicks_frontier
-                    .frontier()
-                    .iter()
-                    .chain(waiting.keys())
-                    .min()
-                    .copied();
-                match floor {
-                    Some(f) => features.apply_before(&mut pending, f),
-                    None => pending.clear(),
-                }
-            }
-        })
+            });
+        (answers, state)
     }
 }
 
@@ -400,7 +476,7 @@ impl Features {
         batch: &RecordBatch,
         config: &CandidatesConfig,
         epoch: Epoch,
-        next_event: &mut i64,
+        next_event: &mut (Epoch, i64),
         (index, peers): (usize, usize),
     ) -> DataflowResult<(Option<RecordBatch>, Vec<DeadLetter>)> {
         let schema = config.output_schema(batch.schema().as_ref())?;
@@ -428,9 +504,13 @@ impl Features {
             }
             let (user, clicked) = (users.value(row), items.value(row));
             let seen = self.seen.get(&user).unwrap_or(&empty);
-            // Ids unique across workers: this worker's sequence, interleaved with its peers'.
-            let event = *next_event * peers as i64 + index as i64;
-            *next_event += 1;
+            // Unique across workers and restarts (a resumed run starts at a new epoch): the
+            // epoch, then this worker's sequence in it interleaved with its peers'.
+            if next_event.0 != epoch {
+                *next_event = (epoch, 0);
+            }
+            let event = ((epoch as i64) << 32) | (next_event.1 * peers as i64 + index as i64);
+            next_event.1 += 1;
             let before = candidates.len();
             for &item in &self.ranking {
                 if item != clicked && !seen.contains(&item) {

@@ -11,7 +11,7 @@ mod candidates;
 mod window;
 
 pub use candidates::{Candidates, CandidatesConfig};
-pub use window::{SlidingWindow, WindowUpdates};
+pub use window::{Restore, SlidingWindow, WindowUpdates};
 
 use serde::{Deserialize, Serialize};
 

@@ -12,11 +12,20 @@ use timely::dataflow::StreamVec;
 
 use super::Click;
 
-/// Updates of a windowed collection of `(user, item)` pairs.
-pub type WindowUpdates<'scope> = StreamVec<'scope, Epoch, ((i64, i64), Epoch, isize)>;
+/// Updates of a windowed collection of clicks.
+pub type WindowUpdates<'scope> = StreamVec<'scope, Epoch, (Click, Epoch, isize)>;
+
+/// Window contents to start from (after a restart): the clicks open at epoch `at`, and the
+/// latest event time of all workers then.
+#[derive(Clone, Debug, Default)]
+pub struct Restore {
+    pub clicks: Vec<Click>,
+    pub watermark: Option<i64>,
+    pub at: Epoch,
+}
 
 /// Extension trait for click streams.
-pub trait SlidingWindow<'scope> {
+pub trait SlidingWindow<'scope>: Sized {
     /// The clicks as differential updates: `+1` in their epoch, and, when `width` is set, `-1` in
     /// the epoch where `watermarks` (every worker's largest event time per epoch, broadcast)
     /// first reach `time + width`. Without a width the window never closes.
@@ -35,7 +44,7 @@ pub trait SlidingWindow<'scope> {
     ///         .container::<Vec<_>>();
     ///     let marks = vec![100i64].to_stream(scope).container::<Vec<_>>();
     ///     clicks.sliding_window(marks, Some(50))
-    ///         .inspect(move |u| seen.lock().unwrap().push(u.clone()));
+    ///         .inspect(move |(c, t, diff)| seen.lock().unwrap().push(((c.user, c.item), *t, *diff)));
     /// });
     /// let mut updates = updates.lock().unwrap().clone();
     /// updates.sort();
@@ -46,25 +55,45 @@ pub trait SlidingWindow<'scope> {
         self,
         watermarks: StreamVec<'scope, Epoch, i64>,
         width: Option<i64>,
+    ) -> WindowUpdates<'scope> {
+        self.sliding_window_from(watermarks, width, Restore::default())
+    }
+
+    /// As [`SlidingWindow::sliding_window`], starting with `restore`'s clicks in the window
+    /// (inserted at its epoch, which must precede the input's first).
+    fn sliding_window_from(
+        self,
+        watermarks: StreamVec<'scope, Epoch, i64>,
+        width: Option<i64>,
+        restore: Restore,
     ) -> WindowUpdates<'scope>;
 }
 
 impl<'scope> SlidingWindow<'scope> for StreamVec<'scope, Epoch, Click> {
-    fn sliding_window(
+    fn sliding_window_from(
         self,
         watermarks: StreamVec<'scope, Epoch, i64>,
         width: Option<i64>,
+        restore: Restore,
     ) -> WindowUpdates<'scope> {
         let Some(width) = width else {
-            return self.unary(Pipeline, "Window(all)", |_, _| {
+            return self.unary(Pipeline, "Window(all)", move |initial, _| {
+                // Operators run once at start: the restored clicks go out then.
+                let mut restore = Some((initial, restore));
                 move |input, output| {
+                    if let Some((cap, restore)) = restore.take() {
+                        let at = cap.delayed(&restore.at);
+                        output
+                            .session(&at)
+                            .give_iterator(restore.clicks.into_iter().map(|c| (c, restore.at, 1)));
+                    }
                     input.for_each(|cap, data| {
                         let Some(&t) = cap.least() else {
                             return;
                         };
                         output
                             .session(&cap)
-                            .give_iterator(data.drain(..).map(|c| ((c.user, c.item), t, 1)));
+                            .give_iterator(data.drain(..).map(|c| (c, t, 1)));
                     });
                 }
             });
@@ -80,9 +109,18 @@ impl<'scope> SlidingWindow<'scope> for StreamVec<'scope, Epoch, Click> {
                 let mut cap: Option<Capability<Epoch>> = Some(initial);
                 let mut arrived: BTreeMap<Epoch, Vec<Click>> = BTreeMap::new();
                 let mut marks: BTreeMap<Epoch, i64> = BTreeMap::new();
-                let mut watermark = i64::MIN;
+                let mut watermark = restore.watermark.unwrap_or(i64::MIN);
                 let mut open: BinaryHeap<Reverse<(i64, i64, i64)>> = BinaryHeap::new();
+                let mut restore = Some(restore);
                 move |(clicks, clicks_frontier), (wm, wm_frontier), output| {
+                    if let (Some(restore), Some(held)) = (restore.take(), cap.as_ref()) {
+                        let at = held.delayed(&restore.at);
+                        let mut session = output.session(&at);
+                        for c in restore.clicks {
+                            session.give((c, restore.at, 1));
+                            open.push(Reverse((c.time, c.user, c.item)));
+                        }
+                    }
                     clicks.for_each(|c, data| {
                         if let Some(&t) = c.least() {
                             arrived.entry(t).or_default().append(data);
@@ -122,7 +160,7 @@ impl<'scope> SlidingWindow<'scope> for StreamVec<'scope, Epoch, Click> {
                             watermark = watermark.max(m);
                         }
                         for c in arrived.remove(&t).unwrap_or_default() {
-                            session.give(((c.user, c.item), t, 1));
+                            session.give((c, t, 1));
                             open.push(Reverse((c.time, c.user, c.item)));
                         }
                         let cutoff = watermark.saturating_sub(width);
@@ -131,7 +169,7 @@ impl<'scope> SlidingWindow<'scope> for StreamVec<'scope, Epoch, Click> {
                                 break;
                             }
                             open.pop();
-                            session.give(((user, item), t, -1));
+                            session.give((Click { user, item, time }, t, -1));
                         }
                     }
                     match bound {
