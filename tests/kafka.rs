@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use common::kafka::{brokers, consume_all, topic};
+use common::kafka::{brokers, consume_all, consume_committed, topic};
 use common::*;
 use serde_json::Value;
 
@@ -599,4 +599,117 @@ runtime: {{ workers: 2, epoch_records: 2, max_epochs_in_flight: 1 }}
         split_cameras("street", 120, 2),
         "every frame exactly once after the outage"
     );
+}
+
+#[test]
+fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "street", 0..160);
+    let input = topic("eo-in");
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "4",
+        "--frames",
+        frames.to_str().unwrap(),
+        "--cameras",
+        "4",
+    ]);
+    let expected = split_cameras("street", 160, 4);
+    let mut redone = 0;
+    // Paced at 2 × 15 frames/s: a run takes about 5 s, after 1–2 s of start-up.
+    for (trial, (victim, after_ms)) in [(0usize, 3500u64), (1, 4500)].into_iter().enumerate() {
+        let output = topic(&format!("eo-out{trial}"));
+        let pipeline = format!(
+            r#"
+source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 4, max_records_per_second: 15 }} }}
+stages:
+  - decode: {{}}
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs:
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+      batch: {{ max_size: 4, max_delay_ms: 5 }}
+  - select: {{ columns: [camera_id, frame] }}
+sink: {{ kafka: {{ brokers: "{brokers}", topic: {output}, key: camera_id, partitions: 2 }} }}
+dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}
+runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 700 }} }}
+"#,
+            model = model("ssdlite_person.onnx").display()
+        );
+        let dir = tmp.path().join(format!("trial{trial}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = write(&dir, "eo.yaml", &pipeline);
+        let port = free_port_pair().to_string();
+        let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q", p.to_str().unwrap(), "--processes", "2"])
+            .args(["--base-port", &port])
+            .env("RUST_LOG", "warn")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(after_ms));
+        let mut pids = worker_pids(&p);
+        assert_eq!(pids.len(), 2, "trial {trial}: both worker processes run");
+        pids.sort();
+        assert!(std::process::Command::new("kill")
+            .args(["-9", &pids[victim].to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+        let status = loop {
+            if let Some(status) = supervisor.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "trial {trial}: did not finish"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "trial {trial}: {stderr}");
+        assert!(
+            stderr.contains("restarting the cluster"),
+            "trial {trial}: the kill landed mid-run: {stderr}"
+        );
+        let (committed, left) = consume_committed(&brokers, &output);
+        let mut got: Vec<(String, i64)> = committed
+            .iter()
+            .map(|m| {
+                let v: Value = serde_json::from_slice(&m.value).unwrap();
+                (
+                    v["camera_id"].as_str().unwrap().to_string(),
+                    v["frame"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        got.sort();
+        let raw = consume_all(&brokers, &output)
+            .iter()
+            .filter(|m| !m.value.is_empty())
+            .count();
+        eprintln!(
+            "trial {trial}: {raw} results written, {} committed, {left} voided by the fence",
+            got.len()
+        );
+        assert_eq!(
+            left, 0,
+            "trial {trial}: the last run committed all it wrote"
+        );
+        assert_eq!(got, expected, "trial {trial}: every frame exactly once");
+        redone += raw - got.len();
+    }
+    // Checkpoints 0.7 s apart: the killed runs had written results no checkpoint covered,
+    // which the topic holds twice and the committed view once.
+    assert!(redone > 0, "the trials exercised fencing");
 }

@@ -1,9 +1,13 @@
 //! Where results go.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
 
 use crate::error::DataflowResult;
 use crate::metrics::Metrics;
+use crate::Epoch;
 
 /// A destination for result (or dead-letter) batches.
 pub trait Sink: Send {
@@ -12,10 +16,21 @@ pub trait Sink: Send {
     /// should not block for long.
     fn flush(&mut self) -> DataflowResult<()>;
 
-    /// Bytes made visible so far, for sinks that can resume at a checkpointed position.
+    /// Bytes (or messages) handed to the destination so far, for checkpoints.
     fn position(&self) -> Option<u64> {
         None
     }
+
+    /// For sinks that make writes durable asynchronously (a Kafka producer): the position up
+    /// to which everything is durable, updated as acknowledgements arrive. A checkpoint only
+    /// covers an epoch once this has reached the epoch's position.
+    fn durable(&self) -> Option<Arc<AtomicU64>> {
+        None
+    }
+
+    /// Called before the results of `epoch` are written, by runs with exactly-once output:
+    /// `generation` identifies this run (see [`Committer`]).
+    fn begin_epoch(&mut self, _generation: u64, _epoch: Epoch) {}
 
     /// Makes everything written durable; called once when the input ends.
     fn finish(&mut self) -> DataflowResult<()> {
@@ -37,4 +52,21 @@ pub trait SinkFactory: Send + Sync {
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())
     }
+
+    /// For destinations that cannot take back what a failed run wrote (topics): the writer of
+    /// commit and fence markers that lets readers see each result once.
+    fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
+        Ok(None)
+    }
+}
+
+/// Exactly-once output without broker transactions. Every result is written with its run's
+/// generation and its epoch; once a checkpoint covers epoch `e`, `commit(g, e)` tells readers
+/// that generation `g`'s results up to `e` are final. A restarted run first re-commits what the
+/// checkpoint it resumes from covers, then `fence`s: every result of an older generation not
+/// committed by then is void (it will be produced again). A committed reader releases a result
+/// when its commit arrives and drops those a fence voids.
+pub trait Committer: Send {
+    fn commit(&mut self, generation: u64, through: Epoch) -> DataflowResult<()>;
+    fn fence(&mut self, generation: u64) -> DataflowResult<()>;
 }

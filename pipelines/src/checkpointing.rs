@@ -10,12 +10,13 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use riffle_dataflow::checkpoint::{Checkpoint, CheckpointStore};
 use riffle_dataflow::operators::StateUpdates;
-use riffle_dataflow::{DataflowError, DataflowResult, Epoch, SourceFactory};
+use riffle_dataflow::{Committer, DataflowError, DataflowResult, Epoch, SourceFactory};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::vec::Map;
@@ -40,6 +41,17 @@ pub struct Start {
     pub sink_position: Option<u64>,
     /// Stateful stages' checkpointed state, by stage name.
     pub restored: Restored,
+    /// This run's generation, when it checkpoints (its output is then exactly-once): the
+    /// start time in milliseconds, so a later run always has a larger one.
+    pub generation: Option<u64>,
+    /// The generation that wrote the checkpoint resumed from, and its epoch.
+    pub previous: Option<(u64, Epoch)>,
+}
+
+fn new_generation() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Opens the pipeline's checkpoint store, if any, and resumes from its newest checkpoint.
@@ -52,6 +64,8 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             resumed: Offsets::new(),
             sink_position: None,
             restored: Restored::new(),
+            generation: None,
+            previous: None,
         });
     };
     let Some(id) = pipeline.source.checkpoint_id() else {
@@ -73,6 +87,8 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             resumed: Offsets::new(),
             sink_position: None,
             restored: Restored::new(),
+            generation: Some(new_generation()),
+            previous: None,
         });
     };
     let offsets = checkpoint.sources.get(&id).cloned().unwrap_or_default();
@@ -100,6 +116,12 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             .get(SINK_POSITION)
             .and_then(|p| p.parse().ok()),
         restored: restored_state(&checkpoint.state)?,
+        generation: Some(new_generation()),
+        previous: checkpoint
+            .state
+            .get(SINK_GENERATION)
+            .and_then(|g| g.parse().ok())
+            .map(|g| (g, checkpoint.epoch)),
     })
 }
 
@@ -269,6 +291,18 @@ pub struct Checkpointer {
     sink_positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
     interval: Duration,
     last_write: Option<Instant>,
+    /// Exactly-once output: the sink's acknowledged position, this run's generation, and the
+    /// writer of commit markers.
+    durable: Option<Arc<AtomicU64>>,
+    generation: Option<u64>,
+    committer: Option<Box<dyn Committer>>,
+}
+
+/// What the checkpointer needs from the results sink for exactly-once output.
+pub struct SinkCommit {
+    pub positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+    pub durable: Option<Arc<AtomicU64>>,
+    pub committer: Option<Box<dyn Committer>>,
 }
 
 impl Checkpointer {
@@ -277,12 +311,20 @@ impl Checkpointer {
         source_id: String,
         workers: usize,
         start: &Start,
-        sink_positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+        sink: SinkCommit,
         interval: Duration,
     ) -> Self {
+        let SinkCommit {
+            positions: sink_positions,
+            durable,
+            committer,
+        } = sink;
         Checkpointer {
             interval,
             last_write: None,
+            durable,
+            generation: start.generation,
+            committer,
             store,
             source_id,
             workers,
@@ -323,7 +365,13 @@ impl Checkpointer {
         let mut sink_position = None;
         if let Some(sink_positions) = &self.sink_positions {
             let known = sink_positions.borrow();
-            let Some((&epoch, &at)) = known.range(..=target).next_back() else {
+            // Only what the destination has acknowledged counts as written.
+            let durable = self.durable.as_ref().map(|d| d.load(Ordering::Acquire));
+            let Some((&epoch, &at)) = known
+                .range(..=target)
+                .rev()
+                .find(|(_, at)| durable.is_none_or(|d| **at <= d))
+            else {
                 return Ok(());
             };
             target = epoch;
@@ -358,6 +406,9 @@ impl Checkpointer {
         if let Some(at) = sink_position {
             entries.insert(SINK_POSITION.to_string(), at.to_string());
         }
+        if let Some(g) = self.generation {
+            entries.insert(SINK_GENERATION.to_string(), g.to_string());
+        }
         if let Some(state) = state {
             state.fold_through(epoch);
             entries.extend(state.serialise()?);
@@ -371,12 +422,20 @@ impl Checkpointer {
         self.store.write(&checkpoint)?;
         self.written = Some(epoch);
         self.last_write = Some(Instant::now());
+        // The checkpoint makes the epochs final; readers learn it from the commit markers (a
+        // crash before they are written is covered: the next run writes them first).
+        if let (Some(committer), Some(g)) = (self.committer.as_mut(), self.generation) {
+            committer.commit(g, epoch)?;
+        }
         Ok(())
     }
 }
 
 /// Key of the results sink's position in a checkpoint's state.
 pub const SINK_POSITION: &str = "sink.position";
+
+/// Key of the generation that wrote a checkpoint.
+pub const SINK_GENERATION: &str = "sink.generation";
 
 /// Prefix of a stateful stage's entry in a checkpoint's state (`operator.<stage>`).
 pub const OPERATOR_PREFIX: &str = "operator.";

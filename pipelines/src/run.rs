@@ -14,7 +14,7 @@ use riffle_dataflow::operators::{SinkOptions, WriteToSink};
 use riffle_dataflow::{Batch, DataflowError, Epoch};
 use timely::dataflow::InputHandle;
 
-use crate::checkpointing::{self, Checkpointer, OperatorState, Positions, Start};
+use crate::checkpointing::{self, Checkpointer, OperatorState, Positions, SinkCommit, Start};
 use crate::plan::{build_chain, worker_steps};
 use crate::validate::Pipeline;
 
@@ -116,6 +116,22 @@ fn run_worker(
         .as_ref()
         .and_then(|r| r.position())
         .map(|_| Rc::new(RefCell::new(BTreeMap::new())));
+    let durable = results.as_ref().and_then(|r| r.durable());
+    // Exactly-once into destinations that keep what a failed run wrote: first make final what
+    // the checkpoint we resume from covers, then void the rest of older runs' output.
+    let committer = match (index, start.generation) {
+        (0, Some(generation)) => match pipeline.sink.committer()? {
+            Some(mut c) => {
+                if let Some((g, through)) = start.previous {
+                    c.commit(g, through)?;
+                }
+                c.fence(generation)?;
+                Some(c)
+            }
+            None => None,
+        },
+        _ => None,
+    };
     let mut input: InputHandle<Epoch, timely::container::CapacityContainerBuilder<Vec<Batch>>> =
         InputHandle::new();
     let options = SinkOptions {
@@ -123,6 +139,7 @@ fn run_worker(
         dead_letters: dead,
         latency_column: pipeline.runtime.latency_column.clone(),
         positions: sink_positions.clone(),
+        generation: start.generation,
         errors: errors.clone(),
     };
     let mut positions: Option<Positions> = None;
@@ -147,7 +164,11 @@ fn run_worker(
             id,
             peers,
             start,
-            sink_positions,
+            SinkCommit {
+                positions: sink_positions,
+                durable,
+                committer,
+            },
             pipeline
                 .runtime
                 .checkpoint

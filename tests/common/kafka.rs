@@ -41,6 +41,14 @@ pub struct Received {
 
 /// Every message of `topic`, reading each partition up to its high watermark.
 pub fn consume_all(brokers: &str, topic: &str) -> Vec<Received> {
+    consume_all_with_partitions(brokers, topic)
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect()
+}
+
+/// Every message of `topic` with its partition, each partition in offset order.
+pub fn consume_all_with_partitions(brokers: &str, topic: &str) -> Vec<(i32, Received)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "riffle-tests")
@@ -93,13 +101,30 @@ pub fn consume_all(brokers: &str, topic: &str) -> Vec<Received> {
                     .collect()
             })
             .unwrap_or_default();
-        out.push(Received {
-            key: message
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned()),
-            value: message.payload().unwrap_or_default().to_vec(),
-            headers,
-        });
+        out.push((
+            message.partition(),
+            Received {
+                key: message
+                    .key()
+                    .map(|k| String::from_utf8_lossy(k).into_owned()),
+                value: message.payload().unwrap_or_default().to_vec(),
+                headers,
+            },
+        ));
     }
     out
+}
+
+/// What a committed reader of `topic` sees: every result of an exactly-once run once (see
+/// `riffle_connectors::kafka::committed`), and how many results were left uncommitted.
+pub fn consume_committed(brokers: &str, topic: &str) -> (Vec<Received>, usize) {
+    use riffle_connectors::kafka::committed::{Committed, Message};
+    let mut view = Committed::default();
+    let mut out = Vec::new();
+    for (partition, m) in consume_all_with_partitions(brokers, topic) {
+        let kind = Message::from_headers(m.headers.iter().map(|(k, v)| (k.as_str(), v.as_bytes())));
+        out.extend(view.push(partition, kind, m));
+    }
+    let left = view.uncommitted();
+    (out, left)
 }

@@ -4,6 +4,7 @@
 //! all processes) instead of joining a consumer group: offsets belong to Riffle's checkpoints,
 //! as in Flink and Arroyo, and are committed back to Kafka only as advisory, for lag tools.
 
+pub mod committed;
 mod config;
 mod metrics;
 pub mod replay;

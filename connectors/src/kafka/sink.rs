@@ -2,6 +2,7 @@
 //! Arrow IPC message per batch. A message Kafka fails to deliver fails the next write or the
 //! flush: deliveries are never dropped silently.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,7 +16,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientConfig;
 use riffle_dataflow::metrics::Metrics;
-use riffle_dataflow::sink::{Sink, SinkFactory};
+use riffle_dataflow::sink::{Committer, Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult};
 use tracing::warn;
 
@@ -65,6 +66,85 @@ impl SinkFactory for KafkaSinkFactory {
     fn attach_metrics(&self, metrics: &Metrics) -> DataflowResult<()> {
         metrics::attach(metrics)
     }
+
+    fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
+        Ok(Some(Box::new(MarkerWriter::open(&self.config)?)))
+    }
+}
+
+/// Header naming the generation (run) that wrote a result, in exactly-once runs.
+pub const GENERATION_HEADER: &str = "riffle.generation";
+/// Header naming the epoch of a result.
+pub const EPOCH_HEADER: &str = "riffle.epoch";
+/// Header of a commit marker: `generation:epoch`, everything of that generation up to that
+/// epoch is final.
+pub const COMMIT_HEADER: &str = "riffle.commit";
+/// Header of a fence marker: a generation; results of older generations not committed before
+/// it are void.
+pub const FENCE_HEADER: &str = "riffle.fence";
+
+/// Writes commit and fence markers to every partition of the results topic, after the results
+/// they cover are acknowledged (a checkpoint waits for that), so each partition's reader sees
+/// a marker after the results it covers.
+struct MarkerWriter {
+    config: KafkaSinkConfig,
+    producer: BaseProducer,
+    partitions: Vec<i32>,
+}
+
+impl MarkerWriter {
+    fn open(config: &KafkaSinkConfig) -> DataflowResult<Self> {
+        let producer: BaseProducer = client_config(config)
+            .create()
+            .map_err(|e| config_error(config, format!("creating a marker producer: {e}")))?;
+        let timeout = Duration::from_millis(config.delivery_timeout_ms);
+        let metadata = producer
+            .client()
+            .fetch_metadata(Some(&config.topic), timeout)
+            .map_err(|e| config_error(config, format!("reading the topic's partitions: {e}")))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(config_error(config, "the topic has no partitions"));
+        }
+        Ok(MarkerWriter {
+            config: config.clone(),
+            producer,
+            partitions,
+        })
+    }
+
+    fn mark(&mut self, header: &str, value: &str) -> DataflowResult<()> {
+        for &partition in &self.partitions {
+            let headers = OwnedHeaders::new().insert(Header {
+                key: header,
+                value: Some(value.as_bytes()),
+            });
+            let record = BaseRecord::<[u8], [u8]>::to(&self.config.topic)
+                .partition(partition)
+                .payload(&[][..])
+                .headers(headers);
+            self.producer.send(record).map_err(|(e, _)| {
+                sink_error(&self.config, format!("writing a {header} marker: {e}"))
+            })?;
+        }
+        self.producer
+            .flush(Duration::from_millis(self.config.delivery_timeout_ms))
+            .map_err(|e| sink_error(&self.config, format!("writing {header} markers: {e}")))
+    }
+}
+
+impl Committer for MarkerWriter {
+    fn commit(&mut self, generation: u64, through: riffle_dataflow::Epoch) -> DataflowResult<()> {
+        self.mark(COMMIT_HEADER, &format!("{generation}:{through}"))
+    }
+
+    fn fence(&mut self, generation: u64) -> DataflowResult<()> {
+        self.mark(FENCE_HEADER, &generation.to_string())
+    }
 }
 
 fn config_error(config: &KafkaSinkConfig, message: impl std::fmt::Display) -> DataflowError {
@@ -101,6 +181,33 @@ fn client_config(config: &KafkaSinkConfig) -> ClientConfig {
 struct DeliveryState {
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
+    /// Messages numbered in the order they were produced, and those not yet acknowledged.
+    sequence: Mutex<Sequence>,
+    /// Every message numbered below this is acknowledged by the broker.
+    durable: Arc<AtomicU64>,
+}
+
+#[derive(Default)]
+struct Sequence {
+    next: u64,
+    outstanding: BTreeSet<u64>,
+}
+
+impl DeliveryState {
+    fn number(&self) -> u64 {
+        let mut s = lock(&self.sequence);
+        let n = s.next;
+        s.next += 1;
+        s.outstanding.insert(n);
+        n
+    }
+
+    fn acknowledged(&self, n: u64) {
+        let mut s = lock(&self.sequence);
+        s.outstanding.remove(&n);
+        let durable = s.outstanding.first().copied().unwrap_or(s.next);
+        self.durable.store(durable, Ordering::Release);
+    }
 }
 
 struct SinkContext {
@@ -113,11 +220,12 @@ struct SinkContext {
 impl ClientContext for SinkContext {}
 
 impl ProducerContext for SinkContext {
-    type DeliveryOpaque = ();
+    type DeliveryOpaque = usize;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+    fn delivery(&self, result: &DeliveryResult<'_>, n: usize) {
         match result {
             Ok(message) => {
+                self.state.acknowledged(n as u64);
                 self.records_out.inc();
                 let size = message.payload_len() + message.key_len();
                 self.bytes_out.inc_by(size as u64);
@@ -141,6 +249,8 @@ pub struct KafkaSink {
     config: KafkaSinkConfig,
     producer: BaseProducer<SinkContext>,
     state: Arc<DeliveryState>,
+    /// `(generation, epoch)` headers for the results being written, in exactly-once runs.
+    stamp: Option<(String, String)>,
 }
 
 impl KafkaSink {
@@ -161,6 +271,7 @@ impl KafkaSink {
             config: config.clone(),
             producer,
             state,
+            stamp: None,
         })
     }
 
@@ -182,9 +293,26 @@ impl KafkaSink {
         &self,
         key: Option<&[u8]>,
         payload: &[u8],
-        headers: Option<OwnedHeaders>,
+        mut headers: Option<OwnedHeaders>,
     ) -> DataflowResult<()> {
-        let mut record = BaseRecord::<[u8], [u8]>::to(&self.config.topic).payload(payload);
+        if let Some((generation, epoch)) = &self.stamp {
+            let h = headers
+                .take()
+                .unwrap_or_else(|| OwnedHeaders::new_with_capacity(2));
+            headers = Some(
+                h.insert(Header {
+                    key: GENERATION_HEADER,
+                    value: Some(generation.as_bytes()),
+                })
+                .insert(Header {
+                    key: EPOCH_HEADER,
+                    value: Some(epoch.as_bytes()),
+                }),
+            );
+        }
+        let n = self.state.number() as usize;
+        let mut record =
+            BaseRecord::<[u8], [u8], usize>::with_opaque_to(&self.config.topic, n).payload(payload);
         if let Some(key) = key {
             record = record.key(key);
         }
@@ -335,6 +463,18 @@ impl Sink for KafkaSink {
     fn flush(&mut self) -> DataflowResult<()> {
         self.producer.poll(Duration::ZERO);
         self.check_deliveries()
+    }
+
+    fn position(&self) -> Option<u64> {
+        Some(lock(&self.state.sequence).next)
+    }
+
+    fn durable(&self) -> Option<Arc<AtomicU64>> {
+        Some(self.state.durable.clone())
+    }
+
+    fn begin_epoch(&mut self, generation: u64, epoch: riffle_dataflow::Epoch) {
+        self.stamp = Some((generation.to_string(), epoch.to_string()));
     }
 
     /// End of the run: waits for every delivery report.

@@ -26,6 +26,8 @@ pub struct SinkOptions {
     pub latency_column: Option<String>,
     /// Filled with the results sink's position after each completed epoch (for checkpoints).
     pub positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+    /// The run's generation, when its output is exactly-once (see [`crate::Committer`]).
+    pub generation: Option<u64>,
     /// The first write error; later batches are dropped so the run can end and report it.
     pub errors: Arc<Mutex<Vec<DataflowError>>>,
 }
@@ -74,6 +76,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
             mut dead_letters,
             latency_column,
             positions,
+            generation,
             errors,
         } = options;
         let sink_metrics = metrics.stage("sink");
@@ -133,6 +136,9 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                             .filter(|e| !frontier.less_equal(e))
                             .collect();
                         for epoch in complete {
+                            if let (Some(g), Some(sink)) = (generation, results.as_mut()) {
+                                sink.begin_epoch(g, epoch);
+                            }
                             for batch in pending.remove(&epoch).unwrap_or_default() {
                                 if failed {
                                     continue;
