@@ -203,3 +203,97 @@ fn parts_take_any_batch_size() {
         assert!(worst <= 1e-4, "batch of {n}: differs by {worst}");
     }
 }
+
+/// `camera-classify-split.yaml` as a 2-process cluster (backbone in one process, head in the
+/// other) with `compression`, on `frames`, writing to `out`.
+fn split_run(frames: &std::path::Path, out: &std::path::Path, compression: &str) -> String {
+    let text = std::fs::read_to_string(repo().join("pipelines/camera-classify-split.yaml"))
+        .unwrap()
+        .replace(
+            "path: ../data/frames",
+            &format!("path: \"{}\"", frames.display()),
+        )
+        .replace("compression: fp16", &format!("compression: {compression}"))
+        .replace("../models", &repo().join("models").display().to_string());
+    let file = write(
+        out.parent().unwrap(),
+        &format!("split-{compression}.yaml"),
+        &text,
+    );
+    let port = free_port_pair().to_string();
+    let run = riffle_ok(&[
+        "run",
+        file.to_str().unwrap(),
+        "--workers",
+        "1",
+        "--processes",
+        "2",
+        "--base-port",
+        &port,
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    String::from_utf8_lossy(&run.stderr).into_owned()
+}
+
+fn top1(path: &std::path::Path) -> std::collections::BTreeMap<i64, (String, f64)> {
+    read_jsonl(path)
+        .iter()
+        .map(|r| {
+            (
+                r["frame"].as_i64().unwrap(),
+                (
+                    r["top_label"].as_str().unwrap().to_string(),
+                    r["top_score"].as_f64().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn parts_on_two_processes_give_the_whole_models_top1_with_every_compression() {
+    require_onnx_runtime();
+    parts();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", (0..250).step_by(10));
+    // The whole model, one process.
+    let whole_out = tmp.path().join("whole.jsonl");
+    let whole_yaml = std::fs::read_to_string(repo().join("pipelines/camera-classify.yaml"))
+        .unwrap()
+        .replace(
+            "path: ../data/frames, cameras: 2",
+            &format!("path: \"{}\"", frames.display()),
+        )
+        .replace("../models", &repo().join("models").display().to_string());
+    let whole_file = write(tmp.path(), "whole.yaml", &whole_yaml);
+    riffle_ok(&[
+        "run",
+        "-q",
+        whole_file.to_str().unwrap(),
+        "--output",
+        whole_out.to_str().unwrap(),
+    ]);
+    let whole = top1(&whole_out);
+    assert_eq!(whole.len(), 25);
+    for compression in ["none", "fp16", "sparse"] {
+        let out = tmp.path().join(format!("split-{compression}.jsonl"));
+        let stderr = split_run(&frames, &out, compression);
+        assert!(
+            stderr.contains("bytes received from other processes"),
+            "activations crossed processes: {stderr}"
+        );
+        let split = top1(&out);
+        assert_eq!(split.len(), whole.len(), "{compression}: every frame once");
+        for (frame, (label, score)) in &whole {
+            let (l, s) = &split[frame];
+            assert_eq!(l, label, "{compression}: frame {frame} top-1");
+            // FP16 activations move the softmax score a little; the others not at all.
+            let tolerance = if compression == "fp16" { 5e-3 } else { 1e-5 };
+            assert!(
+                (s - score).abs() < tolerance,
+                "{compression}: frame {frame}: {s} vs {score}"
+            );
+        }
+    }
+}

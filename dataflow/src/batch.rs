@@ -106,6 +106,15 @@ pub fn from_ipc_bytes(bytes: &[u8]) -> Result<RecordBatch, arrow_schema::ArrowEr
     }
 }
 
+/// Arrow IPC bytes of batches this process received from other processes (counted on
+/// arrival: senders may serialise a message more than once to size it).
+static EXCHANGE_BYTES_IN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Bytes of batches received from other processes so far (the exchange's wire volume).
+pub fn exchange_bytes_received() -> u64 {
+    EXCHANGE_BYTES_IN.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 #[derive(Serialize, Deserialize)]
 struct WireBatch {
     kind: BatchKind,
@@ -146,6 +155,7 @@ impl Serialize for Batch {
 impl<'de> Deserialize<'de> for Batch {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let wire = WireBatch::deserialize(deserializer)?;
+        EXCHANGE_BYTES_IN.fetch_add(wire.ipc.len() as u64, std::sync::atomic::Ordering::Relaxed);
         let encoded = from_ipc_bytes(&wire.ipc).map_err(D::Error::custom)?;
         let data = decode(&encoded).map_err(D::Error::custom)?;
         Ok(Batch {

@@ -210,6 +210,7 @@ impl Metrics {
             end_to_end_p50: Duration::from_micros(e2e.value_at_quantile(0.5)),
             end_to_end_p99: Duration::from_micros(e2e.value_at_quantile(0.99)),
             results: e2e.len(),
+            exchange_bytes_in: crate::batch::exchange_bytes_received(),
         }
     }
 }
@@ -292,6 +293,8 @@ pub struct Summary {
     pub results: u64,
     /// Connector metrics (Kafka lag, bytes, produce errors) by name and labels.
     pub connectors: Vec<(String, f64)>,
+    /// Bytes of batches this process received from other processes.
+    pub exchange_bytes_in: u64,
 }
 
 impl Summary {
@@ -338,6 +341,13 @@ impl std::fmt::Display for Summary {
         )?;
         for (name, value) in &self.connectors {
             writeln!(f, "{name} {value}")?;
+        }
+        if self.exchange_bytes_in > 0 {
+            writeln!(
+                f,
+                "exchange: {} bytes received from other processes",
+                self.exchange_bytes_in
+            )?;
         }
         Ok(())
     }

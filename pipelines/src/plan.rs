@@ -5,7 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use riffle_dataflow::metrics::Metrics;
-use riffle_dataflow::operators::{ApplyStage, BatchStream, ExchangeByKey, Rebalance, StateUpdates};
+use riffle_dataflow::operators::{
+    ApplyStage, BatchStream, ExchangeByKey, Place, Rebalance, StateUpdates,
+};
+use riffle_dataflow::{Compression, DataflowError};
 use riffle_dataflow::{DataflowResult, Epoch, Stage};
 use riffle_operators::batching::{BatchPolicy, DynamicBatch};
 use riffle_operators::decode::Decode;
@@ -17,8 +20,11 @@ use riffle_operators::recs::{Candidates, CandidatesConfig};
 use riffle_operators::resize::Resize;
 use riffle_operators::select::Select;
 use riffle_operators::topk::TopK;
+use timely::dataflow::channels::pact::Pipeline as Local;
+use timely::dataflow::operators::vec::Map;
+use timely::dataflow::operators::Operator;
 
-use crate::spec::{RuntimeConfig, StageSpec};
+use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec, Workers};
 use crate::validate::Pipeline;
 
 /// One step of a worker's chain.
@@ -27,10 +33,44 @@ pub enum Step {
     Apply(Box<dyn Stage>),
     /// A stage run on dynamically merged batches (models).
     Batched(Box<dyn Stage>, BatchPolicy),
-    /// Re-shard by a key column, or round-robin without one.
-    Exchange(Option<String>),
+    /// Re-shard by a key column, deal round-robin to all workers, or place on some.
+    Exchange(Route, Compression),
+    /// A stage placed on other workers: batches never reach it here, so nothing is built.
+    Elsewhere,
     /// Stateful candidate generation (its own sharding and feature dataflow).
     Candidates(CandidatesConfig),
+}
+
+/// Where an exchange sends rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    Key(String),
+    All,
+    Workers(Vec<usize>),
+}
+
+/// The workers an exchange places the following stages on, if it does.
+pub fn placed_on(
+    exchange: &ExchangeConfig,
+    runtime: &RuntimeConfig,
+) -> DataflowResult<Option<Vec<usize>>> {
+    Ok(match &exchange.workers {
+        None => None,
+        Some(Workers::List(list)) => Some(list.clone()),
+        Some(Workers::Named(name)) => {
+            Some(runtime.placement.get(name).cloned().ok_or_else(|| {
+                DataflowError::Config(format!(
+                    "no placement `{name}` in runtime.placement (it has: {})",
+                    runtime
+                        .placement
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            })?)
+        }
+    })
 }
 
 /// The stage a spec describes, or `None` for steps that are not stages (exchange).
@@ -72,16 +112,51 @@ pub fn stage_names(pipeline: &Pipeline) -> Vec<String> {
         .collect()
 }
 
-/// The steps one worker runs (each worker gets its own stage instances and model sessions).
-pub fn worker_steps(pipeline: &Pipeline) -> DataflowResult<Vec<(String, Step)>> {
+/// The steps worker `worker` (of `peers`) runs: its own stage instances and model sessions,
+/// except for stages placed on other workers.
+pub fn worker_steps(
+    pipeline: &Pipeline,
+    worker: usize,
+    peers: usize,
+) -> DataflowResult<Vec<(String, Step)>> {
     let names = stage_names(pipeline);
     let mut steps = Vec::new();
-    for (spanned, name) in pipeline.spec.stages.iter().zip(names) {
+    let mut here = true;
+    for (i, (spanned, name)) in pipeline.spec.stages.iter().zip(names).enumerate() {
+        if let StageSpec::Exchange(e) = &spanned.value {
+            let placed = placed_on(e, &pipeline.runtime)?;
+            if let Some(missing) = placed.iter().flatten().find(|w| **w >= peers) {
+                return Err(DataflowError::Config(format!(
+                    "{}: stages[{i}].exchange.workers: worker {missing} does not exist (the cluster has {peers} worker(s), 0..{})",
+                    pipeline.file.display(),
+                    peers.saturating_sub(1)
+                )));
+            }
+            here = placed.as_ref().is_none_or(|p| p.contains(&worker));
+            let route = match (&e.key, placed) {
+                (Some(key), _) => Route::Key(key.clone()),
+                (None, Some(list)) => Route::Workers(list),
+                (None, None) => Route::All,
+            };
+            steps.push((name, Step::Exchange(route, e.compression)));
+            continue;
+        }
+        if !here {
+            if matches!(spanned.value, StageSpec::Candidates(_)) {
+                return Err(DataflowError::Config(format!(
+                    "{}: stages[{i}].candidates shards clicks by user itself and cannot follow \
+                     `exchange: {{ workers }}`",
+                    pipeline.file.display()
+                )));
+            }
+            steps.push((name, Step::Elsewhere));
+            continue;
+        }
         let step = match (
             &spanned.value,
             build_stage(&spanned.value, &pipeline.runtime)?,
         ) {
-            (StageSpec::Exchange(e), _) => Step::Exchange(e.key.clone()),
+            (StageSpec::Exchange(_), _) => continue,
             (StageSpec::Candidates(c), _) => Step::Candidates(c.clone()),
             (StageSpec::Model(m), Some(stage)) => Step::Batched(
                 stage,
@@ -119,8 +194,31 @@ pub fn build_chain<'scope>(
             Step::Batched(stage, policy) => {
                 stream.dynamic_batch(stage, policy, metrics.stage(&name)?)
             }
-            Step::Exchange(Some(key)) => stream.exchange_by_key(&key),
-            Step::Exchange(None) => stream.rebalance(),
+            Step::Exchange(route, compression) => {
+                // Encoded only if a batch crosses to another process; decoded on arrival.
+                let stream = if compression == Compression::None {
+                    stream
+                } else {
+                    stream.map_in_place(move |b| b.compression = compression)
+                };
+                let moved = match route {
+                    Route::Key(key) => stream.exchange_by_key(&key),
+                    Route::All => stream.rebalance(),
+                    Route::Workers(list) => stream.place(&list),
+                };
+                if compression == Compression::None {
+                    moved
+                } else {
+                    moved.map_in_place(|b| b.compression = Compression::None)
+                }
+            }
+            // Every worker must build the same operators (timely numbers channels in build
+            // order), so a stage placed elsewhere is an idle pass-through here.
+            Step::Elsewhere => stream.unary(Local, "Elsewhere", |_, _| {
+                |input, output| {
+                    input.for_each(|cap, data| output.session(&cap).give_container(data));
+                }
+            }),
             Step::Candidates(config) => {
                 let state = restored.get(&name).map_or(&[][..], Vec::as_slice);
                 let (out, updates) =
@@ -184,10 +282,17 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
                 m.batch.max_delay_ms,
                 m.intra_op_threads.unwrap_or(runtime.intra_op_threads)
             ),
-            StageSpec::Exchange(e) => match &e.key {
-                Some(key) => format!("re-shard by `{key}`"),
-                None => "rebalance round-robin".into(),
-            },
+            StageSpec::Exchange(e) => {
+                let route = match (&e.key, placed_on(e, runtime).ok().flatten()) {
+                    (Some(key), _) => format!("re-shard by `{key}`"),
+                    (None, Some(list)) => format!("place the next stages on worker(s) {list:?}"),
+                    (None, None) => "rebalance round-robin".into(),
+                };
+                match e.compression {
+                    Compression::None => route,
+                    c => format!("{route}, {c:?} between processes"),
+                }
+            }
             StageSpec::Candidates(c) => format!(
                 "clicks sharded by `{}`; popularity window {}, seen window {}; ≤ {} candidates per click",
                 c.user,

@@ -100,7 +100,7 @@ fn run_worker(
 ) -> Result<(), DataflowError> {
     let index = worker.index();
     let peers = worker.peers();
-    let steps = worker_steps(pipeline)?;
+    let steps = worker_steps(pipeline, index, peers)?;
     // Only worker 0 writes: the sink operator routes every batch there. After a restart the
     // results sink continues from the checkpointed position.
     let (results, dead) = if index == 0 {

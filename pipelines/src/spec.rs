@@ -70,13 +70,30 @@ impl StageSpec {
 }
 
 /// `exchange:` — route each row to the worker owning its key, or, without a key, deal whole
-/// batches round-robin to all workers (rebalancing a skewed source).
+/// batches round-robin to all workers (rebalancing a skewed source) or to the listed `workers`
+/// (placing the stages that follow on them).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExchangeConfig {
     /// A string or integer column.
     #[serde(default)]
     pub key: Option<String>,
+    /// Only these workers run the stages after this exchange (up to the next one): global
+    /// worker indices, or a name from `runtime.placement`.
+    #[serde(default)]
+    pub workers: Option<Workers>,
+    /// How batches travel between processes: `none`, `fp16` (f32 tensors as f16) or `sparse`
+    /// (mostly-zero tensors as index/value pairs). Batches between threads are never encoded.
+    #[serde(default)]
+    pub compression: riffle_dataflow::Compression,
+}
+
+/// Workers by index, or by the name of a `runtime.placement` group.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Workers {
+    List(Vec<usize>),
+    Named(String),
 }
 
 /// `runtime:` — how the pipeline runs. Command-line flags override these.
@@ -102,6 +119,9 @@ pub struct RuntimeConfig {
     /// Checkpoint source positions as epochs complete, and resume from the newest on start.
     #[serde(default)]
     pub checkpoint: Option<CheckpointConfig>,
+    /// Named groups of workers for `exchange: { workers: NAME }` (e.g. `gpu: [1]`).
+    #[serde(default)]
+    pub placement: std::collections::BTreeMap<String, Vec<usize>>,
 }
 
 /// `runtime.checkpoint:` — where checkpoints go.
@@ -143,6 +163,7 @@ impl Default for RuntimeConfig {
             max_epochs_in_flight: default_max_epochs_in_flight(),
             latency_column: None,
             checkpoint: None,
+            placement: Default::default(),
         }
     }
 }

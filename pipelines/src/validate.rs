@@ -336,8 +336,22 @@ fn validate(
             .cloned()
             .unwrap_or_else(|| Arc::new(arrow_schema::Schema::empty()));
         let next = match &stage.value {
-            StageSpec::Exchange(ExchangeConfig { key: None }) => previous.clone(),
-            StageSpec::Exchange(ExchangeConfig { key: Some(key) }) => {
+            StageSpec::Exchange(e) if e.key.is_some() && e.workers.is_some() => {
+                return Err(at.error(
+                    line,
+                    Some("workers"),
+                    field("workers"),
+                    "give `key` (re-shard rows) or `workers` (place the next stages), not both"
+                        .into(),
+                ))
+            }
+            StageSpec::Exchange(e) if e.key.is_none() => {
+                if let Err(err) = crate::plan::placed_on(e, &runtime) {
+                    return Err(at.error(line, Some("workers"), field("workers"), err.to_string()));
+                }
+                previous.clone()
+            }
+            StageSpec::Exchange(ExchangeConfig { key: Some(key), .. }) => {
                 let key_type = previous.field_with_name(key).map(|f| f.data_type().clone());
                 match key_type {
                     Ok(t) if riffle_dataflow::operators::is_key_type(&t) => previous.clone(),

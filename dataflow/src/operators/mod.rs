@@ -2,11 +2,13 @@
 
 mod apply_stage;
 mod exchange_by_key;
+mod place;
 mod rebalance;
 mod write_to_sink;
 
 pub use apply_stage::{run_stage, ApplyStage};
 pub use exchange_by_key::{is_key_type, route_rows, worker_for, worker_for_int, ExchangeByKey};
+pub use place::Place;
 pub use rebalance::Rebalance;
 pub use write_to_sink::{SinkOptions, WriteToSink};
 
