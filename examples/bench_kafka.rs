@@ -139,6 +139,7 @@ fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {
         repeat,
         extensions: vec!["jpg".into()],
         partition_by: PartitionBy::Camera,
+        max_records_per_second: None,
     })
     .build()
     .expect("bundled frames")

@@ -35,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         repeat: 2,
         extensions: vec!["jpg".into()],
         partition_by: PartitionBy::Camera,
+        max_records_per_second: None,
     })
     .build()?;
     let produced = replay(

@@ -20,6 +20,8 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
                 extensions: vec!["jpg".into(), "jpeg".into(), "png".into()],
                 // Cameras stream side by side: interleave their frames in time order.
                 partition_by: PartitionBy::Camera,
+                // Paced by the producer itself (--fps).
+                max_records_per_second: None,
             };
             // --fps is per camera, as each camera streams at its own frame rate.
             (

@@ -50,6 +50,10 @@ pub struct ImagesConfig {
     /// other cameras as live streams would arrive: per-camera order end to end).
     #[serde(default)]
     pub partition_by: PartitionBy,
+    /// Live pace: at most this many images per second per worker (unset: as fast as they can
+    /// be read), e.g. 25 × the worker's cameras to replay them as real-time streams.
+    #[serde(default)]
+    pub max_records_per_second: Option<f64>,
 }
 
 /// See [`ImagesConfig::partition_by`].
@@ -103,6 +107,7 @@ pub struct ImagesSource {
     partition_by: PartitionBy,
     /// Frame offset between repetitions.
     span: i64,
+    pace: Option<f64>,
 }
 
 impl ImagesSource {
@@ -162,6 +167,7 @@ impl ImagesSource {
             repeat: config.repeat,
             partition_by: config.partition_by,
             span,
+            pace: config.max_records_per_second,
         })
     }
 
@@ -352,6 +358,8 @@ impl SourceFactory for ImagesSource {
             batch_size: self.batch_size,
             span: self.span,
             schema: schema(),
+            pace: self.pace,
+            paced: None,
         }))
     }
 
@@ -368,6 +376,9 @@ struct ImagesPartition {
     batch_size: usize,
     span: i64,
     schema: SchemaRef,
+    pace: Option<f64>,
+    /// When pacing: the first read, and the images read since.
+    paced: Option<(std::time::Instant, u64)>,
 }
 
 impl Source for ImagesPartition {
@@ -375,6 +386,17 @@ impl Source for ImagesPartition {
         let start = self.next;
         if start >= self.rows.len() {
             return Ok(None);
+        }
+        if let Some(rate) = self.pace {
+            let (since, read) = self
+                .paced
+                .get_or_insert_with(|| (std::time::Instant::now(), 0));
+            let due =
+                std::time::Duration::from_secs_f64(*read as f64 / rate.max(f64::MIN_POSITIVE));
+            if let Some(wait) = due.checked_sub(since.elapsed()) {
+                std::thread::sleep(wait);
+            }
+            *read += self.batch_size.min(self.rows.len() - start) as u64;
         }
         let end = start.saturating_add(self.batch_size).min(self.rows.len());
         self.next = end;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use riffle_dataflow::metrics::Metrics;
 use riffle_dataflow::operators::{
-    ApplyStage, BatchStream, ExchangeByKey, Place, Rebalance, StateUpdates,
+    ApplyStage, Balance, BatchStream, ExchangeByKey, Place, Rebalance, ServiceCell, StateUpdates,
 };
 use riffle_dataflow::{Compression, DataflowError};
 use riffle_dataflow::{DataflowResult, Epoch, Stage};
@@ -21,8 +21,10 @@ use riffle_operators::resize::Resize;
 use riffle_operators::select::Select;
 use riffle_operators::topk::TopK;
 use timely::dataflow::channels::pact::Pipeline as Local;
+use timely::dataflow::operators::feedback::Handle;
 use timely::dataflow::operators::vec::Map;
 use timely::dataflow::operators::Operator;
+use timely::dataflow::operators::{ConnectLoop, Feedback};
 
 use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec, Workers};
 use crate::validate::Pipeline;
@@ -47,6 +49,8 @@ pub enum Route {
     Key(String),
     All,
     Workers(Vec<usize>),
+    /// To the least delayed of these workers (empty: all), keeping a key's rows together.
+    Balance(Vec<usize>, Option<String>),
 }
 
 /// The workers an exchange places the following stages on, if it does.
@@ -135,6 +139,9 @@ pub fn worker_steps(
             here = placed.as_ref().is_none_or(|p| p.contains(&worker));
             let route = match (&e.key, placed) {
                 (Some(key), _) => Route::Key(key.clone()),
+                (None, placed) if e.balance => {
+                    Route::Balance(placed.unwrap_or_default(), e.ordered_by.clone())
+                }
                 (None, Some(list)) => Route::Workers(list),
                 (None, None) => Route::All,
             };
@@ -159,7 +166,13 @@ pub fn worker_steps(
             (StageSpec::Exchange(_), _) => continue,
             (StageSpec::Candidates(c), _) => Step::Candidates(c.clone()),
             (StageSpec::Model(m), Some(stage)) => Step::Batched(
-                stage,
+                match &pipeline.runtime.slow_worker {
+                    Some(slow) if slow.worker == worker => Box::new(Slowed {
+                        inner: stage,
+                        delay: Duration::from_millis(slow.delay_ms),
+                    }),
+                    _ => stage,
+                },
                 BatchPolicy {
                     max_size: m.batch.max_size,
                     max_delay: Duration::from_millis(m.batch.max_delay_ms),
@@ -175,6 +188,9 @@ pub fn worker_steps(
     Ok(steps)
 }
 
+/// The open end of a balanced exchange's feedback loop of load reports.
+type LoadLoop<'scope> = Handle<'scope, Epoch, Vec<(usize, f64, u64)>>;
+
 /// Checkpointed operator state by stage name: the records and their counts.
 pub type Restored = BTreeMap<String, Vec<(String, isize)>>;
 
@@ -188,7 +204,31 @@ pub fn build_chain<'scope>(
     first_epoch: Epoch,
 ) -> DataflowResult<(BatchStream<'scope>, Vec<(String, StateUpdates<'scope>)>)> {
     let mut states = Vec::new();
-    for (name, step) in steps {
+    // A balanced exchange learns each worker's delay from the end of the stages after it.
+    let mut feedback: Option<(LoadLoop<'scope>, ServiceCell)> = None;
+    for (name, mut step) in steps {
+        if matches!(step, Step::Exchange(..)) {
+            if let Some((handle, service)) = feedback.take() {
+                stream.clone().report_delays(service).connect_loop(handle);
+            }
+        }
+        // Stages after a balanced exchange time their work for its load reports.
+        if let Some((_, service)) = &feedback {
+            step = match step {
+                Step::Apply(stage) => Step::Apply(Box::new(Timed {
+                    inner: stage,
+                    service: service.clone(),
+                })),
+                Step::Batched(stage, policy) => Step::Batched(
+                    Box::new(Timed {
+                        inner: stage,
+                        service: service.clone(),
+                    }),
+                    policy,
+                ),
+                other => other,
+            };
+        }
         stream = match step {
             Step::Apply(stage) => stream.apply_stage(stage, metrics.stage(&name)?),
             Step::Batched(stage, policy) => {
@@ -205,6 +245,12 @@ pub fn build_chain<'scope>(
                     Route::Key(key) => stream.exchange_by_key(&key),
                     Route::All => stream.rebalance(),
                     Route::Workers(list) => stream.place(&list),
+                    Route::Balance(list, ordered_by) => {
+                        let (handle, reports) = stream.scope().feedback(1);
+                        let service = ServiceCell::default();
+                        feedback = Some((handle, service.clone()));
+                        stream.balance(&list, ordered_by, reports, service)
+                    }
                 };
                 if compression == Compression::None {
                     moved
@@ -228,7 +274,77 @@ pub fn build_chain<'scope>(
             }
         };
     }
+    if let Some((handle, service)) = feedback {
+        stream.clone().report_delays(service).connect_loop(handle);
+    }
     Ok((stream, states))
+}
+
+/// A stage that adds its busy time to its worker's load, for balanced exchanges.
+struct Timed {
+    inner: Box<dyn Stage>,
+    service: ServiceCell,
+}
+
+impl Stage for Timed {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn output_schema(
+        &self,
+        input: &arrow_schema::SchemaRef,
+    ) -> DataflowResult<arrow_schema::SchemaRef> {
+        self.inner.output_schema(input)
+    }
+
+    fn preserves_rows(&self) -> bool {
+        self.inner.preserves_rows()
+    }
+
+    fn process_batch(
+        &mut self,
+        batch: &arrow_array::RecordBatch,
+    ) -> DataflowResult<riffle_dataflow::StageOutput> {
+        let started = std::time::Instant::now();
+        let out = self.inner.process_batch(batch);
+        let mut s = riffle_dataflow::operators::service(&self.service);
+        s.busy_ns += started.elapsed().as_nanos() as u64;
+        s.busy_rows += batch.num_rows() as u64;
+        out
+    }
+}
+
+/// A stage made slower by a fixed delay per batch (`runtime.slow_worker`): a stand-in for a
+/// worker on a loaded or slower machine.
+struct Slowed {
+    inner: Box<dyn Stage>,
+    delay: Duration,
+}
+
+impl Stage for Slowed {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn output_schema(
+        &self,
+        input: &arrow_schema::SchemaRef,
+    ) -> DataflowResult<arrow_schema::SchemaRef> {
+        self.inner.output_schema(input)
+    }
+
+    fn preserves_rows(&self) -> bool {
+        self.inner.preserves_rows()
+    }
+
+    fn process_batch(
+        &mut self,
+        batch: &arrow_array::RecordBatch,
+    ) -> DataflowResult<riffle_dataflow::StageOutput> {
+        std::thread::sleep(self.delay);
+        self.inner.process_batch(batch)
+    }
 }
 
 /// Worker threads per process for `--workers auto`: the cores this process may use (an equal
@@ -285,6 +401,13 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
             StageSpec::Exchange(e) => {
                 let route = match (&e.key, placed_on(e, runtime).ok().flatten()) {
                     (Some(key), _) => format!("re-shard by `{key}`"),
+                    (None, placed) if e.balance => format!(
+                        "balance by measured delay over worker(s) {}{}",
+                        placed.map_or("all".into(), |l| format!("{l:?}")),
+                        e.ordered_by
+                            .as_ref()
+                            .map_or(String::new(), |k| format!(", `{k}` kept in order"))
+                    ),
                     (None, Some(list)) => format!("place the next stages on worker(s) {list:?}"),
                     (None, None) => "rebalance round-robin".into(),
                 };

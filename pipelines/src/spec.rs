@@ -86,6 +86,13 @@ pub struct ExchangeConfig {
     /// (mostly-zero tensors as index/value pairs). Batches between threads are never encoded.
     #[serde(default)]
     pub compression: riffle_dataflow::Compression,
+    /// Route batches to the workers with the least measured delay (fed back through the
+    /// dataflow from the end of the stages that follow) instead of round-robin.
+    #[serde(default)]
+    pub balance: bool,
+    /// With `balance`: keep each key's rows of an epoch on one worker, so they stay in order.
+    #[serde(default)]
+    pub ordered_by: Option<String>,
 }
 
 /// Workers by index, or by the name of a `runtime.placement` group.
@@ -122,6 +129,17 @@ pub struct RuntimeConfig {
     /// Named groups of workers for `exchange: { workers: NAME }` (e.g. `gpu: [1]`).
     #[serde(default)]
     pub placement: std::collections::BTreeMap<String, Vec<usize>>,
+    /// Testing and demos: makes one worker's model stages slower by a fixed delay per batch.
+    #[serde(default)]
+    pub slow_worker: Option<SlowWorker>,
+}
+
+/// `runtime.slow_worker: { worker, delay_ms }`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SlowWorker {
+    pub worker: usize,
+    pub delay_ms: u64,
 }
 
 /// `runtime.checkpoint:` — where checkpoints go.
@@ -164,6 +182,7 @@ impl Default for RuntimeConfig {
             latency_column: None,
             checkpoint: None,
             placement: Default::default(),
+            slow_worker: None,
         }
     }
 }

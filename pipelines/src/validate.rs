@@ -345,6 +345,32 @@ fn validate(
                         .into(),
                 ))
             }
+            StageSpec::Exchange(e) if e.key.is_some() && e.balance => {
+                return Err(at.error(
+                    line,
+                    Some("balance"),
+                    field("balance"),
+                    "`key` routes every row by hash; `balance` cannot apply (use `ordered_by` to keep a key's rows in order)"
+                        .into(),
+                ))
+            }
+            StageSpec::Exchange(e)
+                if e
+                    .ordered_by
+                    .as_ref()
+                    .is_some_and(|k| previous.field_with_name(k).is_err()) =>
+            {
+                return Err(at.error(
+                    line,
+                    Some("ordered_by"),
+                    field("ordered_by"),
+                    format!(
+                        "no column `{}` here; columns are: {}",
+                        e.ordered_by.clone().unwrap_or_default(),
+                        column_list(&previous)
+                    ),
+                ))
+            }
             StageSpec::Exchange(e) if e.key.is_none() => {
                 if let Err(err) = crate::plan::placed_on(e, &runtime) {
                     return Err(at.error(line, Some("workers"), field("workers"), err.to_string()));

@@ -1,12 +1,14 @@
 //! Timely operators over streams of [`Batch`]es, one per module, each an extension trait.
 
 mod apply_stage;
+mod balance;
 mod exchange_by_key;
 mod place;
 mod rebalance;
 mod write_to_sink;
 
 pub use apply_stage::{run_stage, ApplyStage};
+pub use balance::{service, Balance, DelayReports, Service, ServiceCell};
 pub use exchange_by_key::{is_key_type, route_rows, worker_for, worker_for_int, ExchangeByKey};
 pub use place::Place;
 pub use rebalance::Rebalance;

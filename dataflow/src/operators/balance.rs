@@ -1,0 +1,312 @@
+use std::collections::HashMap;
+
+use arrow_array::{RecordBatch, UInt32Array};
+use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::Operator;
+use timely::dataflow::StreamVec;
+
+use super::{worker_for, BatchStream};
+use crate::{Batch, BatchKind, Epoch};
+
+/// Load reports, broadcast to every balancer: (worker, its measured service time per row in
+/// ns, the rows waiting there).
+pub type DelayReports<'scope> = StreamVec<'scope, Epoch, (usize, f64, u64)>;
+
+/// A worker's load, shared by its balanced stages (which time their work), the balancer's
+/// receiving side (which counts arrivals) and the reporter, all on the worker's thread.
+#[derive(Debug, Default)]
+pub struct Service {
+    pub arrived_rows: u64,
+    pub done_rows: u64,
+    pub busy_ns: u64,
+    pub busy_rows: u64,
+}
+
+/// See [`Service`].
+pub type ServiceCell = std::sync::Arc<std::sync::Mutex<Service>>;
+
+/// The load behind `cell` (a poisoned lock only means a panic elsewhere; the counts stand).
+pub fn service(cell: &ServiceCell) -> std::sync::MutexGuard<'_, Service> {
+    cell.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Routes work to the workers that are keeping up, instead of by hash.
+pub trait Balance<'scope> {
+    /// Sends each batch (or, with `ordered_by`, each key's rows) to the one of `workers`
+    /// (empty: all) where it would wait least: (rows queued there + its rows) × that worker's
+    /// service time per row, from `reports` (see [`Balance::report_delays`]) plus what this
+    /// balancer sent since. With `ordered_by`, all rows of one key within an epoch go to one
+    /// worker, so they stay in order (the sink writes epochs in order). Arrivals are counted
+    /// in `service`.
+    ///
+    /// # Examples
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use arrow_array::{Int64Array, RecordBatch};
+    /// use riffle_dataflow::Batch;
+    /// use riffle_dataflow::operators::Balance;
+    /// use timely::dataflow::operators::{ConnectLoop, Feedback, Inspect, ToStream};
+    ///
+    /// let rows = Arc::new(Mutex::new(0));
+    /// let seen = rows.clone();
+    /// timely::example(move |scope| {
+    ///     let one = |v| Batch::records(RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(vec![v])) as _)]).unwrap(), 0);
+    ///     let (handle, reports) = scope.feedback(1);
+    ///     let service = riffle_dataflow::operators::ServiceCell::default();
+    ///     let balanced = (0..8).map(one)
+    ///         .to_stream(scope)
+    ///         .container::<Vec<_>>()
+    ///         .balance(&[], None, reports, service.clone());
+    ///     balanced.clone().report_delays(service).connect_loop(handle);
+    ///     balanced.inspect(move |b: &Batch| *seen.lock().unwrap() += b.num_rows());
+    /// });
+    /// assert_eq!(*rows.lock().unwrap(), 8);
+    /// ```
+    fn balance(
+        self,
+        workers: &[usize],
+        ordered_by: Option<String>,
+        reports: DelayReports<'scope>,
+        service: ServiceCell,
+    ) -> Self;
+
+    /// This worker's load (from `service`) as batches leave the balanced stages, broadcast,
+    /// for the feedback loop into [`Balance::balance`].
+    fn report_delays(self, service: ServiceCell) -> DelayReports<'scope>;
+}
+
+/// Least expected delay: per target, the service time per row and the rows queued there.
+struct LeastDelay {
+    targets: Vec<usize>,
+    /// Service time per row in ns (exponentially weighted), none before a report.
+    ns_per_row: Vec<Option<f64>>,
+    /// Rows queued at the last report, and rows this balancer sent since.
+    backlog: Vec<u64>,
+    sent: Vec<u64>,
+    /// Rotates ties (e.g. before any report).
+    turn: usize,
+}
+
+impl LeastDelay {
+    fn new(targets: Vec<usize>, start: usize) -> Self {
+        let n = targets.len();
+        LeastDelay {
+            targets,
+            ns_per_row: vec![None; n],
+            backlog: vec![0; n],
+            sent: vec![0; n],
+            turn: start,
+        }
+    }
+
+    fn report(&mut self, worker: usize, ns_per_row: f64, backlog: u64) {
+        if let Some(i) = self.targets.iter().position(|t| *t == worker) {
+            let s = &mut self.ns_per_row[i];
+            *s = Some(s.map_or(ns_per_row, |old| 0.7 * old + 0.3 * ns_per_row));
+            self.backlog[i] = backlog;
+            self.sent[i] = 0;
+        }
+    }
+
+    fn pick(&mut self, rows: u64) -> usize {
+        // Unmeasured workers count as the fastest measured one, so they get tried.
+        let fastest = self
+            .ns_per_row
+            .iter()
+            .flatten()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        let fastest = if fastest.is_finite() { fastest } else { 1.0 };
+        let n = self.targets.len();
+        self.turn = self.turn.wrapping_add(1);
+        let mut best = (f64::INFINITY, 0);
+        for k in 0..n {
+            let i = (self.turn + k) % n;
+            let queued = (self.backlog[i] + self.sent[i] + rows) as f64;
+            let delay = queued * self.ns_per_row[i].unwrap_or(fastest);
+            if delay < best.0 {
+                best = (delay, i);
+            }
+        }
+        self.sent[best.1] += rows;
+        self.targets[best.1]
+    }
+}
+
+impl<'scope> Balance<'scope> for BatchStream<'scope> {
+    fn balance(
+        self,
+        workers: &[usize],
+        ordered_by: Option<String>,
+        reports: DelayReports<'scope>,
+        cell: ServiceCell,
+    ) -> Self {
+        let peers = self.scope().peers();
+        let me = self.scope().index();
+        let targets: Vec<usize> = if workers.is_empty() {
+            (0..peers).collect()
+        } else {
+            workers.to_vec()
+        };
+        let mut least = LeastDelay::new(targets, me);
+        // With `ordered_by`: this epoch's key → worker.
+        let mut sticky: (Option<Epoch>, HashMap<usize, usize>) = (None, HashMap::new());
+        self.binary(reports, Pipeline, Pipeline, "Balance", move |_, _| {
+            move |input, delays, output| {
+                delays.for_each(|_, data| {
+                    for (worker, ns_per_row, backlog) in data.drain(..) {
+                        least.report(worker, ns_per_row, backlog);
+                    }
+                });
+                input.for_each(|cap, data| {
+                    let Some(&epoch) = cap.least() else {
+                        return;
+                    };
+                    let mut session = output.session(&cap);
+                    for mut batch in data.drain(..) {
+                        if batch.kind == BatchKind::DeadLetters {
+                            batch.route = me as u64;
+                            session.give(batch);
+                            continue;
+                        }
+                        let Some(column) = ordered_by.as_deref() else {
+                            batch.route = least.pick(batch.num_rows() as u64) as u64;
+                            session.give(batch);
+                            continue;
+                        };
+                        if sticky.0 != Some(epoch) {
+                            sticky = (Some(epoch), HashMap::new());
+                        }
+                        let rows = batch.num_rows() as u64;
+                        match split_by_key(&batch.data, column, &mut |key| {
+                            *sticky.1.entry(key).or_insert_with(|| least.pick(rows))
+                        }) {
+                            Ok(parts) => {
+                                for (dest, rows) in parts {
+                                    let mut part = batch.with_data(rows);
+                                    part.route = dest as u64;
+                                    session.give(part);
+                                }
+                            }
+                            // Validation checks the column; this is a schema drift.
+                            Err(e) => {
+                                tracing::error!("balance by `{column}`: {e}");
+                                batch.route = me as u64;
+                                session.give(batch);
+                            }
+                        }
+                    }
+                });
+            }
+        })
+        .unary(
+            Exchange::new(|b: &Batch| b.route),
+            "Balanced",
+            move |_, _| {
+                move |input, output| {
+                    input.for_each(|cap, data| {
+                        let rows: usize = data
+                            .iter()
+                            .filter(|b| b.kind == BatchKind::Records)
+                            .map(Batch::num_rows)
+                            .sum();
+                        service(&cell).arrived_rows += rows as u64;
+                        output.session(&cap).give_container(data);
+                    });
+                }
+            },
+        )
+    }
+
+    fn report_delays(self, cell: ServiceCell) -> DelayReports<'scope> {
+        use timely::dataflow::operators::vec::Broadcast;
+        let me = self.scope().index();
+        self.unary(Pipeline, "ReportLoad", move |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data| {
+                    let rows: usize = data
+                        .iter()
+                        .filter(|b| b.kind == BatchKind::Records)
+                        .map(Batch::num_rows)
+                        .sum();
+                    let mut s = service(&cell);
+                    s.done_rows += rows as u64;
+                    if s.busy_rows == 0 {
+                        return;
+                    }
+                    let ns_per_row = s.busy_ns as f64 / s.busy_rows as f64;
+                    let backlog = s.arrived_rows.saturating_sub(s.done_rows);
+                    (s.busy_ns, s.busy_rows) = (0, 0);
+                    output.session(&cap).give((me, ns_per_row, backlog));
+                });
+            }
+        })
+        .broadcast()
+    }
+}
+
+/// Splits `batch` by the key in `column`; `dest` names the worker of a key (by its hash).
+fn split_by_key(
+    batch: &RecordBatch,
+    column: &str,
+    dest: &mut dyn FnMut(usize) -> usize,
+) -> crate::DataflowResult<Vec<(usize, RecordBatch)>> {
+    let keys = batch
+        .column_by_name(column)
+        .ok_or_else(|| crate::DataflowError::schema(column, "a key column", "no such column"))?;
+    let mut rows_for: Vec<(usize, Vec<u32>)> = Vec::new();
+    for row in 0..batch.num_rows() {
+        // The hash modulo usize::MAX: a key id, the same for equal keys.
+        let to = dest(worker_for(keys.as_ref(), row, usize::MAX)?);
+        match rows_for.iter_mut().find(|(d, _)| *d == to) {
+            Some((_, rows)) => rows.push(row as u32),
+            None => rows_for.push((to, vec![row as u32])),
+        }
+    }
+    let mut parts = Vec::with_capacity(rows_for.len());
+    for (to, rows) in rows_for {
+        let part = if rows.len() == batch.num_rows() {
+            batch.clone()
+        } else {
+            let indices = UInt32Array::from(rows);
+            let columns = batch
+                .columns()
+                .iter()
+                .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
+                .collect::<Result<Vec<_>, _>>()?;
+            RecordBatch::try_new(batch.schema(), columns)?
+        };
+        parts.push((to, part));
+    }
+    Ok(parts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeastDelay;
+
+    #[test]
+    fn a_slow_worker_gets_a_smaller_share() {
+        let mut l = LeastDelay::new(vec![0, 1], 0);
+        let first: Vec<usize> = (0..4).map(|_| l.pick(4)).collect();
+        assert_eq!(
+            first.iter().filter(|p| **p == 0).count(),
+            2,
+            "even before reports"
+        );
+        // Worker 1 takes 4× as long per row: it gets about 1 batch in 5.
+        l.report(0, 1_000.0, 0);
+        l.report(1, 4_000.0, 0);
+        let picks: Vec<usize> = (0..100).map(|_| l.pick(4)).collect();
+        let to_slow = picks.iter().filter(|p| **p == 1).count();
+        assert!((15..=25).contains(&to_slow), "{to_slow}");
+    }
+
+    #[test]
+    fn a_backlog_steers_work_away() {
+        let mut l = LeastDelay::new(vec![0, 1], 0);
+        l.report(0, 1_000.0, 100);
+        l.report(1, 1_000.0, 0);
+        assert_eq!(l.pick(4), 1);
+    }
+}
