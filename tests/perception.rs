@@ -98,3 +98,36 @@ fn frames_past_the_real_time_budget_are_counted_and_optionally_dropped() {
     assert_eq!(rows.len(), 12);
     assert_eq!(late_of(&summary, "model"), 0, "{summary}");
 }
+
+#[test]
+fn balanced_routing_with_a_slow_worker_keeps_every_frame_once_and_each_camera_in_order() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "street", 100..180);
+    let (rows, summary) = run_camera(
+        tmp.path(),
+        &frames,
+        &[
+            (
+                "stages:\n",
+                "stages:\n  - exchange: { balance: true, ordered_by: camera_id }\n",
+            ),
+            (
+                "latency_column: latency_ms",
+                "latency_column: latency_ms\n  slow_worker: { worker: 1, delay_ms: 40 }",
+            ),
+        ],
+    );
+    assert_eq!(rows.len(), 80, "{summary}");
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    let mut frames_seen = std::collections::BTreeSet::new();
+    for r in &rows {
+        let camera = r["camera_id"].as_str().unwrap().to_string();
+        let frame = r["frame"].as_i64().unwrap();
+        assert!(frames_seen.insert(frame), "frame {frame} twice");
+        if let Some(prev) = last.insert(camera.clone(), frame) {
+            assert!(frame > prev, "camera {camera}: frame {frame} after {prev}");
+        }
+    }
+    assert_eq!(last.len(), 4, "4 cameras: {last:?}");
+}
