@@ -22,6 +22,9 @@ pub enum Command {
     Bench(BenchArgs),
     /// Replay image frames or click events into a Kafka topic (demos, load tests).
     Produce(ProduceArgs),
+    /// Print a results topic to its current end as an exactly-once reader sees it (commit and
+    /// fence markers applied), or raw.
+    Consume(ConsumeArgs),
     /// List the CPU cores and CUDA GPUs this machine offers to pipelines.
     Devices,
     /// Print how a pipeline would run here: workers, threads, batches, placement.
@@ -30,6 +33,19 @@ pub enum Command {
         #[command(flatten)]
         cluster: ClusterArgs,
     },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ConsumeArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    pub brokers: String,
+    /// Topic to read, from the beginning to its end at start.
+    #[arg(long)]
+    pub topic: String,
+    /// Every result message, committed or not (what a reader ignoring the markers sees).
+    #[arg(long)]
+    pub raw: bool,
 }
 
 #[derive(Args, Debug, Clone)]

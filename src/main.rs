@@ -2,6 +2,7 @@
 
 mod bench;
 mod cli;
+mod consume;
 mod launch;
 mod produce;
 mod serve;
@@ -31,6 +32,7 @@ fn main() {
         Command::Validate { file } => validate_command(&file),
         Command::Bench(args) => bench::bench_command(args),
         Command::Produce(args) => produce::produce_command(args),
+        Command::Consume(args) => consume::consume_command(args),
         Command::Devices => devices_command(),
         Command::Plan { file, cluster } => plan_command(&file, &cluster),
     };
