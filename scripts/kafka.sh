@@ -3,7 +3,7 @@
 # (its in-memory storage is not Kafka-correct, so it is never used here).
 #
 #   scripts/kafka.sh install   # build tansu once into the tools cache (≈10–15 min on 2 cores)
-#   scripts/kafka.sh start     # install if missing, start on 127.0.0.1:${RIFFLE_KAFKA_PORT:-9092}
+#   scripts/kafka.sh start     # install if missing, start on ${RIFFLE_KAFKA_HOST:-127.0.0.1}:${RIFFLE_KAFKA_PORT:-9092}
 #   scripts/kafka.sh stop
 #   scripts/kafka.sh status
 #   scripts/kafka.sh pid       # the broker's process id (tests pause it to simulate an outage)
@@ -15,8 +15,9 @@ cache="${RIFFLE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/riffle}"
 tools="$cache/tools/tansu-$TANSU_VERSION"
 tansu="$tools/bin/tansu"
 port="${RIFFLE_KAFKA_PORT:-9092}"
+host="${RIFFLE_KAFKA_HOST:-127.0.0.1}"
 state="${RIFFLE_KAFKA_DIR:-$cache/kafka-$port}"
-url="tcp://127.0.0.1:$port"
+url="tcp://$host:$port"
 
 install() {
   if [ -x "$tansu" ]; then return; fi
@@ -30,7 +31,7 @@ running() {
 
 start() {
   install
-  if running; then echo "kafka: already running on 127.0.0.1:$port"; return; fi
+  if running; then echo "kafka: already running on $host:$port"; return; fi
   mkdir -p "$state"
   rm -f "$state/tansu.db" "$state/tansu.db-"*
   # exec: the recorded pid is the broker's own, so `stop` ends it.
@@ -39,8 +40,8 @@ start() {
       --storage-engine "sqlite://tansu.db" >"$state/broker.log" 2>&1) &
   echo $! >"$state/pid"
   for _ in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-      echo "kafka: tansu broker on 127.0.0.1:$port (log $state/broker.log)"
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+      echo "kafka: tansu broker on $host:$port (log $state/broker.log)"
       return
     fi
     running || { cat "$state/broker.log" >&2; echo "kafka: broker exited" >&2; exit 1; }
@@ -58,7 +59,7 @@ case "${1:-}" in
   install) install ;;
   start) start ;;
   stop) stop ;;
-  status) if running; then echo "running on 127.0.0.1:$port"; else echo "not running"; exit 1; fi ;;
+  status) if running; then echo "running on $host:$port"; else echo "not running"; exit 1; fi ;;
   pid) running && cat "$state/pid" ;;
   topic) "$tansu" topic create "$2" --partitions "${3:-4}" --broker "$url" ;;
   *) echo "usage: $0 install|start|stop|status|pid|topic NAME [PARTITIONS]" >&2; exit 2 ;;

@@ -13,6 +13,7 @@
 
 pub mod checkpointing;
 pub mod error;
+pub mod liveness;
 pub mod plan;
 pub mod run;
 pub mod spec;

@@ -15,6 +15,7 @@ use riffle_dataflow::{Batch, DataflowError, Epoch};
 use timely::dataflow::InputHandle;
 
 use crate::checkpointing::{self, Checkpointer, OperatorState, Positions, SinkCommit, Start};
+use crate::liveness::Liveness;
 use crate::plan::{build_chain, worker_steps};
 use crate::validate::Pipeline;
 
@@ -100,6 +101,11 @@ fn run_worker(
 ) -> Result<(), DataflowError> {
     let index = worker.index();
     let peers = worker.peers();
+    // Built first, and by every worker, so the dataflows match across the cluster.
+    let mut liveness = Liveness::build(
+        worker,
+        Duration::from_millis(pipeline.runtime.peer_timeout_ms),
+    );
     let steps = worker_steps(pipeline, index, peers)?;
     // Only worker 0 writes: the sink operator routes every batch there. After a restart the
     // results sink continues from the checkpointed position.
@@ -220,9 +226,11 @@ fn run_worker(
             while probe.less_than(&epoch.saturating_sub(in_flight)) && healthy(errors) {
                 worker.step_or_park(Some(Duration::from_millis(1)));
                 checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+                liveness.tick()?;
             }
         }
         worker.step();
+        liveness.tick()?;
         checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
         if !healthy(errors) {
             break;
@@ -234,12 +242,14 @@ fn run_worker(
     let state_done = |s: &Option<OperatorState>| s.as_ref().is_none_or(|s| s.probe.done());
     while (!probe.done() || !positions.probe.done() || !state_done(&state)) && healthy(errors) {
         worker.step_or_park(Some(Duration::from_millis(1)));
+        liveness.tick()?;
         checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
     }
     // Only a run that wrote all its results may record that it got this far.
     if healthy(errors) {
         checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
     }
+    liveness.close();
     Ok(())
 }
 

@@ -132,6 +132,14 @@ pub struct RuntimeConfig {
     /// Testing and demos: makes one worker's model stages slower by a fixed delay per batch.
     #[serde(default)]
     pub slow_worker: Option<SlowWorker>,
+    /// A peer worker silent this long (its process died or its host dropped off the network)
+    /// fails the run, so that supervisors restart the cluster from its last checkpoint.
+    #[serde(default = "default_peer_timeout_ms")]
+    pub peer_timeout_ms: u64,
+}
+
+fn default_peer_timeout_ms() -> u64 {
+    30_000
 }
 
 /// `runtime.slow_worker: { worker, delay_ms }`.
@@ -183,6 +191,7 @@ impl Default for RuntimeConfig {
             checkpoint: None,
             placement: Default::default(),
             slow_worker: None,
+            peer_timeout_ms: default_peer_timeout_ms(),
         }
     }
 }
