@@ -134,6 +134,7 @@ impl ClusterArgs {
         &self,
         default_workers: usize,
         intra_op_threads: usize,
+        gpu_models: bool,
     ) -> Result<ClusterConfig> {
         let threads = match self.workers {
             Some(Workers::Count(n)) => n,
@@ -145,7 +146,12 @@ impl ClusterArgs {
                 } else {
                     self.processes
                 };
-                riffle_pipelines::plan::auto_workers(cores, here, intra_op_threads)
+                let gpus = if gpu_models {
+                    riffle_operators::gpu::discover().map_or(0, |g| g.len())
+                } else {
+                    0
+                };
+                riffle_pipelines::plan::auto_workers(cores, here, intra_op_threads, gpus)
             }
             None => default_workers,
         };

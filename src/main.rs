@@ -44,7 +44,11 @@ fn main() {
 
 fn plan_command(file: &std::path::Path, cluster: &cli::ClusterArgs) -> Result<()> {
     let pipeline = riffle_pipelines::load(file, None)?;
-    let config = cluster.to_config(pipeline.runtime.workers, pipeline.runtime.intra_op_threads)?;
+    let config = cluster.to_config(
+        pipeline.runtime.workers,
+        pipeline.runtime.intra_op_threads,
+        riffle_pipelines::plan::uses_gpus(&pipeline),
+    )?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let gpus = match riffle_operators::gpu::discover() {
         Ok(g) => format!("{} GPU(s)", g.len()),
@@ -122,9 +126,11 @@ fn run_command(args: RunArgs) -> Result<()> {
         });
     }
     let pipeline = Arc::new(pipeline);
-    let cluster = args
-        .cluster
-        .to_config(pipeline.runtime.workers, pipeline.runtime.intra_op_threads)?;
+    let cluster = args.cluster.to_config(
+        pipeline.runtime.workers,
+        pipeline.runtime.intra_op_threads,
+        riffle_pipelines::plan::uses_gpus(&pipeline),
+    )?;
     if matches!(args.cluster.workers, Some(cli::Workers::Auto)) {
         tracing::info!(
             "plan:\n{}",

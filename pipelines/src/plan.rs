@@ -349,9 +349,43 @@ impl Stage for Slowed {
 
 /// Worker threads per process for `--workers auto`: the cores this process may use (an equal
 /// share when several processes run on this host), divided by the ONNX Runtime threads each
-/// worker's model runs with.
-pub fn auto_workers(cores: usize, processes_on_host: usize, intra_op_threads: usize) -> usize {
-    (cores / processes_on_host.max(1) / intra_op_threads.max(1)).max(1)
+/// worker's model runs with; and at least one worker per GPU of this process's share when the
+/// pipeline's models may run on GPUs (`gpus`: the GPUs found, 0 otherwise), so that worker i
+/// drives GPU i mod n.
+pub fn auto_workers(
+    cores: usize,
+    processes_on_host: usize,
+    intra_op_threads: usize,
+    gpus: usize,
+) -> usize {
+    let processes = processes_on_host.max(1);
+    let cpu = cores / processes / intra_op_threads.max(1);
+    let gpu = gpus.div_ceil(processes);
+    cpu.max(gpu).max(1)
+}
+
+/// Whether any model stage may run on a GPU (`device: auto` or `cuda:N`).
+pub fn uses_gpus(pipeline: &Pipeline) -> bool {
+    pipeline.spec.stages.iter().any(|s| {
+        matches!(&s.value, StageSpec::Model(m)
+            if !matches!(m.device, riffle_operators::model::Device::Cpu))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_workers;
+
+    #[test]
+    fn auto_workers_share_cores_and_cover_gpus() {
+        assert_eq!(auto_workers(16, 1, 1, 0), 16);
+        assert_eq!(auto_workers(16, 2, 2, 0), 4);
+        assert_eq!(auto_workers(2, 4, 1, 0), 1);
+        // 8 GPUs on a 4-core host: one worker per GPU.
+        assert_eq!(auto_workers(4, 1, 1, 8), 8);
+        // Split over 3 processes: each drives its share, rounded up.
+        assert_eq!(auto_workers(3, 3, 1, 8), 3);
+    }
 }
 
 /// A human-readable plan: where each stage runs, with what threads and batches.
