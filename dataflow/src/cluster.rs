@@ -82,6 +82,45 @@ impl ClusterConfig {
     }
 
     /// The timely configuration for this process.
+    /// The communication layer for [`timely::execute::execute_from`]. Processes of a cluster are
+    /// connected here rather than by timely, whose connect and accept loops sleep a whole second
+    /// after a refused or not-yet-arrived connection: that second would be paid on every start
+    /// and every restart after a failure. Here connecting retries every 20 ms and accepting
+    /// blocks, so a cluster forms as soon as its last process is up.
+    pub fn build(
+        &self,
+    ) -> Result<
+        (
+            Vec<timely_communication::AllocatorBuilder>,
+            Box<dyn std::any::Any + Send>,
+        ),
+        String,
+    > {
+        if self.addresses.len() <= 1 {
+            return self.to_timely().communication.try_build();
+        }
+        use timely_communication::allocator::zero_copy::initialize::initialize_networking_from_sockets;
+        use timely_communication::allocator::ProcessBuilder;
+        let sockets = connect(&self.addresses, self.process)
+            .map_err(|e| format!("connecting the cluster: {e}"))?;
+        let hooks = timely_communication::Hooks::default();
+        let local = ProcessBuilder::new_typed_vector(
+            self.threads,
+            hooks.refill.clone(),
+            hooks.spill.clone(),
+        );
+        let (builders, guard) =
+            initialize_networking_from_sockets(local, sockets, self.process, self.threads, hooks)
+                .map_err(|e| format!("starting the cluster's network threads: {e}"))?;
+        Ok((
+            builders
+                .into_iter()
+                .map(timely_communication::AllocatorBuilder::Tcp)
+                .collect(),
+            Box::new(guard),
+        ))
+    }
+
     pub fn to_timely(&self) -> timely::Config {
         let communication = if self.addresses.len() > 1 {
             timely::CommunicationConfig::Cluster {
@@ -117,4 +156,63 @@ mod tests {
         assert!(ClusterConfig::from_hostfile(2, 2, &dir).is_err());
         std::fs::remove_file(dir).unwrap();
     }
+}
+
+/// One socket per other process, indexed by process: this process connects to those before it
+/// (announcing its index) and accepts those after it.
+fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::net::TcpStream>>> {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    let listener = TcpListener::bind(addresses[me].as_str())?;
+    let later = addresses.len() - me - 1;
+    let accepting = std::thread::spawn(move || -> std::io::Result<Vec<(usize, TcpStream)>> {
+        let mut accepted = Vec::with_capacity(later);
+        while accepted.len() < later {
+            let (mut stream, _) = listener.accept()?;
+            stream.set_nodelay(true)?;
+            let mut index = [0u8; 8];
+            stream.read_exact(&mut index)?;
+            accepted.push((u64::from_le_bytes(index) as usize, stream));
+        }
+        Ok(accepted)
+    });
+    let mut sockets: Vec<Option<TcpStream>> = (0..addresses.len()).map(|_| None).collect();
+    for (peer, address) in addresses.iter().enumerate().take(me) {
+        let started = Instant::now();
+        let mut reported = Instant::now();
+        let mut stream = loop {
+            match TcpStream::connect(address.as_str()) {
+                Ok(s) => break s,
+                Err(e) => {
+                    if reported.elapsed() > Duration::from_secs(5) {
+                        tracing::info!(
+                            "waiting for process {peer} at {address} ({:.0} s): {e}",
+                            started.elapsed().as_secs_f64()
+                        );
+                        reported = Instant::now();
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        };
+        stream.set_nodelay(true)?;
+        stream.write_all(&(me as u64).to_le_bytes())?;
+        sockets[peer] = Some(stream);
+    }
+    let accepted = accepting
+        .join()
+        .map_err(|_| std::io::Error::other("the accepting thread panicked"))??;
+    for (peer, stream) in accepted {
+        match sockets.get_mut(peer) {
+            Some(slot @ None) if peer > me => *slot = Some(stream),
+            _ => {
+                return Err(std::io::Error::other(format!(
+                    "process index {peer} announced twice or out of range"
+                )))
+            }
+        }
+    }
+    Ok(sockets)
 }

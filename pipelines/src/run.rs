@@ -56,26 +56,31 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
     pipeline.sink.attach_metrics(&metrics)?;
     pipeline.dead_letter.attach_metrics(&metrics)?;
     let start = Arc::new(checkpointing::start(&pipeline)?);
-    let config = options.cluster.to_timely();
+    let (builders, communication) = options.cluster.build().map_err(DataflowError::Cluster)?;
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();
     let worker_pipeline = pipeline.clone();
-    let guards = timely::execute(config, move |worker| {
-        let result = run_worker(worker, &worker_pipeline, &start, &metrics, &worker_errors);
-        if let Err(e) = result {
-            tracing::error!(worker = worker.index(), "{e}");
-            if let Ok(mut errs) = worker_errors.lock() {
-                errs.push(e);
+    let guards = timely::execute::execute_from(
+        builders,
+        communication,
+        timely::WorkerConfig::default(),
+        move |worker| {
+            let result = run_worker(worker, &worker_pipeline, &start, &metrics, &worker_errors);
+            if let Err(e) = result {
+                tracing::error!(worker = worker.index(), "{e}");
+                if let Ok(mut errs) = worker_errors.lock() {
+                    errs.push(e);
+                }
             }
-        }
-        // After a failure the dataflows can never complete (a peer stopped feeding them);
-        // timely would wait for them forever, so drop them.
-        if !healthy(&worker_errors) {
-            for id in worker.installed_dataflows() {
-                worker.drop_dataflow(id);
+            // After a failure the dataflows can never complete (a peer stopped feeding them);
+            // timely would wait for them forever, so drop them.
+            if !healthy(&worker_errors) {
+                for id in worker.installed_dataflows() {
+                    worker.drop_dataflow(id);
+                }
             }
-        }
-    })
+        },
+    )
     .map_err(DataflowError::Cluster)?;
     for outcome in guards.join() {
         outcome.map_err(DataflowError::Cluster)?;
