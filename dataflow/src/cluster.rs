@@ -142,22 +142,6 @@ impl ClusterConfig {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hostfile_lists_processes() {
-        let dir = std::env::temp_dir().join(format!("riffle-hostfile-{}", std::process::id()));
-        std::fs::write(&dir, "# cluster\n127.0.0.1:2101\n\n127.0.0.1:2102\n").unwrap();
-        let c = ClusterConfig::from_hostfile(2, 1, &dir).unwrap();
-        assert_eq!(c.processes(), 2);
-        assert_eq!(c.total_workers(), 4);
-        assert!(ClusterConfig::from_hostfile(2, 2, &dir).is_err());
-        std::fs::remove_file(dir).unwrap();
-    }
-}
-
 /// One socket per other process, indexed by process: this process connects to those before it
 /// (announcing its index) and accepts those after it.
 fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::net::TcpStream>>> {
@@ -215,4 +199,20 @@ fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::n
         }
     }
     Ok(sockets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostfile_lists_processes() {
+        let dir = std::env::temp_dir().join(format!("riffle-hostfile-{}", std::process::id()));
+        std::fs::write(&dir, "# cluster\n127.0.0.1:2101\n\n127.0.0.1:2102\n").unwrap();
+        let c = ClusterConfig::from_hostfile(2, 1, &dir).unwrap();
+        assert_eq!(c.processes(), 2);
+        assert_eq!(c.total_workers(), 4);
+        assert!(ClusterConfig::from_hostfile(2, 2, &dir).is_err());
+        std::fs::remove_file(dir).unwrap();
+    }
 }

@@ -372,22 +372,6 @@ pub fn uses_gpus(pipeline: &Pipeline) -> bool {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::auto_workers;
-
-    #[test]
-    fn auto_workers_share_cores_and_cover_gpus() {
-        assert_eq!(auto_workers(16, 1, 1, 0), 16);
-        assert_eq!(auto_workers(16, 2, 2, 0), 4);
-        assert_eq!(auto_workers(2, 4, 1, 0), 1);
-        // 8 GPUs on a 4-core host: one worker per GPU.
-        assert_eq!(auto_workers(4, 1, 1, 8), 8);
-        // Split over 3 processes: each drives its share, rounded up.
-        assert_eq!(auto_workers(3, 3, 1, 8), 3);
-    }
-}
-
 /// A human-readable plan: where each stage runs, with what threads and batches.
 pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String {
     let mut out = String::new();
@@ -470,4 +454,20 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auto_workers;
+
+    #[test]
+    fn auto_workers_share_cores_and_cover_gpus() {
+        assert_eq!(auto_workers(16, 1, 1, 0), 16);
+        assert_eq!(auto_workers(16, 2, 2, 0), 4);
+        assert_eq!(auto_workers(2, 4, 1, 0), 1);
+        // 8 GPUs on a 4-core host: one worker per GPU.
+        assert_eq!(auto_workers(4, 1, 1, 8), 8);
+        // Split over 3 processes: each drives its share, rounded up.
+        assert_eq!(auto_workers(3, 3, 1, 8), 3);
+    }
 }
