@@ -447,59 +447,16 @@ runtime: {{ workers: 1, epoch_records: 4 }}
         std::fs::create_dir_all(&dir).unwrap();
         let p = write(&dir, "kill.yaml", &pipeline);
         let out = dir.join("out.jsonl");
-        let port = free_port_pair().to_string();
-        let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
-            .args([
-                "run",
-                "-q",
-                p.to_str().unwrap(),
-                "--processes",
-                "2",
-                "--base-port",
-                &port,
-            ])
-            .args([
+        run_killing_one(
+            &p,
+            &[
                 "--output",
                 out.to_str().unwrap(),
                 "--checkpoint-dir",
                 dir.join("ckpt").to_str().unwrap(),
-            ])
-            .env("RUST_LOG", "warn")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(after_ms));
-        let pids = worker_pids(&p);
-        assert_eq!(
-            pids.len(),
-            2,
-            "trial {trial}: both worker processes run at {after_ms} ms: {pids:?}"
-        );
-        let mut pids = pids;
-        pids.sort();
-        // Lower pid = started first = process 0.
-        let killed = std::process::Command::new("kill")
-            .args(["-9", &pids[victim].to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-        let status = loop {
-            if let Some(status) = supervisor.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "trial {trial}: the cluster did not finish"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        };
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
-        assert!(status.success(), "trial {trial}: {stderr}");
-        assert!(
-            stderr.contains("restarting the cluster"),
-            "trial {trial}: the kill landed mid-run: {stderr}"
+            ],
+            victim,
+            after_ms,
         );
         let got = camera_frames(&out);
         assert_eq!(
@@ -647,41 +604,7 @@ runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms:
         let dir = tmp.path().join(format!("trial{trial}"));
         std::fs::create_dir_all(&dir).unwrap();
         let p = write(&dir, "eo.yaml", &pipeline);
-        let port = free_port_pair().to_string();
-        let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
-            .args(["run", "-q", p.to_str().unwrap(), "--processes", "2"])
-            .args(["--base-port", &port])
-            .env("RUST_LOG", "warn")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(after_ms));
-        let mut pids = worker_pids(&p);
-        assert_eq!(pids.len(), 2, "trial {trial}: both worker processes run");
-        pids.sort();
-        assert!(std::process::Command::new("kill")
-            .args(["-9", &pids[victim].to_string()])
-            .status()
-            .unwrap()
-            .success());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-        let status = loop {
-            if let Some(status) = supervisor.try_wait().unwrap() {
-                break status;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "trial {trial}: did not finish"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        };
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
-        assert!(status.success(), "trial {trial}: {stderr}");
-        assert!(
-            stderr.contains("restarting the cluster"),
-            "trial {trial}: the kill landed mid-run: {stderr}"
-        );
+        run_killing_one(&p, &[], victim, after_ms);
         let (committed, left) = consume_committed(&brokers, &output);
         let mut got: Vec<(String, i64)> = committed
             .iter()

@@ -357,11 +357,10 @@ runtime: {{ workers: 1, epoch_records: 32 }}
         std::fs::create_dir_all(&dir).unwrap();
         let p = write(&dir, "recs.yaml", &pipeline);
         let out = dir.join("out.jsonl");
-        let stderr = run_killing(&p, &out, &dir.join("ckpt"), victim, after_ms);
-        assert!(
-            stderr.contains("restarting the cluster"),
-            "trial {trial}: the kill landed mid-run: {stderr}"
-        );
+        let ckpt = dir.join("ckpt");
+        let flags = ["--output", out.to_str().unwrap()];
+        let flags = [&flags[..], &["--checkpoint-dir", ckpt.to_str().unwrap()]].concat();
+        run_killing_one(&p, &flags, victim, after_ms);
         let resumed = std::fs::read_dir(dir.join("ckpt")).unwrap().count();
         assert!(resumed > 0, "trial {trial}: checkpoints were written");
         let rows = read_jsonl(&out);
@@ -370,44 +369,4 @@ runtime: {{ workers: 1, epoch_records: 32 }}
         // empty features and differ from the recomputation.
         check_against_recomputation(&csv, &clicks, &got, Some(86_400), None, 10);
     }
-}
-
-/// Runs `pipeline` as a 2-process supervised cluster with checkpoints, `kill -9`s process
-/// `victim` after `after_ms`, waits for the cluster to finish, and returns its stderr.
-fn run_killing(pipeline: &Path, out: &Path, ckpt: &Path, victim: usize, after_ms: u64) -> String {
-    let port = free_port_pair().to_string();
-    let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q", pipeline.to_str().unwrap()])
-        .args(["--processes", "2", "--base-port", &port])
-        .args(["--output", out.to_str().unwrap()])
-        .args(["--checkpoint-dir", ckpt.to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(after_ms));
-    let mut pids = worker_pids(pipeline);
-    assert_eq!(pids.len(), 2, "both worker processes run at {after_ms} ms");
-    pids.sort();
-    // Lower pid = started first = process 0.
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &pids[victim].to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
-    let status = loop {
-        if let Some(status) = supervisor.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cluster did not finish"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(status.success(), "{stderr}");
-    stderr
 }

@@ -167,9 +167,10 @@ pub fn worker_steps(
             (StageSpec::Candidates(c), _) => Step::Candidates(c.clone()),
             (StageSpec::Model(m), Some(stage)) => Step::Batched(
                 match &pipeline.runtime.slow_worker {
-                    Some(slow) if slow.worker == worker => Box::new(Slowed {
+                    Some(slow) if slow.worker == worker => Box::new(Instrumented {
                         inner: stage,
                         delay: Duration::from_millis(slow.delay_ms),
+                        service: None,
                     }),
                     _ => stage,
                 },
@@ -215,17 +216,10 @@ pub fn build_chain<'scope>(
         // Stages after a balanced exchange time their work for its load reports.
         if let Some((_, service)) = &feedback {
             step = match step {
-                Step::Apply(stage) => Step::Apply(Box::new(Timed {
-                    inner: stage,
-                    service: service.clone(),
-                })),
-                Step::Batched(stage, policy) => Step::Batched(
-                    Box::new(Timed {
-                        inner: stage,
-                        service: service.clone(),
-                    }),
-                    policy,
-                ),
+                Step::Apply(stage) => Step::Apply(Instrumented::timed(stage, service)),
+                Step::Batched(stage, policy) => {
+                    Step::Batched(Instrumented::timed(stage, service), policy)
+                }
                 other => other,
             };
         }
@@ -280,13 +274,26 @@ pub fn build_chain<'scope>(
     Ok((stream, states))
 }
 
-/// A stage that adds its busy time to its worker's load, for balanced exchanges.
-struct Timed {
+/// A stage with instrumentation around it: a fixed delay per batch (`runtime.slow_worker`, a
+/// stand-in for a worker on a loaded or slower machine) and/or its busy time added to its
+/// worker's load (for balanced exchanges).
+struct Instrumented {
     inner: Box<dyn Stage>,
-    service: ServiceCell,
+    delay: Duration,
+    service: Option<ServiceCell>,
 }
 
-impl Stage for Timed {
+impl Instrumented {
+    fn timed(inner: Box<dyn Stage>, service: &ServiceCell) -> Box<dyn Stage> {
+        Box::new(Instrumented {
+            inner,
+            delay: Duration::ZERO,
+            service: Some(service.clone()),
+        })
+    }
+}
+
+impl Stage for Instrumented {
     fn name(&self) -> &str {
         self.inner.name()
     }
@@ -307,43 +314,16 @@ impl Stage for Timed {
         batch: &arrow_array::RecordBatch,
     ) -> DataflowResult<riffle_dataflow::StageOutput> {
         let started = std::time::Instant::now();
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
         let out = self.inner.process_batch(batch);
-        let mut s = riffle_dataflow::operators::service(&self.service);
-        s.busy_ns += started.elapsed().as_nanos() as u64;
-        s.busy_rows += batch.num_rows() as u64;
+        if let Some(service) = &self.service {
+            let mut s = riffle_dataflow::operators::service(service);
+            s.busy_ns += started.elapsed().as_nanos() as u64;
+            s.busy_rows += batch.num_rows() as u64;
+        }
         out
-    }
-}
-
-/// A stage made slower by a fixed delay per batch (`runtime.slow_worker`): a stand-in for a
-/// worker on a loaded or slower machine.
-struct Slowed {
-    inner: Box<dyn Stage>,
-    delay: Duration,
-}
-
-impl Stage for Slowed {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn output_schema(
-        &self,
-        input: &arrow_schema::SchemaRef,
-    ) -> DataflowResult<arrow_schema::SchemaRef> {
-        self.inner.output_schema(input)
-    }
-
-    fn preserves_rows(&self) -> bool {
-        self.inner.preserves_rows()
-    }
-
-    fn process_batch(
-        &mut self,
-        batch: &arrow_array::RecordBatch,
-    ) -> DataflowResult<riffle_dataflow::StageOutput> {
-        std::thread::sleep(self.delay);
-        self.inner.process_batch(batch)
     }
 }
 

@@ -164,3 +164,51 @@ pub fn worker_pids(pipeline: &std::path::Path) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Runs `pipeline` as a supervised cluster of 2 local processes (`extra` flags added),
+/// `kill -9`s process `victim` after `after_ms`, waits for the cluster to finish by itself, and
+/// returns the supervisor's stderr, failing unless it succeeded after a restart.
+pub fn run_killing_one(pipeline: &Path, extra: &[&str], victim: usize, after_ms: u64) -> String {
+    let port = free_port_pair().to_string();
+    let mut supervisor = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", pipeline.to_str().unwrap(), "--processes", "2"])
+        .args(["--base-port", &port])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(after_ms));
+    let mut pids = worker_pids(pipeline);
+    assert_eq!(
+        pids.len(),
+        2,
+        "both worker processes run at {after_ms} ms: {pids:?}"
+    );
+    pids.sort();
+    // Lower pid = started first = process 0.
+    let killed = Command::new("kill")
+        .args(["-9", &pids[victim].to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let status = loop {
+        if let Some(status) = supervisor.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("restarting the cluster"),
+        "the kill landed mid-run: {stderr}"
+    );
+    stderr
+}

@@ -1,10 +1,11 @@
 use std::collections::HashMap;
 
-use arrow_array::{RecordBatch, UInt32Array};
+use arrow_array::RecordBatch;
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::Operator;
 use timely::dataflow::StreamVec;
 
+use super::exchange_by_key::take_rows;
 use super::{worker_for, BatchStream};
 use crate::{Batch, BatchKind, Epoch};
 
@@ -205,12 +206,7 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
             move |_, _| {
                 move |input, output| {
                     input.for_each(|cap, data| {
-                        let rows: usize = data
-                            .iter()
-                            .filter(|b| b.kind == BatchKind::Records)
-                            .map(Batch::num_rows)
-                            .sum();
-                        service(&cell).arrived_rows += rows as u64;
+                        service(&cell).arrived_rows += record_rows(data);
                         output.session(&cap).give_container(data);
                     });
                 }
@@ -224,13 +220,8 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
         self.unary(Pipeline, "ReportLoad", move |_, _| {
             move |input, output| {
                 input.for_each(|cap, data| {
-                    let rows: usize = data
-                        .iter()
-                        .filter(|b| b.kind == BatchKind::Records)
-                        .map(Batch::num_rows)
-                        .sum();
                     let mut s = service(&cell);
-                    s.done_rows += rows as u64;
+                    s.done_rows += record_rows(data);
                     if s.busy_rows == 0 {
                         return;
                     }
@@ -243,6 +234,15 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
         })
         .broadcast()
     }
+}
+
+/// Rows of result records (not dead letters) in `batches`.
+fn record_rows(batches: &[Batch]) -> u64 {
+    batches
+        .iter()
+        .filter(|b| b.kind == BatchKind::Records)
+        .map(|b| b.num_rows() as u64)
+        .sum()
 }
 
 /// Splits `batch` by the key in `column`; `dest` names the worker of a key (by its hash).
@@ -263,22 +263,10 @@ fn split_by_key(
             None => rows_for.push((to, vec![row as u32])),
         }
     }
-    let mut parts = Vec::with_capacity(rows_for.len());
-    for (to, rows) in rows_for {
-        let part = if rows.len() == batch.num_rows() {
-            batch.clone()
-        } else {
-            let indices = UInt32Array::from(rows);
-            let columns = batch
-                .columns()
-                .iter()
-                .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
-                .collect::<Result<Vec<_>, _>>()?;
-            RecordBatch::try_new(batch.schema(), columns)?
-        };
-        parts.push((to, part));
-    }
-    Ok(parts)
+    rows_for
+        .into_iter()
+        .map(|(to, rows)| Ok((to, take_rows(batch, rows)?)))
+        .collect()
 }
 
 #[cfg(test)]

@@ -108,23 +108,25 @@ pub fn route_rows(
     }
     let mut parts = Vec::new();
     for (dest, rows) in rows_for.into_iter().enumerate() {
-        if rows.is_empty() {
-            continue;
+        if !rows.is_empty() {
+            parts.push((dest, take_rows(batch, rows)?));
         }
-        let part = if rows.len() == batch.num_rows() {
-            batch.clone()
-        } else {
-            let indices = UInt32Array::from(rows);
-            let columns = batch
-                .columns()
-                .iter()
-                .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
-                .collect::<Result<Vec<_>, _>>()?;
-            RecordBatch::try_new(batch.schema(), columns)?
-        };
-        parts.push((dest, part));
     }
     Ok(parts)
+}
+
+/// The given rows of `batch`, in that order (the batch itself when that is all of it).
+pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DataflowResult<RecordBatch> {
+    if rows.len() == batch.num_rows() && rows.iter().enumerate().all(|(i, r)| i as u32 == *r) {
+        return Ok(batch.clone());
+    }
+    let indices = UInt32Array::from(rows);
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// The worker owning row `row`'s key. SipHash with fixed keys: the same in every process.
