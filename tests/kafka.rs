@@ -15,6 +15,26 @@ fn produce(args: &[&str]) {
     riffle_ok(&[&["produce"], args].concat());
 }
 
+/// A new topic of 4 partitions holding the first `frames` bundled frames as 4 cameras
+/// (`street-0` .. `street-3`).
+fn frames_topic(brokers: &str, tmp: &std::path::Path, name: &str, frames: usize) -> String {
+    let dir = frames_subset(tmp, "street", 0..frames);
+    let input = topic(name);
+    produce(&[
+        "--brokers",
+        brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "4",
+        "--frames",
+        dir.to_str().unwrap(),
+        "--cameras",
+        "4",
+    ]);
+    input
+}
+
 fn detections_by_frame(
     rows: impl IntoIterator<Item = Value>,
 ) -> BTreeMap<(String, i64), Vec<(String, f64)>> {
@@ -399,26 +419,12 @@ runtime: {{ workers: 2, epoch_records: 3 }}
     );
 }
 
-/// Pids of the worker processes the supervisor started for `pipeline`.
 #[test]
 fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
-    let frames = frames_subset(tmp.path(), "street", 0..200);
-    let input = topic("kill-in");
-    produce(&[
-        "--brokers",
-        &brokers,
-        "--topic",
-        &input,
-        "--partitions",
-        "4",
-        "--frames",
-        frames.to_str().unwrap(),
-        "--cameras",
-        "4",
-    ]);
+    let input = frames_topic(&brokers, tmp.path(), "kill-in", 200);
     let pipeline = format!(
         r#"
 source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 4 }} }}
@@ -563,20 +569,7 @@ fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
-    let frames = frames_subset(tmp.path(), "street", 0..160);
-    let input = topic("eo-in");
-    produce(&[
-        "--brokers",
-        &brokers,
-        "--topic",
-        &input,
-        "--partitions",
-        "4",
-        "--frames",
-        frames.to_str().unwrap(),
-        "--cameras",
-        "4",
-    ]);
+    let input = frames_topic(&brokers, tmp.path(), "eo-in", 160);
     let expected = split_cameras("street", 160, 4);
     let mut redone = 0;
     // Paced at 2 × 15 frames/s: a run takes about 5 s, after 1–2 s of start-up.
