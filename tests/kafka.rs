@@ -629,3 +629,84 @@ runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms:
     // which the topic holds twice and the committed view once.
     assert!(redone > 0, "the trials exercised fencing");
 }
+
+#[test]
+fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let ratings = repo().join("data/ml-100k/ratings.csv");
+    assert!(
+        ratings.is_file(),
+        "run scripts/setup.sh (it fetches MovieLens-100k)"
+    );
+    let text = std::fs::read_to_string(&ratings).unwrap();
+    let prefix: Vec<&str> = text.lines().take(1501).collect();
+    let csv = write(tmp.path(), "ratings.csv", &(prefix.join("\n") + "\n"));
+    let (input, output) = (topic("ratings"), topic("recs"));
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "4",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--key",
+        "user_id",
+    ]);
+    let yaml = std::fs::read_to_string(repo().join("pipelines/clickstream-recs-kafka.yaml"))
+        .unwrap()
+        .replace("127.0.0.1:9092", &brokers)
+        .replace("topic: ratings", &format!("topic: {input}"))
+        .replace("topic: recs", &format!("topic: {output}"))
+        .replace("../models", &repo().join("models").display().to_string())
+        .replace("../out/", "");
+    let file = write(tmp.path(), "recs-kafka.yaml", &yaml);
+    let port = free_port_pair().to_string();
+    riffle_ok(&[
+        "run",
+        "-q",
+        file.to_str().unwrap(),
+        "--processes",
+        "2",
+        "--base-port",
+        &port,
+    ]);
+    let (committed, left) = consume_committed(&brokers, &output);
+    assert_eq!(left, 0);
+    let mut clicks: Vec<(i64, i64, i64)> = committed
+        .iter()
+        .map(|m| {
+            let v: Value = serde_json::from_slice(&m.value).unwrap();
+            assert!(v["recs"].as_array().unwrap().len() <= 10, "{v}");
+            (
+                v["timestamp"].as_i64().unwrap(),
+                v["user_id"].as_i64().unwrap(),
+                v["item_id"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    clicks.sort();
+    let mut expected: Vec<(i64, i64, i64)> = prefix[1..]
+        .iter()
+        .map(|l| {
+            let f: Vec<i64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+            (f[3], f[0], f[1])
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(clicks, expected, "every click answered exactly once");
+    let with_recs = committed
+        .iter()
+        .filter(|m| {
+            m.value.windows(8).any(|w| w == b"\"recs\":[")
+                && !m.value.windows(9).any(|w| w == b"\"recs\":[]")
+        })
+        .count();
+    assert!(
+        with_recs > 1000,
+        "most clicks get recommendations: {with_recs}"
+    );
+}

@@ -318,3 +318,17 @@ fn plan_shows_placement_and_workers_auto_follows_the_cores() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("expected a number or `auto`"));
 }
+
+#[test]
+fn every_shipped_file_pipeline_validates() {
+    require_onnx_runtime();
+    for name in [
+        "camera-perception.yaml",
+        "camera-classify.yaml",
+        "camera-classify-split.yaml",
+        "clickstream-recs.yaml",
+    ] {
+        let file = repo().join("pipelines").join(name);
+        riffle_ok(&["validate", file.to_str().unwrap()]);
+    }
+}
