@@ -6,6 +6,7 @@
 
 pub mod batching;
 pub mod decode;
+pub mod dense;
 pub mod detections;
 pub mod filter;
 pub mod gpu;

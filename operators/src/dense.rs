@@ -1,0 +1,635 @@
+//! A small executor for dense ONNX graphs — embedding lookups, matrix products, elementwise
+//! ops — the operator set of click-through-rate models such as `ml100k_ncf_ctr.onnx`.
+//!
+//! It exists for GPU hosts without ONNX Runtime's CUDA provider (a 284 MB library that is often
+//! absent): the graph is read from the ONNX file here, and its ops map one to one onto cuBLAS
+//! (Gemm, MatMul) and small elementwise kernels. This CPU implementation is the reference those
+//! kernels are checked against; it is itself checked against ONNX Runtime (`tests/dense.rs`).
+//! Supported: Constant, Gather (axis 0), Add, Sub, Mul, Div, ReduceSum, Squeeze, Unsqueeze,
+//! Concat, Gemm, MatMul (2-D), Relu, Sigmoid, Flatten, Identity.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use prost::Message;
+use riffle_dataflow::{DataflowError, DataflowResult};
+
+/// The part of ONNX's protobuf schema this executor reads (field numbers from onnx.proto).
+mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ModelProto {
+        #[prost(message, optional, tag = "7")]
+        pub graph: Option<GraphProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct GraphProto {
+        #[prost(message, repeated, tag = "1")]
+        pub node: Vec<NodeProto>,
+        #[prost(message, repeated, tag = "5")]
+        pub initializer: Vec<TensorProto>,
+        #[prost(message, repeated, tag = "11")]
+        pub input: Vec<ValueInfoProto>,
+        #[prost(message, repeated, tag = "12")]
+        pub output: Vec<ValueInfoProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct NodeProto {
+        #[prost(string, repeated, tag = "1")]
+        pub input: Vec<String>,
+        #[prost(string, repeated, tag = "2")]
+        pub output: Vec<String>,
+        #[prost(string, tag = "4")]
+        pub op_type: String,
+        #[prost(message, repeated, tag = "5")]
+        pub attribute: Vec<AttributeProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct AttributeProto {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(float, tag = "2")]
+        pub f: f32,
+        #[prost(int64, tag = "3")]
+        pub i: i64,
+        #[prost(message, optional, tag = "5")]
+        pub t: Option<TensorProto>,
+        #[prost(int64, repeated, tag = "8")]
+        pub ints: Vec<i64>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TensorProto {
+        #[prost(int64, repeated, tag = "1")]
+        pub dims: Vec<i64>,
+        #[prost(int32, tag = "2")]
+        pub data_type: i32,
+        #[prost(float, repeated, tag = "4")]
+        pub float_data: Vec<f32>,
+        #[prost(int64, repeated, tag = "7")]
+        pub int64_data: Vec<i64>,
+        #[prost(string, tag = "8")]
+        pub name: String,
+        #[prost(bytes = "vec", tag = "9")]
+        pub raw_data: Vec<u8>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ValueInfoProto {
+        #[prost(string, tag = "1")]
+        pub name: String,
+    }
+}
+
+/// A tensor: its shape and row-major values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: Data,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+impl Tensor {
+    pub fn f32(shape: Vec<usize>, values: Vec<f32>) -> Self {
+        Tensor {
+            shape,
+            data: Data::F32(values),
+        }
+    }
+
+    pub fn i64(shape: Vec<usize>, values: Vec<i64>) -> Self {
+        Tensor {
+            shape,
+            data: Data::I64(values),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn as_f32(&self) -> DataflowResult<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Ok(v),
+            Data::I64(_) => Err(err("expected a float tensor, found int64")),
+        }
+    }
+
+    fn as_i64(&self) -> DataflowResult<&[i64]> {
+        match &self.data {
+            Data::I64(v) => Ok(v),
+            Data::F32(_) => Err(err("expected an int64 tensor, found float")),
+        }
+    }
+
+    fn from_proto(t: &proto::TensorProto) -> DataflowResult<Tensor> {
+        let shape: Vec<usize> = t.dims.iter().map(|d| (*d).max(0) as usize).collect();
+        let n: usize = shape.iter().product();
+        let tensor = match t.data_type {
+            1 => {
+                let values = if !t.raw_data.is_empty() {
+                    t.raw_data
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect()
+                } else {
+                    t.float_data.clone()
+                };
+                Tensor::f32(shape, values)
+            }
+            7 => {
+                let values = if !t.raw_data.is_empty() {
+                    t.raw_data
+                        .chunks_exact(8)
+                        .map(|b| {
+                            i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+                        })
+                        .collect()
+                } else {
+                    t.int64_data.clone()
+                };
+                Tensor::i64(shape, values)
+            }
+            other => {
+                return Err(err(format!(
+                    "tensor `{}`: element type {other} is not supported (float32 and int64 are)",
+                    t.name
+                )))
+            }
+        };
+        if tensor.len() != n
+            || match &tensor.data {
+                Data::F32(v) => v.len() != n,
+                Data::I64(v) => v.len() != n,
+            }
+        {
+            return Err(err(format!(
+                "tensor `{}`: data does not match its shape",
+                t.name
+            )));
+        }
+        Ok(tensor)
+    }
+}
+
+fn err(message: impl Into<String>) -> DataflowError {
+    DataflowError::stage("dense", message.into())
+}
+
+/// A dense graph read from an ONNX file.
+pub struct DenseGraph {
+    nodes: Vec<proto::NodeProto>,
+    weights: HashMap<String, Tensor>,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+impl DenseGraph {
+    /// Reads `path`; an op outside the supported set is an error naming it.
+    pub fn load(path: &Path) -> DataflowResult<DenseGraph> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| DataflowError::io(format!("reading {}", path.display()), e))?;
+        let model = proto::ModelProto::decode(bytes.as_slice())
+            .map_err(|e| err(format!("{}: not an ONNX model: {e}", path.display())))?;
+        let graph = model
+            .graph
+            .ok_or_else(|| err(format!("{}: the model has no graph", path.display())))?;
+        const SUPPORTED: &[&str] = &[
+            "Constant",
+            "Gather",
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "ReduceSum",
+            "Squeeze",
+            "Unsqueeze",
+            "Concat",
+            "Gemm",
+            "MatMul",
+            "Relu",
+            "Sigmoid",
+            "Flatten",
+            "Identity",
+        ];
+        if let Some(n) = graph
+            .node
+            .iter()
+            .find(|n| !SUPPORTED.contains(&n.op_type.as_str()))
+        {
+            return Err(err(format!(
+                "{}: op `{}` is not supported by the dense executor (it runs: {})",
+                path.display(),
+                n.op_type,
+                SUPPORTED.join(", ")
+            )));
+        }
+        let weights = graph
+            .initializer
+            .iter()
+            .map(|t| Ok((t.name.clone(), Tensor::from_proto(t)?)))
+            .collect::<DataflowResult<HashMap<_, _>>>()?;
+        let inputs = graph
+            .input
+            .iter()
+            .map(|i| i.name.clone())
+            .filter(|n| !weights.contains_key(n))
+            .collect();
+        Ok(DenseGraph {
+            nodes: graph.node,
+            weights,
+            inputs,
+            outputs: graph.output.iter().map(|o| o.name.clone()).collect(),
+        })
+    }
+
+    /// Runs the graph on CPU; returns the graph's outputs in order.
+    pub fn run_cpu(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
+        let mut values: HashMap<&str, Tensor> = HashMap::new();
+        for (name, t) in inputs {
+            values.insert(name, t.clone());
+        }
+        for node in &self.nodes {
+            let get = |i: usize| -> DataflowResult<&Tensor> {
+                let name = node
+                    .input
+                    .get(i)
+                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
+                values
+                    .get(name.as_str())
+                    .or_else(|| self.weights.get(name))
+                    .ok_or_else(|| err(format!("{}: no value `{name}`", node.op_type)))
+            };
+            let out = run_node(node, &get)?;
+            let name = node
+                .output
+                .first()
+                .ok_or_else(|| err(format!("{} has no output", node.op_type)))?;
+            values.insert(name.as_str(), out);
+        }
+        self.outputs
+            .iter()
+            .map(|o| {
+                values
+                    .remove(o.as_str())
+                    .ok_or_else(|| err(format!("output `{o}` was not computed")))
+            })
+            .collect()
+    }
+}
+
+fn attr<'a>(node: &'a proto::NodeProto, name: &str) -> Option<&'a proto::AttributeProto> {
+    node.attribute.iter().find(|a| a.name == name)
+}
+
+fn attr_i(node: &proto::NodeProto, name: &str, default: i64) -> i64 {
+    attr(node, name).map_or(default, |a| a.i)
+}
+
+fn attr_f(node: &proto::NodeProto, name: &str, default: f32) -> f32 {
+    attr(node, name).map_or(default, |a| a.f)
+}
+
+/// Axes from the node's second input (opset ≥ 13) or its `axes` attribute, made non-negative.
+fn axes<'a>(
+    node: &proto::NodeProto,
+    get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
+    rank: usize,
+) -> DataflowResult<Vec<usize>> {
+    let raw: Vec<i64> = if node.input.len() > 1 && !node.input[1].is_empty() {
+        get(1)?.as_i64()?.to_vec()
+    } else {
+        attr(node, "axes").map_or_else(Vec::new, |a| a.ints.clone())
+    };
+    raw.iter()
+        .map(|a| {
+            let a = if *a < 0 { *a + rank as i64 } else { *a };
+            usize::try_from(a)
+                .ok()
+                .filter(|a| *a < rank.max(1))
+                .ok_or_else(|| err(format!("{}: axis {a} out of range", node.op_type)))
+        })
+        .collect()
+}
+
+fn run_node<'a>(
+    node: &proto::NodeProto,
+    get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
+) -> DataflowResult<Tensor> {
+    let op = node.op_type.as_str();
+    Ok(match op {
+        "Constant" => {
+            let t = attr(node, "value")
+                .and_then(|a| a.t.as_ref())
+                .ok_or_else(|| err("Constant without a tensor `value`"))?;
+            Tensor::from_proto(t)?
+        }
+        "Identity" => get(0)?.clone(),
+        "Gather" => {
+            let (data, indices) = (get(0)?, get(1)?);
+            if attr_i(node, "axis", 0) != 0 {
+                return Err(err("Gather: only axis 0 is supported"));
+            }
+            let rows = *data
+                .shape
+                .first()
+                .ok_or_else(|| err("Gather of a scalar"))?;
+            let width: usize = data.shape[1..].iter().product();
+            let idx = indices.as_i64()?;
+            let mut shape = indices.shape.clone();
+            shape.extend_from_slice(&data.shape[1..]);
+            let rows_i = rows as i64;
+            let idx: Vec<usize> = idx
+                .iter()
+                .map(|&i| {
+                    let i = if i < 0 { i + rows_i } else { i };
+                    usize::try_from(i)
+                        .ok()
+                        .filter(|i| *i < rows)
+                        .ok_or_else(|| {
+                            err(format!("Gather: index {i} out of range (rows: {rows})"))
+                        })
+                })
+                .collect::<DataflowResult<_>>()?;
+            match &data.data {
+                Data::F32(v) => Tensor::f32(
+                    shape,
+                    idx.iter()
+                        .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
+                        .collect(),
+                ),
+                Data::I64(v) => Tensor::i64(
+                    shape,
+                    idx.iter()
+                        .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
+                        .collect(),
+                ),
+            }
+        }
+        "Add" | "Sub" | "Mul" | "Div" => {
+            let f: fn(f32, f32) -> f32 = match op {
+                "Add" => |a, b| a + b,
+                "Sub" => |a, b| a - b,
+                "Mul" => |a, b| a * b,
+                _ => |a, b| a / b,
+            };
+            broadcast(get(0)?, get(1)?, f)?
+        }
+        "Relu" => map(get(0)?, |x| x.max(0.0))?,
+        "Sigmoid" => map(get(0)?, |x| 1.0 / (1.0 + (-x).exp()))?,
+        "ReduceSum" => {
+            let x = get(0)?;
+            let rank = x.shape.len();
+            let mut reduce = axes(node, get, rank)?;
+            if reduce.is_empty() {
+                reduce = (0..rank).collect();
+            }
+            let keep = attr_i(node, "keepdims", 1) != 0;
+            reduce_sum(x, &reduce, keep)?
+        }
+        "Squeeze" => {
+            let x = get(0)?;
+            let drop = axes(node, get, x.shape.len())?;
+            let shape = x
+                .shape
+                .iter()
+                .enumerate()
+                .filter(|(i, d)| {
+                    !(if drop.is_empty() {
+                        **d == 1
+                    } else {
+                        drop.contains(i)
+                    })
+                })
+                .map(|(_, d)| *d)
+                .collect();
+            Tensor {
+                shape,
+                data: x.data.clone(),
+            }
+        }
+        "Unsqueeze" => {
+            let x = get(0)?;
+            let rank = x.shape.len() + 1;
+            let mut add = axes(node, get, rank)?;
+            add.sort_unstable();
+            let mut shape = x.shape.clone();
+            for a in add {
+                shape.insert(a.min(shape.len()), 1);
+            }
+            Tensor {
+                shape,
+                data: x.data.clone(),
+            }
+        }
+        "Flatten" => {
+            let x = get(0)?;
+            let axis = attr_i(node, "axis", 1).clamp(0, x.shape.len() as i64) as usize;
+            let outer: usize = x.shape[..axis].iter().product();
+            Tensor {
+                shape: vec![outer, x.len() / outer.max(1)],
+                data: x.data.clone(),
+            }
+        }
+        "Concat" => {
+            let parts: Vec<&Tensor> = (0..node.input.len())
+                .map(get)
+                .collect::<DataflowResult<_>>()?;
+            let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
+            let rank = first.shape.len();
+            let axis = attr_i(node, "axis", 0);
+            let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
+            if axis >= rank {
+                return Err(err("Concat: axis out of range"));
+            }
+            let outer: usize = first.shape[..axis].iter().product();
+            let mut shape = first.shape.clone();
+            shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+            let mut out = Vec::with_capacity(shape.iter().product());
+            for o in 0..outer {
+                for p in &parts {
+                    let chunk: usize = p.shape[axis..].iter().product();
+                    out.extend_from_slice(&p.as_f32()?[o * chunk..(o + 1) * chunk]);
+                }
+            }
+            Tensor::f32(shape, out)
+        }
+        "Gemm" | "MatMul" => {
+            let (a, b) = (get(0)?, get(1)?);
+            let (ta, tb) = if op == "Gemm" {
+                (
+                    attr_i(node, "transA", 0) != 0,
+                    attr_i(node, "transB", 0) != 0,
+                )
+            } else {
+                (false, false)
+            };
+            let (alpha, beta) = if op == "Gemm" {
+                (attr_f(node, "alpha", 1.0), attr_f(node, "beta", 1.0))
+            } else {
+                (1.0, 0.0)
+            };
+            if a.shape.len() != 2 || b.shape.len() != 2 {
+                return Err(err(format!("{op}: only 2-D operands are supported")));
+            }
+            let (m, k) = if ta {
+                (a.shape[1], a.shape[0])
+            } else {
+                (a.shape[0], a.shape[1])
+            };
+            let (k2, n) = if tb {
+                (b.shape[1], b.shape[0])
+            } else {
+                (b.shape[0], b.shape[1])
+            };
+            if k != k2 {
+                return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
+            }
+            let (av, bv) = (a.as_f32()?, b.as_f32()?);
+            let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
+            let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
+            let mut out = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0f32;
+                    for p in 0..k {
+                        acc += at(i, p) * bt(p, j);
+                    }
+                    out[i * n + j] = alpha * acc;
+                }
+            }
+            let product = Tensor::f32(vec![m, n], out);
+            if op == "Gemm" && node.input.len() > 2 && !node.input[2].is_empty() {
+                let c = map(get(2)?, |x| beta * x)?;
+                broadcast(&product, &c, |a, b| a + b)?
+            } else {
+                product
+            }
+        }
+        other => return Err(err(format!("op `{other}` is not supported"))),
+    })
+}
+
+fn map(x: &Tensor, f: impl Fn(f32) -> f32) -> DataflowResult<Tensor> {
+    Ok(Tensor::f32(
+        x.shape.clone(),
+        x.as_f32()?.iter().map(|v| f(*v)).collect(),
+    ))
+}
+
+/// Elementwise `f` with numpy broadcasting.
+fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> DataflowResult<Tensor> {
+    let rank = a.shape.len().max(b.shape.len());
+    let pad = |s: &[usize]| -> Vec<usize> {
+        let mut p = vec![1; rank - s.len()];
+        p.extend_from_slice(s);
+        p
+    };
+    let (sa, sb) = (pad(&a.shape), pad(&b.shape));
+    let mut shape = Vec::with_capacity(rank);
+    for (x, y) in sa.iter().zip(&sb) {
+        shape.push(match (x, y) {
+            (x, y) if x == y => *x,
+            (1, y) => *y,
+            (x, 1) => *x,
+            _ => {
+                return Err(err(format!(
+                    "shapes {:?} and {:?} do not broadcast",
+                    a.shape, b.shape
+                )))
+            }
+        });
+    }
+    let strides = |s: &[usize]| -> Vec<usize> {
+        let mut st = vec![0; rank];
+        let mut acc = 1;
+        for i in (0..rank).rev() {
+            st[i] = if s[i] == 1 { 0 } else { acc };
+            acc *= s[i];
+        }
+        st
+    };
+    let (ta, tb) = (strides(&sa), strides(&sb));
+    let (av, bv) = (a.as_f32()?, b.as_f32()?);
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut index = vec![0usize; rank];
+    for _ in 0..total {
+        let ia: usize = index.iter().zip(&ta).map(|(i, s)| i * s).sum();
+        let ib: usize = index.iter().zip(&tb).map(|(i, s)| i * s).sum();
+        out.push(f(av[ia], bv[ib]));
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(Tensor::f32(shape, out))
+}
+
+fn reduce_sum(x: &Tensor, axes: &[usize], keep: bool) -> DataflowResult<Tensor> {
+    let v = x.as_f32()?;
+    let rank = x.shape.len();
+    let kept: Vec<usize> = (0..rank)
+        .map(|d| if axes.contains(&d) { 1 } else { x.shape[d] })
+        .collect();
+    let total: usize = kept.iter().product();
+    let mut out = vec![0f32; total];
+    let mut index = vec![0usize; rank];
+    for value in v {
+        let mut o = 0;
+        for d in 0..rank {
+            o = o * kept[d] + if axes.contains(&d) { 0 } else { index[d] };
+        }
+        out[o] += value;
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < x.shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    let shape = if keep {
+        kept
+    } else {
+        (0..rank)
+            .filter(|d| !axes.contains(d))
+            .map(|d| x.shape[d])
+            .collect()
+    };
+    Ok(Tensor::f32(shape, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_and_reduction() {
+        let a = Tensor::f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+        let b = Tensor::f32(vec![3], vec![10., 20., 30.]);
+        let s = broadcast(&a, &b, |x, y| x + y).unwrap();
+        assert_eq!(s.as_f32().unwrap(), &[11., 22., 33., 14., 25., 36.]);
+        let r = reduce_sum(&a, &[1], false).unwrap();
+        assert_eq!(
+            (r.shape.clone(), r.as_f32().unwrap().to_vec()),
+            (vec![2], vec![6., 15.])
+        );
+        let r = reduce_sum(&a, &[0], true).unwrap();
+        assert_eq!(
+            (r.shape.clone(), r.as_f32().unwrap().to_vec()),
+            (vec![1, 3], vec![5., 7., 9.])
+        );
+        assert!(broadcast(&a, &Tensor::f32(vec![2], vec![1., 2.]), |x, y| x + y).is_err());
+    }
+}
