@@ -27,6 +27,17 @@ pub enum Command {
     Consume(ConsumeArgs),
     /// List the CPU cores and CUDA GPUs this machine offers to pipelines.
     Devices,
+    /// On a GPU host: a dense model (the CTR model) on the GPU against CPU runs, same inputs.
+    GpuCheck {
+        #[arg(default_value = "models/ml100k_ncf_ctr.onnx")]
+        model: PathBuf,
+        /// (user, item) pairs per run.
+        #[arg(long, default_value_t = 100_000)]
+        pairs: usize,
+        /// Which GPU.
+        #[arg(long, default_value_t = 0)]
+        ordinal: usize,
+    },
     /// Print how a pipeline would run here: workers, threads, batches, placement.
     Plan {
         file: PathBuf,

@@ -3,6 +3,7 @@
 mod bench;
 mod cli;
 mod consume;
+mod gpu_check;
 mod launch;
 mod produce;
 mod serve;
@@ -34,6 +35,11 @@ fn main() {
         Command::Produce(args) => produce::produce_command(args),
         Command::Consume(args) => consume::consume_command(args),
         Command::Devices => devices_command(),
+        Command::GpuCheck {
+            model,
+            pairs,
+            ordinal,
+        } => gpu_check::gpu_check_command(&model, pairs, ordinal),
         Command::Plan { file, cluster } => plan_command(&file, &cluster),
     };
     if let Err(e) = outcome {

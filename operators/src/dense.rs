@@ -15,7 +15,7 @@ use prost::Message;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 /// The part of ONNX's protobuf schema this executor reads (field numbers from onnx.proto).
-mod proto {
+pub(crate) mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct ModelProto {
         #[prost(message, optional, tag = "7")]
@@ -122,14 +122,14 @@ impl Tensor {
         }
     }
 
-    fn as_i64(&self) -> DataflowResult<&[i64]> {
+    pub fn as_i64(&self) -> DataflowResult<&[i64]> {
         match &self.data {
             Data::I64(v) => Ok(v),
             Data::F32(_) => Err(err("expected an int64 tensor, found float")),
         }
     }
 
-    fn from_proto(t: &proto::TensorProto) -> DataflowResult<Tensor> {
+    pub(crate) fn from_proto(t: &proto::TensorProto) -> DataflowResult<Tensor> {
         let shape: Vec<usize> = t.dims.iter().map(|d| (*d).max(0) as usize).collect();
         let n: usize = shape.iter().product();
         let tensor = match t.data_type {
@@ -179,14 +179,14 @@ impl Tensor {
     }
 }
 
-fn err(message: impl Into<String>) -> DataflowError {
+pub(crate) fn err(message: impl Into<String>) -> DataflowError {
     DataflowError::stage("dense", message.into())
 }
 
 /// A dense graph read from an ONNX file.
 pub struct DenseGraph {
-    nodes: Vec<proto::NodeProto>,
-    weights: HashMap<String, Tensor>,
+    pub(crate) nodes: Vec<proto::NodeProto>,
+    pub(crate) weights: HashMap<String, Tensor>,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
 }
@@ -285,20 +285,23 @@ impl DenseGraph {
     }
 }
 
-fn attr<'a>(node: &'a proto::NodeProto, name: &str) -> Option<&'a proto::AttributeProto> {
+pub(crate) fn attr<'a>(
+    node: &'a proto::NodeProto,
+    name: &str,
+) -> Option<&'a proto::AttributeProto> {
     node.attribute.iter().find(|a| a.name == name)
 }
 
-fn attr_i(node: &proto::NodeProto, name: &str, default: i64) -> i64 {
+pub(crate) fn attr_i(node: &proto::NodeProto, name: &str, default: i64) -> i64 {
     attr(node, name).map_or(default, |a| a.i)
 }
 
-fn attr_f(node: &proto::NodeProto, name: &str, default: f32) -> f32 {
+pub(crate) fn attr_f(node: &proto::NodeProto, name: &str, default: f32) -> f32 {
     attr(node, name).map_or(default, |a| a.f)
 }
 
 /// Axes from the node's second input (opset ≥ 13) or its `axes` attribute, made non-negative.
-fn axes<'a>(
+pub(crate) fn axes<'a>(
     node: &proto::NodeProto,
     get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
     rank: usize,

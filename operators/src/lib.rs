@@ -7,6 +7,7 @@
 pub mod batching;
 pub mod decode;
 pub mod dense;
+pub mod dense_cuda;
 pub mod detections;
 pub mod filter;
 pub mod gpu;

@@ -1,0 +1,580 @@
+//! The dense-graph executor on a CUDA GPU: matrix products with cuBLAS, the other ops as NVRTC
+//! kernels compiled at start, weights uploaded once. Outputs must match
+//! [`crate::dense::DenseGraph::run_cpu`] (and so ONNX Runtime on CPU) within 1e-4; `riffle
+//! gpu-check` compares them on a GPU host. Needs the CUDA driver, NVRTC and cuBLAS libraries
+//! (loaded at run time; [`crate::gpu::discover`] says whether there is a GPU at all).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use riffle_dataflow::DataflowResult;
+
+use crate::dense::{attr, attr_f, attr_i, axes, err, Data, DenseGraph, Tensor};
+
+const KERNELS: &str = r#"
+extern "C" __global__ void gather_f32(const float* data, const long long* idx, float* out,
+                                      int width, int total) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    int r = t / width, c = t % width;
+    out[t] = data[idx[r] * width + c];
+}
+extern "C" __global__ void binary_f32(const float* a, const float* b, float* out, int op, int total,
+                                      int d1, int d2, int d3,
+                                      int sa0, int sa1, int sa2, int sa3,
+                                      int sb0, int sb1, int sb2, int sb3) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    int i3 = t % d3; int r = t / d3;
+    int i2 = r % d2; r /= d2;
+    int i1 = r % d1; int i0 = r / d1;
+    float x = a[i0 * sa0 + i1 * sa1 + i2 * sa2 + i3 * sa3];
+    float y = b[i0 * sb0 + i1 * sb1 + i2 * sb2 + i3 * sb3];
+    out[t] = op == 0 ? x + y : op == 1 ? x - y : op == 2 ? x * y : x / y;
+}
+extern "C" __global__ void unary_f32(const float* x, float* out, int op, int n) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    float v = x[t];
+    out[t] = op == 0 ? fmaxf(v, 0.0f) : 1.0f / (1.0f + expf(-v));
+}
+extern "C" __global__ void reduce_inner_f32(const float* x, float* out, int outer, int inner) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= outer) return;
+    float acc = 0.0f;
+    for (int j = 0; j < inner; ++j) acc += x[t * inner + j];
+    out[t] = acc;
+}
+extern "C" __global__ void copy_block_f32(const float* src, float* dst, int outer, int chunk,
+                                          int dst_chunk, int offset) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= outer * chunk) return;
+    int o = t / chunk, c = t % chunk;
+    dst[o * dst_chunk + offset + c] = src[t];
+}
+"#;
+
+#[derive(Clone)]
+enum DData {
+    F32(Arc<CudaSlice<f32>>),
+    I64(Arc<CudaSlice<i64>>),
+}
+
+#[derive(Clone)]
+struct DTensor {
+    shape: Vec<usize>,
+    data: DData,
+}
+
+impl DTensor {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn f32(&self) -> DataflowResult<&Arc<CudaSlice<f32>>> {
+        match &self.data {
+            DData::F32(s) => Ok(s),
+            DData::I64(_) => Err(err("expected a float tensor on the GPU, found int64")),
+        }
+    }
+}
+
+fn cuda(e: impl std::fmt::Debug) -> riffle_dataflow::DataflowError {
+    err(format!("CUDA: {e:?}"))
+}
+
+/// A dense graph loaded onto one GPU.
+pub struct CudaDense {
+    graph: DenseGraph,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: HashMap<&'static str, CudaFunction>,
+    weights: HashMap<String, DTensor>,
+}
+
+impl CudaDense {
+    /// Compiles the kernels and uploads the weights to GPU `ordinal`.
+    pub fn new(graph: DenseGraph, ordinal: usize) -> DataflowResult<CudaDense> {
+        match crate::gpu::discover() {
+            Ok(gpus) if ordinal < gpus.len() => {}
+            Ok(gpus) => {
+                return Err(err(format!(
+                    "cuda:{ordinal}: this machine has {} GPU(s)",
+                    gpus.len()
+                )))
+            }
+            Err(why) => return Err(err(format!("cuda:{ordinal}: {why}"))),
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone()).map_err(cuda)?;
+        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(cuda)?;
+        let module = ctx.load_module(ptx).map_err(cuda)?;
+        let mut functions = HashMap::new();
+        for name in [
+            "gather_f32",
+            "binary_f32",
+            "unary_f32",
+            "reduce_inner_f32",
+            "copy_block_f32",
+        ] {
+            functions.insert(name, module.load_function(name).map_err(cuda)?);
+        }
+        let mut weights = HashMap::new();
+        for (name, t) in &graph.weights {
+            weights.insert(name.clone(), upload(&stream, t)?);
+        }
+        Ok(CudaDense {
+            graph,
+            stream,
+            blas,
+            functions,
+            weights,
+        })
+    }
+
+    /// Runs the graph on the GPU: inputs from host memory, outputs back to it.
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
+        // Small integer tensors (axes) are also kept on the host, where the ops read them.
+        let mut host: HashMap<String, Tensor> = self
+            .graph
+            .weights
+            .iter()
+            .filter(|(_, t)| matches!(t.data, Data::I64(_)))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        let mut values: HashMap<String, DTensor> = HashMap::new();
+        for (name, t) in inputs {
+            values.insert(name.to_string(), upload(&self.stream, t)?);
+            host.insert(name.to_string(), t.clone());
+        }
+        for node in &self.graph.nodes {
+            let out_name = node
+                .output
+                .first()
+                .ok_or_else(|| err(format!("{} has no output", node.op_type)))?
+                .clone();
+            if node.op_type == "Constant" {
+                let t = attr(node, "value")
+                    .and_then(|a| a.t.as_ref())
+                    .ok_or_else(|| err("Constant without a tensor `value`"))?;
+                let t = Tensor::from_proto(t)?;
+                values.insert(out_name.clone(), upload(&self.stream, &t)?);
+                host.insert(out_name, t);
+                continue;
+            }
+            let get = |i: usize| -> DataflowResult<&DTensor> {
+                let name = node
+                    .input
+                    .get(i)
+                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
+                values
+                    .get(name)
+                    .or_else(|| self.weights.get(name))
+                    .ok_or_else(|| err(format!("{}: no value `{name}`", node.op_type)))
+            };
+            let host_get = |i: usize| -> DataflowResult<&Tensor> {
+                let name = node
+                    .input
+                    .get(i)
+                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
+                host.get(name)
+                    .ok_or_else(|| err(format!("{}: `{name}` must be a constant", node.op_type)))
+            };
+            let out = self.run_node(node, &get, &host_get)?;
+            values.insert(out_name, out);
+        }
+        self.graph
+            .outputs
+            .iter()
+            .map(|o| {
+                let t = values
+                    .get(o)
+                    .ok_or_else(|| err(format!("output `{o}` was not computed")))?;
+                download(&self.stream, t)
+            })
+            .collect()
+    }
+
+    fn function(&self, name: &str) -> DataflowResult<&CudaFunction> {
+        self.functions
+            .get(name)
+            .ok_or_else(|| err(format!("kernel {name} missing")))
+    }
+
+    fn run_node<'a>(
+        &self,
+        node: &crate::dense::proto::NodeProto,
+        get: &dyn Fn(usize) -> DataflowResult<&'a DTensor>,
+        host_get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
+    ) -> DataflowResult<DTensor> {
+        let op = node.op_type.as_str();
+        let reshape = |x: &DTensor, shape: Vec<usize>| DTensor {
+            shape,
+            data: x.data.clone(),
+        };
+        Ok(match op {
+            "Identity" => get(0)?.clone(),
+            "Gather" => {
+                let (data, indices) = (get(0)?, get(1)?);
+                let idx_host = host_get(1).ok();
+                let rows = *data
+                    .shape
+                    .first()
+                    .ok_or_else(|| err("Gather of a scalar"))?;
+                if let Some(h) = idx_host {
+                    if h.as_i64()?.iter().any(|i| *i < 0 || *i as usize >= rows) {
+                        return Err(err(format!(
+                            "Gather: an index is out of range (rows: {rows})"
+                        )));
+                    }
+                }
+                let DData::I64(idx) = &indices.data else {
+                    return Err(err("Gather: int64 indices expected"));
+                };
+                let width: usize = data.shape[1..].iter().product();
+                let total = indices.len() * width;
+                let out = self.stream.alloc_zeros::<f32>(total.max(1)).map_err(cuda)?;
+                let src = data.f32()?;
+                let (w, t) = (width as i32, total as i32);
+                {
+                    let mut b = self.stream.launch_builder(self.function("gather_f32")?);
+                    b.arg(src.as_ref())
+                        .arg(idx.as_ref())
+                        .arg(&out)
+                        .arg(&w)
+                        .arg(&t);
+                    // SAFETY: every kernel checks its thread index against the element count it is
+                    // given, and the buffers passed hold at least that many elements.
+                    unsafe { b.launch(LaunchConfig::for_num_elems((total).max(1) as u32)) }
+                        .map_err(cuda)?;
+                }
+                let mut shape = indices.shape.clone();
+                shape.extend_from_slice(&data.shape[1..]);
+                DTensor {
+                    shape,
+                    data: DData::F32(Arc::new(out)),
+                }
+            }
+            "Add" | "Sub" | "Mul" | "Div" => {
+                let code = ["Add", "Sub", "Mul", "Div"]
+                    .iter()
+                    .position(|o| *o == op)
+                    .unwrap_or(0) as i32;
+                self.binary(get(0)?, get(1)?, code)?
+            }
+            "Relu" | "Sigmoid" => {
+                let x = get(0)?;
+                let n = x.len();
+                let out = self.stream.alloc_zeros::<f32>(n.max(1)).map_err(cuda)?;
+                let (code, count) = (i32::from(op == "Sigmoid"), n as i32);
+                let src = x.f32()?;
+                {
+                    let mut b = self.stream.launch_builder(self.function("unary_f32")?);
+                    b.arg(src.as_ref()).arg(&out).arg(&code).arg(&count);
+                    // SAFETY: every kernel checks its thread index against the element count it is
+                    // given, and the buffers passed hold at least that many elements.
+                    unsafe { b.launch(LaunchConfig::for_num_elems((n).max(1) as u32)) }
+                        .map_err(cuda)?;
+                }
+                DTensor {
+                    shape: x.shape.clone(),
+                    data: DData::F32(Arc::new(out)),
+                }
+            }
+            "ReduceSum" => {
+                let x = get(0)?;
+                let rank = x.shape.len();
+                let host_axes = |i: usize| host_get(i);
+                let mut reduce = axes(node, &host_axes, rank)?;
+                if reduce.is_empty() {
+                    reduce = (0..rank).collect();
+                }
+                reduce.sort_unstable();
+                let first = reduce[0];
+                if reduce != (first..rank).collect::<Vec<_>>() {
+                    return Err(err("ReduceSum on the GPU: only trailing axes"));
+                }
+                let outer: usize = x.shape[..first].iter().product();
+                let inner: usize = x.shape[first..].iter().product();
+                let out = self.stream.alloc_zeros::<f32>(outer.max(1)).map_err(cuda)?;
+                let (o, i) = (outer as i32, inner as i32);
+                let src = x.f32()?;
+                {
+                    let mut b = self
+                        .stream
+                        .launch_builder(self.function("reduce_inner_f32")?);
+                    b.arg(src.as_ref()).arg(&out).arg(&o).arg(&i);
+                    // SAFETY: every kernel checks its thread index against the element count it is
+                    // given, and the buffers passed hold at least that many elements.
+                    unsafe { b.launch(LaunchConfig::for_num_elems((outer).max(1) as u32)) }
+                        .map_err(cuda)?;
+                }
+                let mut shape = x.shape[..first].to_vec();
+                if attr_i(node, "keepdims", 1) != 0 {
+                    shape.extend(std::iter::repeat_n(1, rank - first));
+                }
+                DTensor {
+                    shape,
+                    data: DData::F32(Arc::new(out)),
+                }
+            }
+            "Squeeze" | "Unsqueeze" | "Flatten" => {
+                let x = get(0)?;
+                let rank = x.shape.len();
+                let host_axes = |i: usize| host_get(i);
+                let shape = match op {
+                    "Squeeze" => {
+                        let drop = axes(node, &host_axes, rank)?;
+                        x.shape
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, d)| {
+                                !(if drop.is_empty() {
+                                    **d == 1
+                                } else {
+                                    drop.contains(i)
+                                })
+                            })
+                            .map(|(_, d)| *d)
+                            .collect()
+                    }
+                    "Unsqueeze" => {
+                        let mut add = axes(node, &host_axes, rank + 1)?;
+                        add.sort_unstable();
+                        let mut shape = x.shape.clone();
+                        for a in add {
+                            shape.insert(a.min(shape.len()), 1);
+                        }
+                        shape
+                    }
+                    _ => {
+                        let axis = attr_i(node, "axis", 1).clamp(0, rank as i64) as usize;
+                        let outer: usize = x.shape[..axis].iter().product();
+                        vec![outer, x.len() / outer.max(1)]
+                    }
+                };
+                reshape(x, shape)
+            }
+            "Concat" => {
+                let parts: Vec<&DTensor> = (0..node.input.len())
+                    .map(get)
+                    .collect::<DataflowResult<_>>()?;
+                let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
+                let rank = first.shape.len();
+                let axis = attr_i(node, "axis", 0);
+                let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
+                if axis >= rank {
+                    return Err(err("Concat: axis out of range"));
+                }
+                let outer: usize = first.shape[..axis].iter().product();
+                let mut shape = first.shape.clone();
+                shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+                let dst_chunk: usize = shape[axis..].iter().product();
+                let out = self
+                    .stream
+                    .alloc_zeros::<f32>((outer * dst_chunk).max(1))
+                    .map_err(cuda)?;
+                let mut offset = 0usize;
+                for p in &parts {
+                    let chunk: usize = p.shape[axis..].iter().product();
+                    let src = p.f32()?;
+                    let (o, c, d, off) =
+                        (outer as i32, chunk as i32, dst_chunk as i32, offset as i32);
+                    {
+                        let mut b = self.stream.launch_builder(self.function("copy_block_f32")?);
+                        b.arg(src.as_ref())
+                            .arg(&out)
+                            .arg(&o)
+                            .arg(&c)
+                            .arg(&d)
+                            .arg(&off);
+                        // SAFETY: every kernel checks its thread index against the element count it is
+                        // given, and the buffers passed hold at least that many elements.
+                        unsafe {
+                            b.launch(LaunchConfig::for_num_elems((outer * chunk).max(1) as u32))
+                        }
+                        .map_err(cuda)?;
+                    }
+                    offset += chunk;
+                }
+                DTensor {
+                    shape,
+                    data: DData::F32(Arc::new(out)),
+                }
+            }
+            "Gemm" | "MatMul" => {
+                let (a, b) = (get(0)?, get(1)?);
+                let gemm = op == "Gemm";
+                let ta = gemm && attr_i(node, "transA", 0) != 0;
+                let tb = gemm && attr_i(node, "transB", 0) != 0;
+                let alpha = if gemm {
+                    attr_f(node, "alpha", 1.0)
+                } else {
+                    1.0
+                };
+                if gemm && attr_f(node, "beta", 1.0) != 1.0 {
+                    return Err(err("Gemm on the GPU: beta must be 1"));
+                }
+                if a.shape.len() != 2 || b.shape.len() != 2 {
+                    return Err(err(format!("{op}: only 2-D operands are supported")));
+                }
+                let (m, k) = if ta {
+                    (a.shape[1], a.shape[0])
+                } else {
+                    (a.shape[0], a.shape[1])
+                };
+                let (k2, n) = if tb {
+                    (b.shape[1], b.shape[0])
+                } else {
+                    (b.shape[0], b.shape[1])
+                };
+                if k != k2 {
+                    return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
+                }
+                // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the same
+                // buffers with the operands swapped.
+                let mut out = self
+                    .stream
+                    .alloc_zeros::<f32>((m * n).max(1))
+                    .map_err(cuda)?;
+                let cfg = GemmConfig {
+                    transa: if tb {
+                        cublasOperation_t::CUBLAS_OP_T
+                    } else {
+                        cublasOperation_t::CUBLAS_OP_N
+                    },
+                    transb: if ta {
+                        cublasOperation_t::CUBLAS_OP_T
+                    } else {
+                        cublasOperation_t::CUBLAS_OP_N
+                    },
+                    m: n as i32,
+                    n: m as i32,
+                    k: k as i32,
+                    alpha,
+                    lda: if tb { k as i32 } else { n as i32 },
+                    ldb: if ta { m as i32 } else { k as i32 },
+                    beta: 0.0f32,
+                    ldc: n as i32,
+                };
+                // SAFETY: the dimensions and leading dimensions above describe the buffers.
+                unsafe {
+                    self.blas
+                        .gemm(cfg, b.f32()?.as_ref(), a.f32()?.as_ref(), &mut out)
+                }
+                .map_err(cuda)?;
+                let product = DTensor {
+                    shape: vec![m, n],
+                    data: DData::F32(Arc::new(out)),
+                };
+                if gemm && node.input.len() > 2 && !node.input[2].is_empty() {
+                    self.binary(&product, get(2)?, 0)?
+                } else {
+                    product
+                }
+            }
+            other => return Err(err(format!("op `{other}` is not supported on the GPU"))),
+        })
+    }
+
+    /// Elementwise op `code` (0 add, 1 sub, 2 mul, 3 div) with broadcasting, up to 4-D.
+    fn binary(&self, a: &DTensor, b: &DTensor, code: i32) -> DataflowResult<DTensor> {
+        let rank = a.shape.len().max(b.shape.len());
+        if rank > 4 {
+            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
+        }
+        let pad = |s: &[usize]| -> Vec<usize> {
+            let mut p = vec![1; 4 - s.len()];
+            p.extend_from_slice(s);
+            p
+        };
+        let (sa, sb) = (pad(&a.shape), pad(&b.shape));
+        let mut shape = Vec::with_capacity(4);
+        for (x, y) in sa.iter().zip(&sb) {
+            shape.push(match (x, y) {
+                (x, y) if x == y => *x,
+                (1, y) => *y,
+                (x, 1) => *x,
+                _ => {
+                    return Err(err(format!(
+                        "shapes {:?} and {:?} do not broadcast",
+                        a.shape, b.shape
+                    )))
+                }
+            });
+        }
+        let strides = |s: &[usize]| -> [i32; 4] {
+            let mut st = [0i32; 4];
+            let mut acc = 1usize;
+            for i in (0..4).rev() {
+                st[i] = if s[i] == 1 { 0 } else { acc as i32 };
+                acc *= s[i];
+            }
+            st
+        };
+        let (ta, tb) = (strides(&sa), strides(&sb));
+        let total: usize = shape.iter().product();
+        let out = self.stream.alloc_zeros::<f32>(total.max(1)).map_err(cuda)?;
+        let (x, y) = (a.f32()?, b.f32()?);
+        let (t, d1, d2, d3) = (
+            total as i32,
+            shape[1] as i32,
+            shape[2] as i32,
+            shape[3] as i32,
+        );
+        {
+            let mut l = self.stream.launch_builder(self.function("binary_f32")?);
+            l.arg(x.as_ref())
+                .arg(y.as_ref())
+                .arg(&out)
+                .arg(&code)
+                .arg(&t);
+            l.arg(&d1).arg(&d2).arg(&d3);
+            for s in &ta {
+                l.arg(s);
+            }
+            for s in &tb {
+                l.arg(s);
+            }
+            // SAFETY: every kernel checks its thread index against the element count it is
+            // given, and the buffers passed hold at least that many elements.
+            unsafe { l.launch(LaunchConfig::for_num_elems((total).max(1) as u32)) }
+                .map_err(cuda)?;
+        }
+        Ok(DTensor {
+            shape: shape[4 - rank..].to_vec(),
+            data: DData::F32(Arc::new(out)),
+        })
+    }
+}
+
+fn upload(stream: &Arc<CudaStream>, t: &Tensor) -> DataflowResult<DTensor> {
+    let data = match &t.data {
+        Data::F32(v) => DData::F32(Arc::new(stream.clone_htod(v.as_slice()).map_err(cuda)?)),
+        Data::I64(v) => DData::I64(Arc::new(stream.clone_htod(v.as_slice()).map_err(cuda)?)),
+    };
+    Ok(DTensor {
+        shape: t.shape.clone(),
+        data,
+    })
+}
+
+fn download(stream: &Arc<CudaStream>, t: &DTensor) -> DataflowResult<Tensor> {
+    Ok(match &t.data {
+        DData::F32(s) => {
+            let mut v = stream.clone_dtoh(s.as_ref()).map_err(cuda)?;
+            v.truncate(t.len());
+            Tensor::f32(t.shape.clone(), v)
+        }
+        DData::I64(s) => {
+            let mut v = stream.clone_dtoh(s.as_ref()).map_err(cuda)?;
+            v.truncate(t.len());
+            Tensor::i64(t.shape.clone(), v)
+        }
+    })
+}
