@@ -400,44 +400,23 @@ fn run_node<'a>(
         "Squeeze" => {
             let x = get(0)?;
             let drop = axes(node, get, x.shape.len())?;
-            let shape = x
-                .shape
-                .iter()
-                .enumerate()
-                .filter(|(i, d)| {
-                    !(if drop.is_empty() {
-                        **d == 1
-                    } else {
-                        drop.contains(i)
-                    })
-                })
-                .map(|(_, d)| *d)
-                .collect();
             Tensor {
-                shape,
+                shape: shapes::squeeze(&x.shape, &drop),
                 data: x.data.clone(),
             }
         }
         "Unsqueeze" => {
             let x = get(0)?;
-            let rank = x.shape.len() + 1;
-            let mut add = axes(node, get, rank)?;
-            add.sort_unstable();
-            let mut shape = x.shape.clone();
-            for a in add {
-                shape.insert(a.min(shape.len()), 1);
-            }
+            let add = axes(node, get, x.shape.len() + 1)?;
             Tensor {
-                shape,
+                shape: shapes::unsqueeze(&x.shape, add),
                 data: x.data.clone(),
             }
         }
         "Flatten" => {
             let x = get(0)?;
-            let axis = attr_i(node, "axis", 1).clamp(0, x.shape.len() as i64) as usize;
-            let outer: usize = x.shape[..axis].iter().product();
             Tensor {
-                shape: vec![outer, x.len() / outer.max(1)],
+                shape: shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
                 data: x.data.clone(),
             }
         }
@@ -445,16 +424,8 @@ fn run_node<'a>(
             let parts: Vec<&Tensor> = (0..node.input.len())
                 .map(get)
                 .collect::<DataflowResult<_>>()?;
-            let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
-            let rank = first.shape.len();
-            let axis = attr_i(node, "axis", 0);
-            let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
-            if axis >= rank {
-                return Err(err("Concat: axis out of range"));
-            }
-            let outer: usize = first.shape[..axis].iter().product();
-            let mut shape = first.shape.clone();
-            shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+            let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
+            let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
             let mut out = Vec::with_capacity(shape.iter().product());
             for o in 0..outer {
                 for p in &parts {
@@ -479,22 +450,7 @@ fn run_node<'a>(
             } else {
                 (1.0, 0.0)
             };
-            if a.shape.len() != 2 || b.shape.len() != 2 {
-                return Err(err(format!("{op}: only 2-D operands are supported")));
-            }
-            let (m, k) = if ta {
-                (a.shape[1], a.shape[0])
-            } else {
-                (a.shape[0], a.shape[1])
-            };
-            let (k2, n) = if tb {
-                (b.shape[1], b.shape[0])
-            } else {
-                (b.shape[0], b.shape[1])
-            };
-            if k != k2 {
-                return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
-            }
+            let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
             let (av, bv) = (a.as_f32()?, b.as_f32()?);
             let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
             let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
@@ -520,6 +476,114 @@ fn run_node<'a>(
     })
 }
 
+/// Output shapes, shared by the CPU and GPU executors so both read a graph the same way.
+pub(crate) mod shapes {
+    use super::err;
+    use riffle_dataflow::DataflowResult;
+
+    /// `(m, k, n)` of `op(A)·op(B)` for 2-D operands (`op`: transposed or not).
+    pub fn gemm(
+        op: &str,
+        a: &[usize],
+        b: &[usize],
+        ta: bool,
+        tb: bool,
+    ) -> DataflowResult<(usize, usize, usize)> {
+        if a.len() != 2 || b.len() != 2 {
+            return Err(err(format!("{op}: only 2-D operands are supported")));
+        }
+        let (m, k) = if ta { (a[1], a[0]) } else { (a[0], a[1]) };
+        let (k2, n) = if tb { (b[1], b[0]) } else { (b[0], b[1]) };
+        if k != k2 {
+            return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
+        }
+        Ok((m, k, n))
+    }
+
+    /// Without the `drop` axes (without every 1 when `drop` is empty).
+    pub fn squeeze(shape: &[usize], drop: &[usize]) -> Vec<usize> {
+        shape
+            .iter()
+            .enumerate()
+            .filter(|(i, d)| {
+                !(if drop.is_empty() {
+                    **d == 1
+                } else {
+                    drop.contains(i)
+                })
+            })
+            .map(|(_, d)| *d)
+            .collect()
+    }
+
+    /// With a 1 inserted at each of the `add` axes (of the output).
+    pub fn unsqueeze(shape: &[usize], mut add: Vec<usize>) -> Vec<usize> {
+        add.sort_unstable();
+        let mut out = shape.to_vec();
+        for a in add {
+            out.insert(a.min(out.len()), 1);
+        }
+        out
+    }
+
+    /// The 2-D shape Flatten gives at `axis`.
+    pub fn flatten(shape: &[usize], axis: i64) -> Vec<usize> {
+        let axis = axis.clamp(0, shape.len() as i64) as usize;
+        let outer: usize = shape[..axis].iter().product();
+        let total: usize = shape.iter().product();
+        vec![outer, total / outer.max(1)]
+    }
+
+    /// Concat of `parts` at `axis`: the axis made non-negative, the rows before it, and the
+    /// output shape.
+    pub fn concat(parts: &[&[usize]], axis: i64) -> DataflowResult<(usize, usize, Vec<usize>)> {
+        let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
+        let rank = first.len();
+        let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
+        if axis >= rank {
+            return Err(err("Concat: axis out of range"));
+        }
+        let outer: usize = first[..axis].iter().product();
+        let mut shape = first.to_vec();
+        shape[axis] = parts.iter().map(|p| p[axis]).sum();
+        Ok((axis, outer, shape))
+    }
+
+    /// Numpy broadcasting of `a` and `b` at `rank` (≥ both ranks): the output shape padded to
+    /// `rank`, and each operand's element strides into it (0 along broadcast axes).
+    pub fn broadcast(
+        a: &[usize],
+        b: &[usize],
+        rank: usize,
+    ) -> DataflowResult<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+        let pad = |s: &[usize]| -> Vec<usize> {
+            let mut p = vec![1; rank.saturating_sub(s.len())];
+            p.extend_from_slice(s);
+            p
+        };
+        let (sa, sb) = (pad(a), pad(b));
+        let mut shape = Vec::with_capacity(rank);
+        for (x, y) in sa.iter().zip(&sb) {
+            shape.push(match (x, y) {
+                (x, y) if x == y => *x,
+                (1, y) => *y,
+                (x, 1) => *x,
+                _ => return Err(err(format!("shapes {a:?} and {b:?} do not broadcast"))),
+            });
+        }
+        let strides = |s: &[usize]| -> Vec<usize> {
+            let mut st = vec![0; s.len()];
+            let mut acc = 1;
+            for i in (0..s.len()).rev() {
+                st[i] = if s[i] == 1 { 0 } else { acc };
+                acc *= s[i];
+            }
+            st
+        };
+        Ok((shape, strides(&sa), strides(&sb)))
+    }
+}
+
 fn map(x: &Tensor, f: impl Fn(f32) -> f32) -> DataflowResult<Tensor> {
     Ok(Tensor::f32(
         x.shape.clone(),
@@ -530,36 +594,7 @@ fn map(x: &Tensor, f: impl Fn(f32) -> f32) -> DataflowResult<Tensor> {
 /// Elementwise `f` with numpy broadcasting.
 fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> DataflowResult<Tensor> {
     let rank = a.shape.len().max(b.shape.len());
-    let pad = |s: &[usize]| -> Vec<usize> {
-        let mut p = vec![1; rank - s.len()];
-        p.extend_from_slice(s);
-        p
-    };
-    let (sa, sb) = (pad(&a.shape), pad(&b.shape));
-    let mut shape = Vec::with_capacity(rank);
-    for (x, y) in sa.iter().zip(&sb) {
-        shape.push(match (x, y) {
-            (x, y) if x == y => *x,
-            (1, y) => *y,
-            (x, 1) => *x,
-            _ => {
-                return Err(err(format!(
-                    "shapes {:?} and {:?} do not broadcast",
-                    a.shape, b.shape
-                )))
-            }
-        });
-    }
-    let strides = |s: &[usize]| -> Vec<usize> {
-        let mut st = vec![0; rank];
-        let mut acc = 1;
-        for i in (0..rank).rev() {
-            st[i] = if s[i] == 1 { 0 } else { acc };
-            acc *= s[i];
-        }
-        st
-    };
-    let (ta, tb) = (strides(&sa), strides(&sb));
+    let (shape, ta, tb) = shapes::broadcast(&a.shape, &b.shape, rank)?;
     let (av, bv) = (a.as_f32()?, b.as_f32()?);
     let total: usize = shape.iter().product();
     let mut out = Vec::with_capacity(total);

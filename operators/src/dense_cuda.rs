@@ -13,7 +13,7 @@ use cudarc::driver::{
 };
 use riffle_dataflow::DataflowResult;
 
-use crate::dense::{attr, attr_f, attr_i, axes, err, Data, DenseGraph, Tensor};
+use crate::dense::{attr, attr_f, attr_i, axes, err, shapes, Data, DenseGraph, Tensor};
 
 const KERNELS: &str = r#"
 extern "C" __global__ void gather_f32(const float* data, const long long* idx, float* out,
@@ -328,35 +328,9 @@ impl CudaDense {
                 let rank = x.shape.len();
                 let host_axes = |i: usize| host_get(i);
                 let shape = match op {
-                    "Squeeze" => {
-                        let drop = axes(node, &host_axes, rank)?;
-                        x.shape
-                            .iter()
-                            .enumerate()
-                            .filter(|(i, d)| {
-                                !(if drop.is_empty() {
-                                    **d == 1
-                                } else {
-                                    drop.contains(i)
-                                })
-                            })
-                            .map(|(_, d)| *d)
-                            .collect()
-                    }
-                    "Unsqueeze" => {
-                        let mut add = axes(node, &host_axes, rank + 1)?;
-                        add.sort_unstable();
-                        let mut shape = x.shape.clone();
-                        for a in add {
-                            shape.insert(a.min(shape.len()), 1);
-                        }
-                        shape
-                    }
-                    _ => {
-                        let axis = attr_i(node, "axis", 1).clamp(0, rank as i64) as usize;
-                        let outer: usize = x.shape[..axis].iter().product();
-                        vec![outer, x.len() / outer.max(1)]
-                    }
+                    "Squeeze" => shapes::squeeze(&x.shape, &axes(node, &host_axes, rank)?),
+                    "Unsqueeze" => shapes::unsqueeze(&x.shape, axes(node, &host_axes, rank + 1)?),
+                    _ => shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
                 };
                 reshape(x, shape)
             }
@@ -364,16 +338,8 @@ impl CudaDense {
                 let parts: Vec<&DTensor> = (0..node.input.len())
                     .map(get)
                     .collect::<DataflowResult<_>>()?;
-                let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
-                let rank = first.shape.len();
-                let axis = attr_i(node, "axis", 0);
-                let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
-                if axis >= rank {
-                    return Err(err("Concat: axis out of range"));
-                }
-                let outer: usize = first.shape[..axis].iter().product();
-                let mut shape = first.shape.clone();
-                shape[axis] = parts.iter().map(|p| p.shape[axis]).sum();
+                let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
+                let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
                 let dst_chunk: usize = shape[axis..].iter().product();
                 let out = self
                     .stream
@@ -420,22 +386,7 @@ impl CudaDense {
                 if gemm && attr_f(node, "beta", 1.0) != 1.0 {
                     return Err(err("Gemm on the GPU: beta must be 1"));
                 }
-                if a.shape.len() != 2 || b.shape.len() != 2 {
-                    return Err(err(format!("{op}: only 2-D operands are supported")));
-                }
-                let (m, k) = if ta {
-                    (a.shape[1], a.shape[0])
-                } else {
-                    (a.shape[0], a.shape[1])
-                };
-                let (k2, n) = if tb {
-                    (b.shape[1], b.shape[0])
-                } else {
-                    (b.shape[0], b.shape[1])
-                };
-                if k != k2 {
-                    return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
-                }
+                let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
                 // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the same
                 // buffers with the operands swapped.
                 let mut out = self
@@ -488,36 +439,9 @@ impl CudaDense {
         if rank > 4 {
             return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
         }
-        let pad = |s: &[usize]| -> Vec<usize> {
-            let mut p = vec![1; 4 - s.len()];
-            p.extend_from_slice(s);
-            p
-        };
-        let (sa, sb) = (pad(&a.shape), pad(&b.shape));
-        let mut shape = Vec::with_capacity(4);
-        for (x, y) in sa.iter().zip(&sb) {
-            shape.push(match (x, y) {
-                (x, y) if x == y => *x,
-                (1, y) => *y,
-                (x, 1) => *x,
-                _ => {
-                    return Err(err(format!(
-                        "shapes {:?} and {:?} do not broadcast",
-                        a.shape, b.shape
-                    )))
-                }
-            });
-        }
-        let strides = |s: &[usize]| -> [i32; 4] {
-            let mut st = [0i32; 4];
-            let mut acc = 1usize;
-            for i in (0..4).rev() {
-                st[i] = if s[i] == 1 { 0 } else { acc as i32 };
-                acc *= s[i];
-            }
-            st
-        };
-        let (ta, tb) = (strides(&sa), strides(&sb));
+        let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
+        let as_i32 = |s: Vec<usize>| -> Vec<i32> { s.into_iter().map(|v| v as i32).collect() };
+        let (ta, tb) = (as_i32(sa), as_i32(sb));
         let total: usize = shape.iter().product();
         let out = self.stream.alloc_zeros::<f32>(total.max(1)).map_err(cuda)?;
         let (x, y) = (a.f32()?, b.f32()?);
