@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::process::Command;
 
-use common::kafka::{brokers, consume_all, consume_committed, topic};
+use common::kafka::{brokers, consume_all, consume_committed, detection_from_kafka, topic};
 use common::*;
 use serde_json::Value;
 
@@ -425,23 +425,12 @@ fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     let input = frames_topic(&brokers, tmp.path(), "kill-in", 200);
-    let pipeline = format!(
-        r#"
-source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 4 }} }}
-stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 5 }}
-  - select: {{ columns: [camera_id, frame] }}
-sink: {{ jsonl: {{ path: out.jsonl }} }}
-runtime: {{ workers: 1, epoch_records: 4 }}
-"#,
-        model = model("ssdlite_person.onnx").display()
+    let pipeline = detection_from_kafka(
+        &brokers,
+        &input,
+        4,
+        None,
+        "sink: { jsonl: { path: out.jsonl } }\nruntime: { workers: 1, epoch_records: 4 }",
     );
     let expected = split_cameras("street", 200, 4);
     // Trials kill each process in turn, at different moments.
@@ -500,23 +489,15 @@ fn a_10_second_broker_outage_mid_run_loses_nothing() {
     let p = write(
         tmp.path(),
         "outage.yaml",
-        &format!(
-            r#"
-source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 2 }} }}
-stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs: {{ "detection_scores:0": {{ column: scores, shape: [100] }} }}
-      batch: {{ max_size: 2, max_delay_ms: 5 }}
-  - select: {{ columns: [camera_id, frame] }}
-sink: {{ jsonl: {{ path: "{out}" }} }}
-runtime: {{ workers: 2, epoch_records: 2, max_epochs_in_flight: 1 }}
-"#,
-            model = model("ssdlite_person.onnx").display(),
-            out = out.display()
+        &detection_from_kafka(
+            &brokers,
+            &input,
+            2,
+            None,
+            &format!(
+                "sink: {{ jsonl: {{ path: \"{}\" }} }}\nruntime: {{ workers: 2, epoch_records: 2, max_epochs_in_flight: 1 }}",
+                out.display()
+            ),
         ),
     );
     let started = std::time::Instant::now();
@@ -575,24 +556,16 @@ fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
     // Paced at 2 × 15 frames/s: a run takes about 5 s, after 1–2 s of start-up.
     for (trial, (victim, after_ms)) in [(0usize, 3500u64), (1, 4500)].into_iter().enumerate() {
         let output = topic(&format!("eo-out{trial}"));
-        let pipeline = format!(
-            r#"
-source: {{ kafka: {{ brokers: "{brokers}", topic: {input}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 4, max_records_per_second: 15 }} }}
-stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 5 }}
-  - select: {{ columns: [camera_id, frame] }}
-sink: {{ kafka: {{ brokers: "{brokers}", topic: {output}, key: camera_id, partitions: 2 }} }}
-dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}
-runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 700 }} }}
-"#,
-            model = model("ssdlite_person.onnx").display()
+        let pipeline = detection_from_kafka(
+            &brokers,
+            &input,
+            4,
+            Some(15),
+            &format!(
+                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2 }} }}\n\
+                 dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
+                 runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 700 }} }}"
+            ),
         );
         let dir = tmp.path().join(format!("trial{trial}"));
         std::fs::create_dir_all(&dir).unwrap();

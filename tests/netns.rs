@@ -130,25 +130,17 @@ fn a_host_cut_off_mid_run_rejoins_and_the_output_is_exactly_once() {
     let pipeline = write(
         tmp.path(),
         "hosts.yaml",
-        &format!(
-            r#"
-source: {{ kafka: {{ brokers: "{brokers}", topic: netns-in, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: 4, max_records_per_second: 12 }} }}
-stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 5 }}
-  - select: {{ columns: [camera_id, frame] }}
-sink: {{ jsonl: {{ path: "{out}" }} }}
-runtime: {{ workers: 1, epoch_records: 4, peer_timeout_ms: 3000, checkpoint: {{ dir: "{ckpt}" }} }}
-"#,
-            model = model("ssdlite_person.onnx").display(),
-            out = out.display(),
-            ckpt = tmp.path().join("ckpt").display(),
+        &common::kafka::detection_from_kafka(
+            &brokers,
+            "netns-in",
+            4,
+            Some(12),
+            &format!(
+                "sink: {{ jsonl: {{ path: \"{}\" }} }}\n\
+                 runtime: {{ workers: 1, epoch_records: 4, peer_timeout_ms: 3000, checkpoint: {{ dir: \"{}\" }} }}",
+                out.display(),
+                tmp.path().join("ckpt").display()
+            ),
         ),
     );
     let hosts = write(

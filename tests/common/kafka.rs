@@ -128,3 +128,33 @@ pub fn consume_committed(brokers: &str, topic: &str) -> (Vec<Received>, usize) {
     let left = view.uncommitted();
     (out, left)
 }
+
+/// The person-detection pipeline over frames in `topic` (`batch` frames per read and per model
+/// run, at most `pace` frames/s per worker), keeping `camera_id` and `frame`; `rest` is the YAML
+/// after the stages (sink, runtime, ...).
+pub fn detection_from_kafka(
+    brokers: &str,
+    topic: &str,
+    batch: usize,
+    pace: Option<u32>,
+    rest: &str,
+) -> String {
+    let pace = pace.map_or(String::new(), |p| format!(", max_records_per_second: {p}"));
+    format!(
+        r#"
+source: {{ kafka: {{ brokers: "{brokers}", topic: {topic}, format: jpeg, key: camera_id, header_columns: {{ frame: int64 }}, stop_at_end: true, batch_size: {batch}{pace} }} }}
+stages:
+  - decode: {{}}
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs:
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+      batch: {{ max_size: {batch}, max_delay_ms: 5 }}
+  - select: {{ columns: [camera_id, frame] }}
+{rest}
+"#,
+        model = super::model("ssdlite_person.onnx").display()
+    )
+}
