@@ -1,12 +1,11 @@
 use std::collections::HashMap;
 
-use arrow_array::RecordBatch;
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
 use timely::dataflow::operators::Operator;
 use timely::dataflow::StreamVec;
 
-use super::exchange_by_key::take_rows;
-use super::{worker_for, BatchStream};
+use super::exchange_by_key::{give_parts, route_by};
+use super::BatchStream;
 use crate::{Batch, BatchKind, Epoch};
 
 /// Load reports, broadcast to every balancer: (worker, its measured service time per row in
@@ -151,7 +150,7 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
         };
         let mut least = LeastDelay::new(targets, me);
         // With `ordered_by`: this epoch's key → worker.
-        let mut sticky: (Option<Epoch>, HashMap<usize, usize>) = (None, HashMap::new());
+        let mut sticky: (Option<Epoch>, HashMap<u64, usize>) = (None, HashMap::new());
         self.binary(reports, Pipeline, Pipeline, "Balance", move |_, _| {
             move |input, delays, output| {
                 delays.for_each(|_, data| {
@@ -179,23 +178,11 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
                             sticky = (Some(epoch), HashMap::new());
                         }
                         let rows = batch.num_rows() as u64;
-                        match split_by_key(&batch.data, column, &mut |key| {
-                            *sticky.1.entry(key).or_insert_with(|| least.pick(rows))
-                        }) {
-                            Ok(parts) => {
-                                for (dest, rows) in parts {
-                                    let mut part = batch.with_data(rows);
-                                    part.route = dest as u64;
-                                    session.give(part);
-                                }
-                            }
-                            // Validation checks the column; this is a schema drift.
-                            Err(e) => {
-                                tracing::error!("balance by `{column}`: {e}");
-                                batch.route = me as u64;
-                                session.give(batch);
-                            }
-                        }
+                        let parts = route_by(&batch.data, column, &mut |key| {
+                            Ok(*sticky.1.entry(key).or_insert_with(|| least.pick(rows)))
+                        });
+                        let what = format!("balance by `{column}`");
+                        give_parts(batch, parts, me as u64, &what, &mut |b| session.give(b));
                     }
                 });
             }
@@ -243,30 +230,6 @@ fn record_rows(batches: &[Batch]) -> u64 {
         .filter(|b| b.kind == BatchKind::Records)
         .map(|b| b.num_rows() as u64)
         .sum()
-}
-
-/// Splits `batch` by the key in `column`; `dest` names the worker of a key (by its hash).
-fn split_by_key(
-    batch: &RecordBatch,
-    column: &str,
-    dest: &mut dyn FnMut(usize) -> usize,
-) -> crate::DataflowResult<Vec<(usize, RecordBatch)>> {
-    let keys = batch
-        .column_by_name(column)
-        .ok_or_else(|| crate::DataflowError::schema(column, "a key column", "no such column"))?;
-    let mut rows_for: Vec<(usize, Vec<u32>)> = Vec::new();
-    for row in 0..batch.num_rows() {
-        // The hash modulo usize::MAX: a key id, the same for equal keys.
-        let to = dest(worker_for(keys.as_ref(), row, usize::MAX)?);
-        match rows_for.iter_mut().find(|(d, _)| *d == to) {
-            Some((_, rows)) => rows.push(row as u32),
-            None => rows_for.push((to, vec![row as u32])),
-        }
-    }
-    rows_for
-        .into_iter()
-        .map(|(to, rows)| Ok((to, take_rows(batch, rows)?)))
-        .collect()
 }
 
 #[cfg(test)]

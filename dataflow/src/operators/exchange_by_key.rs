@@ -58,22 +58,9 @@ impl<'scope> ExchangeByKey<'scope> for BatchStream<'scope> {
                             session.give(b);
                             continue;
                         }
-                        match route_rows(&batch.data, &column, peers) {
-                            Ok(parts) => {
-                                for (dest, rows) in parts {
-                                    let mut part = batch.with_data(rows);
-                                    part.route = dest as u64;
-                                    session.give(part);
-                                }
-                            }
-                            // Validation checks the key column; this is a schema drift.
-                            Err(e) => {
-                                tracing::error!("exchange by `{column}`: {e}");
-                                let mut b = batch;
-                                b.route = me;
-                                session.give(b);
-                            }
-                        }
+                        let parts = route_rows(&batch.data, &column, peers);
+                        let what = format!("exchange by `{column}`");
+                        give_parts(batch, parts, me, &what, &mut |b| session.give(b));
                     }
                 });
             }
@@ -98,21 +85,57 @@ pub fn route_rows(
     column: &str,
     peers: usize,
 ) -> DataflowResult<Vec<(usize, RecordBatch)>> {
+    let peers = peers.max(1) as u64;
+    route_by(batch, column, &mut |hash| Ok((hash % peers) as usize))
+}
+
+/// Splits `batch` by the worker `dest` names for each row's key hash in `column` (equal keys,
+/// equal hashes), one batch per worker, in worker order.
+pub(crate) fn route_by(
+    batch: &RecordBatch,
+    column: &str,
+    dest: &mut dyn FnMut(u64) -> DataflowResult<usize>,
+) -> DataflowResult<Vec<(usize, RecordBatch)>> {
     let keys = batch
         .column_by_name(column)
         .ok_or_else(|| DataflowError::schema(column, "a key column", "no such column"))?;
-    let peers = peers.max(1);
-    let mut rows_for: Vec<Vec<u32>> = vec![Vec::new(); peers];
+    let mut rows_for: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
     for row in 0..batch.num_rows() {
-        rows_for[worker_for(keys.as_ref(), row, peers)?].push(row as u32);
+        rows_for
+            .entry(dest(key_hash(keys.as_ref(), row)?)?)
+            .or_default()
+            .push(row as u32);
     }
-    let mut parts = Vec::new();
-    for (dest, rows) in rows_for.into_iter().enumerate() {
-        if !rows.is_empty() {
-            parts.push((dest, take_rows(batch, rows)?));
+    rows_for
+        .into_iter()
+        .map(|(to, rows)| Ok((to, take_rows(batch, rows)?)))
+        .collect()
+}
+
+/// Gives the parts of a split batch to their workers, or, when the split failed (the key
+/// column drifted from what validation saw), the whole batch to this worker, logged.
+pub(crate) fn give_parts<S: FnMut(Batch)>(
+    batch: Batch,
+    parts: DataflowResult<Vec<(usize, RecordBatch)>>,
+    me: u64,
+    what: &str,
+    give: &mut S,
+) {
+    match parts {
+        Ok(parts) => {
+            for (dest, rows) in parts {
+                let mut part = batch.with_data(rows);
+                part.route = dest as u64;
+                give(part);
+            }
+        }
+        Err(e) => {
+            tracing::error!("{what}: {e}");
+            let mut b = batch;
+            b.route = me;
+            give(b);
         }
     }
-    Ok(parts)
 }
 
 /// The given rows of `batch`, in that order (the batch itself when that is all of it).
@@ -131,6 +154,12 @@ pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DataflowResult<R
 
 /// The worker owning row `row`'s key. SipHash with fixed keys: the same in every process.
 pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<usize> {
+    Ok((key_hash(keys, row)? % peers as u64) as usize)
+}
+
+/// The hash of row `row`'s key (integers hash as i64, so every integer type agrees with
+/// [`worker_for_int`]).
+pub(crate) fn key_hash(keys: &dyn Array, row: usize) -> DataflowResult<u64> {
     let mut h = DefaultHasher::new();
     if keys.is_null(row) {
         0u8.hash(&mut h);
@@ -138,12 +167,7 @@ pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<
         match keys.data_type() {
             DataType::Utf8 => keys.as_string::<i32>().value(row).hash(&mut h),
             DataType::LargeUtf8 => keys.as_string::<i64>().value(row).hash(&mut h),
-            DataType::Int64 => {
-                return Ok(worker_for_int(
-                    keys.as_primitive::<Int64Type>().value(row),
-                    peers,
-                ))
-            }
+            DataType::Int64 => keys.as_primitive::<Int64Type>().value(row).hash(&mut h),
             DataType::Int32 => i64::from(keys.as_primitive::<Int32Type>().value(row)).hash(&mut h),
             DataType::UInt64 => keys.as_primitive::<UInt64Type>().value(row).hash(&mut h),
             DataType::UInt32 => {
@@ -158,7 +182,7 @@ pub fn worker_for(keys: &dyn Array, row: usize, peers: usize) -> DataflowResult<
             }
         }
     }
-    Ok((h.finish() % peers as u64) as usize)
+    Ok(h.finish())
 }
 
 /// The worker owning integer key `key`: what [`worker_for`] gives a row of an Int64 column, for
