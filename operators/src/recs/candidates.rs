@@ -423,6 +423,8 @@ struct Features {
     ranking: Vec<i64>,
     stale: bool,
     seen: HashMap<i64, HashSet<i64>>,
+    /// The last input schema and the output schema built for it (batches share a schema).
+    schemas: Option<(SchemaRef, SchemaRef)>,
 }
 
 impl Features {
@@ -479,7 +481,14 @@ impl Features {
         next_event: &mut (Epoch, i64),
         (index, peers): (usize, usize),
     ) -> DataflowResult<(Option<RecordBatch>, Vec<DeadLetter>)> {
-        let schema = config.output_schema(batch.schema().as_ref())?;
+        let schema = match &self.schemas {
+            Some((input, output)) if *input == batch.schema() => output.clone(),
+            _ => {
+                let output = config.output_schema(batch.schema().as_ref())?;
+                self.schemas = Some((batch.schema(), output.clone()));
+                output
+            }
+        };
         let (users, items, times) = click_columns(batch, config)?;
         self.rank();
         let limit = config.max_candidates;
