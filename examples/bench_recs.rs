@@ -168,7 +168,7 @@ fn model_stage(model: &Path, threads: usize) -> Result<Box<dyn Stage>> {
             "intra_op_threads": threads,
         }
     }))?;
-    build_stage(&spec, &RuntimeConfig::default())?.context("a model stage")
+    build_stage(&spec, &RuntimeConfig::default(), 0)?.context("a model stage")
 }
 
 /// Per click: exact features so far, one model call for its candidates, top-k.

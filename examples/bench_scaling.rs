@@ -31,7 +31,7 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("no model stage"))?;
     let mut pre: Vec<Box<dyn Stage>> = Vec::new();
     for s in &pipeline.spec.stages[..model_at] {
-        pre.extend(build_stage(&s.value, &pipeline.runtime)?);
+        pre.extend(build_stage(&s.value, &pipeline.runtime, 0)?);
     }
     let max_size = match &pipeline.spec.stages[model_at].value {
         StageSpec::Model(m) => m.batch.max_size,
@@ -102,7 +102,7 @@ fn ort_alone(
     let spec = &pipeline.spec.stages[model_at].value;
     let mut models = Vec::new();
     for _ in 0..workers {
-        models.extend(build_stage(spec, &pipeline.runtime)?);
+        models.extend(build_stage(spec, &pipeline.runtime, 0)?);
     }
     let started = Instant::now();
     std::thread::scope(|scope| {

@@ -3,7 +3,8 @@
 # paths on the same inputs, checks they agree within 1e-4, and prints the throughput of each.
 #
 # Carry a release build made elsewhere (same x86-64): this script, `riffle`
-# (target/release/riffle), `libonnxruntime.so.1.31.1` and `models/ml100k_ncf_ctr.onnx`, e.g.
+# (target/release/riffle), `libonnxruntime.so.1.31.1`, `models/ml100k_ncf_ctr.onnx` and the
+# frames in `data/frames/bikes` (or any folder of JPEGs: RIFFLE_GPU_CHECK_FRAMES), e.g.
 #   scripts/gpu-check.sh                   # from a checkout with target/release/riffle
 #   RIFFLE_BIN=./riffle RIFFLE_ORT_LIB=./libonnxruntime.so.1.31.1 scripts/gpu-check.sh
 # CUDA 13 libraries (NVRTC, cuBLAS) are taken from a PyTorch environment's nvidia/*/lib folders
@@ -17,6 +18,7 @@ if [ -z "${RIFFLE_ORT_LIB:-}" ] && [ -f "$here/libonnxruntime.so.1.31.1" ]; then
   export RIFFLE_ORT_LIB="$here/libonnxruntime.so.1.31.1"
 fi
 model="${RIFFLE_GPU_CHECK_MODEL:-$here/models/ml100k_ncf_ctr.onnx}"
+frames="${RIFFLE_GPU_CHECK_FRAMES:-$here/data/frames/bikes}"
 
 if command -v python3 >/dev/null; then
   libs=$(python3 - <<'PY' 2>/dev/null || true
@@ -36,4 +38,4 @@ PY
 fi
 
 "$bin" devices
-"$bin" gpu-check "$model" --pairs "${RIFFLE_GPU_CHECK_PAIRS:-200000}"
+"$bin" gpu-check "$model" --frames "$frames" --pairs "${RIFFLE_GPU_CHECK_PAIRS:-200000}"

@@ -133,7 +133,7 @@ fn stages(
             }
             other => other.clone(),
         };
-        if let Some(stage) = build_stage(&spec, &runtime)? {
+        if let Some(stage) = build_stage(&spec, &runtime, 0)? {
             out.push(stage);
         }
     }

@@ -27,10 +27,14 @@ pub enum Command {
     Consume(ConsumeArgs),
     /// List the CPU cores and CUDA GPUs this machine offers to pipelines.
     Devices,
-    /// On a GPU host: a dense model (the CTR model) on the GPU against CPU runs, same inputs.
+    /// On a GPU host: the GPU paths (model stage on the GPU, resize kernel) against the CPU
+    /// paths on the same inputs, with throughput.
     GpuCheck {
         #[arg(default_value = "models/ml100k_ncf_ctr.onnx")]
         model: PathBuf,
+        /// JPEG frames for the resize check.
+        #[arg(long, default_value = "data/frames/bikes")]
+        frames: PathBuf,
         /// (user, item) pairs per run.
         #[arg(long, default_value_t = 100_000)]
         pairs: usize,

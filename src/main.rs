@@ -37,9 +37,10 @@ fn main() {
         Command::Devices => devices_command(),
         Command::GpuCheck {
             model,
+            frames,
             pairs,
             ordinal,
-        } => gpu_check::gpu_check_command(&model, pairs, ordinal),
+        } => gpu_check::gpu_check_command(&model, &frames, pairs, ordinal),
         Command::Plan { file, cluster } => plan_command(&file, &cluster),
     };
     if let Err(e) = outcome {

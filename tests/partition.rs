@@ -69,6 +69,7 @@ fn input_tensor() -> Vec<f32> {
         mean: Some([0.485, 0.456, 0.406]),
         std: Some([0.229, 0.224, 0.225]),
         keep_input: false,
+        device: Default::default(),
     })
     .unwrap();
     let resized = resize.process_batch(&decoded.records).unwrap();

@@ -230,6 +230,41 @@ fn cuda_device_fails_validation_without_cuda() {
 }
 
 #[test]
+fn dense_executor_on_a_convolutional_model_fails_validation_at_the_key() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(
+        tmp.path(),
+        "batch: { max_size: 4",
+        "executor: dense\n      batch: { max_size: 4",
+    );
+    let e = error_of(&f);
+    let line = line_of(&f, "executor: dense");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: stages[2].model.executor: executor `dense`: ",
+            f.display()
+        )) && e.contains("is not supported by the dense executor"),
+        "{e}"
+    );
+    // Splitting tables over GPUs needs GPUs.
+    let f = edited(
+        tmp.path(),
+        "batch: { max_size: 4",
+        "embedding_devices: [\"cuda:0\", \"cuda:1\"]\n      batch: { max_size: 4",
+    );
+    let e = error_of(&f);
+    let line = line_of(&f, "embedding_devices:");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: stages[2].model.embedding_devices: embedding_devices: device `cuda:0`: no CUDA device",
+            f.display()
+        )),
+        "{e}"
+    );
+}
+
+#[test]
 fn validate_command_prints_schemas_and_fails_with_location() {
     let out = riffle_ok(&[
         "validate",
@@ -330,5 +365,29 @@ fn every_shipped_file_pipeline_validates() {
     ] {
         let file = repo().join("pipelines").join(name);
         riffle_ok(&["validate", file.to_str().unwrap()]);
+    }
+}
+
+#[test]
+fn gpu_check_compares_gpu_and_cpu_paths_or_says_there_is_no_gpu() {
+    require_onnx_runtime();
+    let out = riffle(&["gpu-check", "--pairs", "2000"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    match riffle_operators::gpu::discover() {
+        Err(why) => {
+            assert!(!out.status.success());
+            assert!(
+                stderr.contains(&format!("no GPU to check: {why}")),
+                "{stderr}"
+            );
+        }
+        Ok(_) => {
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            assert!(
+                stdout.contains("every GPU path agrees with its CPU path"),
+                "{stdout}"
+            );
+        }
     }
 }

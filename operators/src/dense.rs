@@ -14,6 +14,8 @@ use std::path::Path;
 use prost::Message;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
+use crate::onnx::TensorSpec;
+
 /// The part of ONNX's protobuf schema this executor reads (field numbers from onnx.proto).
 pub(crate) mod proto {
     #[derive(Clone, PartialEq, prost::Message)]
@@ -80,6 +82,37 @@ pub(crate) mod proto {
     pub struct ValueInfoProto {
         #[prost(string, tag = "1")]
         pub name: String,
+        #[prost(message, optional, tag = "2")]
+        pub r#type: Option<TypeProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TypeProto {
+        #[prost(message, optional, tag = "1")]
+        pub tensor_type: Option<TypeTensor>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TypeTensor {
+        #[prost(int32, tag = "1")]
+        pub elem_type: i32,
+        #[prost(message, optional, tag = "2")]
+        pub shape: Option<TensorShapeProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TensorShapeProto {
+        #[prost(message, repeated, tag = "1")]
+        pub dim: Vec<Dimension>,
+    }
+
+    /// `dim_value` and `dim_param` are a oneof in onnx.proto; optional fields read the same bytes.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Dimension {
+        #[prost(int64, optional, tag = "1")]
+        pub dim_value: Option<i64>,
+        #[prost(string, optional, tag = "2")]
+        pub dim_param: Option<String>,
     }
 }
 
@@ -111,8 +144,12 @@ impl Tensor {
         }
     }
 
-    fn len(&self) -> usize {
+    pub fn len(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     pub fn as_f32(&self) -> DataflowResult<&[f32]> {
@@ -187,8 +224,79 @@ pub(crate) fn err(message: impl Into<String>) -> DataflowError {
 pub struct DenseGraph {
     pub(crate) nodes: Vec<proto::NodeProto>,
     pub(crate) weights: HashMap<String, Tensor>,
+    /// Embedding tables split by row range (see [`DenseGraph::split_tables`]).
+    pub(crate) split: HashMap<String, SplitTable>,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
+    input_specs: Vec<TensorSpec>,
+    output_specs: Vec<TensorSpec>,
+}
+
+/// An embedding table cut into row ranges, one part per device.
+#[derive(Clone, Debug)]
+pub struct SplitTable {
+    pub rows: RowShards,
+    pub parts: Vec<Tensor>,
+}
+
+/// Contiguous row ranges of a table: part `k` holds rows `starts[k]..starts[k + 1]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowShards {
+    starts: Vec<usize>,
+}
+
+/// The rows of one gather that one part serves: where they go in the output and their index
+/// within the part.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardRoute {
+    pub positions: Vec<usize>,
+    pub local: Vec<i64>,
+}
+
+impl RowShards {
+    /// `rows` in `parts` near-equal ranges (fewer when there are fewer rows than parts).
+    pub fn split(rows: usize, parts: usize) -> RowShards {
+        let parts = parts.clamp(1, rows.max(1));
+        RowShards {
+            starts: (0..=parts).map(|k| k * rows / parts).collect(),
+        }
+    }
+
+    pub fn parts(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    pub fn rows(&self) -> usize {
+        self.starts.last().copied().unwrap_or(0)
+    }
+
+    pub fn range(&self, part: usize) -> std::ops::Range<usize> {
+        self.starts[part]..self.starts[part + 1]
+    }
+
+    /// Splits a gather's indices (ONNX semantics: negative counts from the end) by part.
+    pub fn route(&self, indices: &[i64]) -> DataflowResult<Vec<ShardRoute>> {
+        let rows = self.rows();
+        let mut routes = vec![ShardRoute::default(); self.parts()];
+        for (position, &i) in indices.iter().enumerate() {
+            let row = if i < 0 { i + rows as i64 } else { i };
+            let row = usize::try_from(row)
+                .ok()
+                .filter(|r| *r < rows)
+                .ok_or_else(|| err(format!("Gather: index {i} out of range (rows: {rows})")))?;
+            let part = self.starts.partition_point(|s| *s <= row) - 1;
+            routes[part].positions.push(position);
+            routes[part].local.push((row - self.starts[part]) as i64);
+        }
+        Ok(routes)
+    }
+}
+
+/// Writes each part's gathered rows (`width` values each) to their positions in `out`.
+pub fn scatter_rows(out: &mut [f32], width: usize, positions: &[usize], rows: &[f32]) {
+    for (p, row) in positions.iter().zip(rows.chunks_exact(width.max(1))) {
+        out[p * width..(p + 1) * width].copy_from_slice(row);
+    }
 }
 
 impl DenseGraph {
@@ -236,18 +344,80 @@ impl DenseGraph {
             .iter()
             .map(|t| Ok((t.name.clone(), Tensor::from_proto(t)?)))
             .collect::<DataflowResult<HashMap<_, _>>>()?;
-        let inputs = graph
+        let graph_inputs: Vec<&proto::ValueInfoProto> = graph
             .input
             .iter()
-            .map(|i| i.name.clone())
-            .filter(|n| !weights.contains_key(n))
+            .filter(|i| !weights.contains_key(&i.name))
             .collect();
+        let input_specs = graph_inputs
+            .iter()
+            .map(|v| value_spec(v, path))
+            .collect::<DataflowResult<Vec<_>>>()?;
+        let output_specs = graph
+            .output
+            .iter()
+            .map(|v| value_spec(v, path))
+            .collect::<DataflowResult<Vec<_>>>()?;
         Ok(DenseGraph {
             nodes: graph.node,
             weights,
-            inputs,
+            split: HashMap::new(),
+            inputs: graph_inputs.iter().map(|i| i.name.clone()).collect(),
             outputs: graph.output.iter().map(|o| o.name.clone()).collect(),
+            input_specs,
+            output_specs,
         })
+    }
+
+    /// Inputs with element types and shapes, as the ONNX file declares them.
+    pub fn input_specs(&self) -> &[TensorSpec] {
+        &self.input_specs
+    }
+
+    pub fn output_specs(&self) -> &[TensorSpec] {
+        &self.output_specs
+    }
+
+    /// The float tables that Gather nodes read rows from (the embedding tables).
+    pub fn embedding_tables(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.op_type == "Gather" && attr_i(n, "axis", 0) == 0)
+            .filter_map(|n| n.input.first())
+            .filter(|name| {
+                self.weights
+                    .get(*name)
+                    .is_some_and(|t| t.shape.len() >= 2 && matches!(t.data, Data::F32(_)))
+            })
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Cuts every embedding table into `parts` row ranges (one per device when the tables are
+    /// spread over several GPUs). Gathers then route each index to the part holding its row.
+    pub fn split_tables(&mut self, parts: usize) -> DataflowResult<()> {
+        for name in self.embedding_tables() {
+            let Some(table) = self.weights.remove(&name) else {
+                continue;
+            };
+            let rows = RowShards::split(table.shape[0], parts);
+            let width: usize = table.shape[1..].iter().product();
+            let values = table.as_f32()?;
+            let parts = (0..rows.parts())
+                .map(|k| {
+                    let r = rows.range(k);
+                    let mut shape = table.shape.clone();
+                    shape[0] = r.len();
+                    Tensor::f32(shape, values[r.start * width..r.end * width].to_vec())
+                })
+                .collect();
+            self.split.insert(name, SplitTable { rows, parts });
+        }
+        Ok(())
     }
 
     /// Runs the graph on CPU; returns the graph's outputs in order.
@@ -267,7 +437,15 @@ impl DenseGraph {
                     .or_else(|| self.weights.get(name))
                     .ok_or_else(|| err(format!("{}: no value `{name}`", node.op_type)))
             };
-            let out = run_node(node, &get)?;
+            let split = node
+                .input
+                .first()
+                .and_then(|n| self.split.get(n))
+                .filter(|_| node.op_type == "Gather");
+            let out = match split {
+                Some(table) => gather_split(table, get(1)?)?,
+                None => run_node(node, &get)?,
+            };
             let name = node
                 .output
                 .first()
@@ -476,6 +654,58 @@ fn run_node<'a>(
     })
 }
 
+/// A Gather from a table split by rows: each part serves its rows, scattered back in order.
+fn gather_split(table: &SplitTable, indices: &Tensor) -> DataflowResult<Tensor> {
+    let first = table
+        .parts
+        .first()
+        .ok_or_else(|| err("Gather: a split table without parts"))?;
+    let width: usize = first.shape[1..].iter().product();
+    let routes = table.rows.route(indices.as_i64()?)?;
+    let mut out = vec![0f32; indices.len() * width];
+    for (part, route) in table.parts.iter().zip(&routes) {
+        let values = part.as_f32()?;
+        let rows: Vec<f32> = route
+            .local
+            .iter()
+            .flat_map(|&i| {
+                values[i as usize * width..(i as usize + 1) * width]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        scatter_rows(&mut out, width, &route.positions, &rows);
+    }
+    let mut shape = indices.shape.clone();
+    shape.extend_from_slice(&first.shape[1..]);
+    Ok(Tensor::f32(shape, out))
+}
+
+/// An input or output of the graph as a [`TensorSpec`] (float32 and int64 only).
+fn value_spec(v: &proto::ValueInfoProto, path: &Path) -> DataflowResult<TensorSpec> {
+    let tensor = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
+    let element = match tensor.map(|t| t.elem_type) {
+        Some(1) => arrow_schema::DataType::Float32,
+        Some(7) => arrow_schema::DataType::Int64,
+        other => {
+            return Err(err(format!(
+                "{}: `{}` has element type {other:?}; the dense executor takes float32 and int64",
+                path.display(),
+                v.name
+            )))
+        }
+    };
+    let shape = tensor
+        .and_then(|t| t.shape.as_ref())
+        .map(|s| s.dim.iter().map(|d| d.dim_value.unwrap_or(-1)).collect())
+        .unwrap_or_default();
+    Ok(TensorSpec {
+        name: v.name.clone(),
+        element,
+        shape,
+    })
+}
+
 /// Output shapes, shared by the CPU and GPU executors so both read a graph the same way.
 pub(crate) mod shapes {
     use super::err;
@@ -669,5 +899,47 @@ mod tests {
             (vec![1, 3], vec![5., 7., 9.])
         );
         assert!(broadcast(&a, &Tensor::f32(vec![2], vec![1., 2.]), |x, y| x + y).is_err());
+    }
+
+    #[test]
+    fn row_ranges_cover_the_table_and_route_every_index_to_its_part() {
+        let shards = RowShards::split(10, 3);
+        assert_eq!(
+            (0..3).map(|k| shards.range(k)).collect::<Vec<_>>(),
+            vec![0..3, 3..6, 6..10]
+        );
+        let routes = shards.route(&[9, 0, 3, -1, 5, 2]).unwrap();
+        assert_eq!(routes[0].positions, vec![1, 5]);
+        assert_eq!(routes[0].local, vec![0, 2]);
+        assert_eq!(routes[1].positions, vec![2, 4]);
+        assert_eq!(routes[1].local, vec![0, 2]);
+        assert_eq!(routes[2].positions, vec![0, 3]);
+        assert_eq!(routes[2].local, vec![3, 3]);
+        assert!(shards.route(&[10]).is_err());
+        assert!(shards.route(&[-11]).is_err());
+        // More parts than rows: one row each.
+        assert_eq!(RowShards::split(2, 4).parts(), 2);
+    }
+
+    #[test]
+    fn a_split_gather_equals_the_whole_one() {
+        let table = Tensor::f32(vec![7, 2], (0..14).map(|v| v as f32).collect());
+        let idx = Tensor::i64(vec![2, 3], vec![6, 0, 3, 3, -2, 1]);
+        let rows = RowShards::split(7, 3);
+        let parts = (0..3)
+            .map(|k| {
+                let r = rows.range(k);
+                Tensor::f32(
+                    vec![r.len(), 2],
+                    table.as_f32().unwrap()[r.start * 2..r.end * 2].to_vec(),
+                )
+            })
+            .collect();
+        let split = gather_split(&SplitTable { rows, parts }, &idx).unwrap();
+        assert_eq!(split.shape, vec![2, 3, 2]);
+        assert_eq!(
+            split.as_f32().unwrap(),
+            &[12., 13., 0., 1., 6., 7., 6., 7., 10., 11., 2., 3.]
+        );
     }
 }

@@ -13,7 +13,9 @@ use cudarc::driver::{
 };
 use riffle_dataflow::DataflowResult;
 
-use crate::dense::{attr, attr_f, attr_i, axes, err, shapes, Data, DenseGraph, Tensor};
+use crate::dense::{
+    attr, attr_f, attr_i, axes, err, scatter_rows, shapes, Data, DenseGraph, RowShards, Tensor,
+};
 
 const KERNELS: &str = r#"
 extern "C" __global__ void gather_f32(const float* data, const long long* idx, float* out,
@@ -87,33 +89,68 @@ fn cuda(e: impl std::fmt::Debug) -> riffle_dataflow::DataflowError {
     err(format!("CUDA: {e:?}"))
 }
 
-/// A dense graph loaded onto one GPU.
+/// A dense graph loaded onto one GPU, its embedding tables optionally spread over several.
 pub struct CudaDense {
     graph: DenseGraph,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     functions: HashMap<&'static str, CudaFunction>,
     weights: HashMap<String, DTensor>,
+    tables: HashMap<String, DeviceTable>,
+}
+
+/// An embedding table split by row range, part `k` on its own GPU.
+struct DeviceTable {
+    rows: RowShards,
+    /// Values per row and the shape of a row.
+    width: usize,
+    row_shape: Vec<usize>,
+    parts: Vec<TablePart>,
+}
+
+struct TablePart {
+    stream: Arc<CudaStream>,
+    gather: CudaFunction,
+    values: CudaSlice<f32>,
+}
+
+fn check_ordinal(ordinal: usize) -> DataflowResult<()> {
+    match crate::gpu::discover() {
+        Ok(gpus) if ordinal < gpus.len() => Ok(()),
+        Ok(gpus) => Err(err(format!(
+            "cuda:{ordinal}: this machine has {} GPU(s)",
+            gpus.len()
+        ))),
+        Err(why) => Err(err(format!("cuda:{ordinal}: {why}"))),
+    }
 }
 
 impl CudaDense {
     /// Compiles the kernels and uploads the weights to GPU `ordinal`.
     pub fn new(graph: DenseGraph, ordinal: usize) -> DataflowResult<CudaDense> {
-        match crate::gpu::discover() {
-            Ok(gpus) if ordinal < gpus.len() => {}
-            Ok(gpus) => {
-                return Err(err(format!(
-                    "cuda:{ordinal}: this machine has {} GPU(s)",
-                    gpus.len()
-                )))
-            }
-            Err(why) => return Err(err(format!("cuda:{ordinal}: {why}"))),
+        Self::with_tables_on(graph, ordinal, &[])
+    }
+
+    /// As [`CudaDense::new`], with the embedding tables split by row range over
+    /// `table_devices` (one part per GPU) when it names more than one: tables larger than one
+    /// GPU's memory, or kept off the GPU that runs the dense layers.
+    pub fn with_tables_on(
+        mut graph: DenseGraph,
+        ordinal: usize,
+        table_devices: &[usize],
+    ) -> DataflowResult<CudaDense> {
+        check_ordinal(ordinal)?;
+        for d in table_devices {
+            check_ordinal(*d)?;
+        }
+        if table_devices.len() > 1 {
+            graph.split_tables(table_devices.len())?;
         }
         let ctx = CudaContext::new(ordinal).map_err(cuda)?;
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone()).map_err(cuda)?;
         let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(cuda)?;
-        let module = ctx.load_module(ptx).map_err(cuda)?;
+        let module = ctx.load_module(ptx.clone()).map_err(cuda)?;
         let mut functions = HashMap::new();
         for name in [
             "gather_f32",
@@ -128,13 +165,78 @@ impl CudaDense {
         for (name, t) in &graph.weights {
             weights.insert(name.clone(), upload(&stream, t)?);
         }
+        // Each part goes to its GPU; the host copy is dropped (these tables can be large).
+        let mut tables = HashMap::new();
+        for (name, split) in std::mem::take(&mut graph.split) {
+            let row_shape = split
+                .parts
+                .first()
+                .map(|p| p.shape[1..].to_vec())
+                .unwrap_or_default();
+            let mut parts = Vec::with_capacity(split.parts.len());
+            for (k, part) in split.parts.iter().enumerate() {
+                let device = CudaContext::new(table_devices[k]).map_err(cuda)?;
+                let part_stream = device.default_stream();
+                let module = device.load_module(ptx.clone()).map_err(cuda)?;
+                parts.push(TablePart {
+                    gather: module.load_function("gather_f32").map_err(cuda)?,
+                    values: part_stream.clone_htod(part.as_f32()?).map_err(cuda)?,
+                    stream: part_stream,
+                });
+            }
+            tables.insert(
+                name,
+                DeviceTable {
+                    rows: split.rows,
+                    width: row_shape.iter().product(),
+                    row_shape,
+                    parts,
+                },
+            );
+        }
         Ok(CudaDense {
             graph,
             stream,
             blas,
             functions,
             weights,
+            tables,
         })
+    }
+
+    /// The graph's output names, in the order [`CudaDense::run`] returns them.
+    pub fn output_names(&self) -> &[String] {
+        &self.graph.outputs
+    }
+
+    /// A Gather from a table split over GPUs: each part's GPU gathers its rows, which come
+    /// back through the host into one tensor on the main GPU. (Peer-to-peer copies would skip
+    /// the host; the rows are few next to the tables.)
+    fn gather_split(&self, table: &DeviceTable, indices: &Tensor) -> DataflowResult<DTensor> {
+        let routes = table.rows.route(indices.as_i64()?)?;
+        let width = table.width;
+        let mut host = vec![0f32; indices.len() * width];
+        for (part, route) in table.parts.iter().zip(&routes) {
+            if route.local.is_empty() {
+                continue;
+            }
+            let idx = part.stream.clone_htod(&route.local).map_err(cuda)?;
+            let total = route.local.len() * width;
+            let out = part.stream.alloc_zeros::<f32>(total).map_err(cuda)?;
+            let (w, t) = (width as i32, total as i32);
+            {
+                let mut b = part.stream.launch_builder(&part.gather);
+                b.arg(&part.values).arg(&idx).arg(&out).arg(&w).arg(&t);
+                // SAFETY: the kernel checks its thread index against `total`, `out` holds
+                // `total` values and every local index is within the part (routed above).
+                unsafe { b.launch(LaunchConfig::for_num_elems(total as u32)) }.map_err(cuda)?;
+            }
+            let rows = part.stream.clone_dtoh(&out).map_err(cuda)?;
+            scatter_rows(&mut host, width, &route.positions, &rows);
+        }
+        let mut shape = indices.shape.clone();
+        shape.extend_from_slice(&table.row_shape);
+        upload(&self.stream, &Tensor::f32(shape, host))
     }
 
     /// Runs the graph on the GPU: inputs from host memory, outputs back to it.
@@ -185,7 +287,21 @@ impl CudaDense {
                 host.get(name)
                     .ok_or_else(|| err(format!("{}: `{name}` must be a constant", node.op_type)))
             };
-            let out = self.run_node(node, &get, &host_get)?;
+            let split = node
+                .input
+                .first()
+                .and_then(|n| self.tables.get(n))
+                .filter(|_| node.op_type == "Gather");
+            let out = match split {
+                Some(table) => {
+                    let indices = match host_get(1) {
+                        Ok(t) => t.clone(),
+                        Err(_) => download(&self.stream, get(1)?)?,
+                    };
+                    self.gather_split(table, &indices)?
+                }
+                None => self.run_node(node, &get, &host_get)?,
+            };
             values.insert(out_name, out);
         }
         self.graph

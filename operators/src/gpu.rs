@@ -5,6 +5,8 @@ use std::sync::OnceLock;
 
 use cudarc::driver::CudaContext;
 
+use crate::model::Device;
+
 /// One CUDA device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuInfo {
@@ -56,6 +58,37 @@ pub fn gpu_for_worker(worker: usize, gpus: usize, map: &[usize]) -> Option<usize
     (gpus > 0).then(|| worker % gpus)
 }
 
+/// The GPU a stage with `device` uses on `worker`: none for `cpu` and for `auto` without a
+/// usable GPU; `cuda:N` must name a GPU here. Errors start with "device `…`:" so validation
+/// can point at the key.
+pub fn resolve(device: &Device, worker: usize, map: &[usize]) -> Result<Option<usize>, String> {
+    match (device, discover()) {
+        (Device::Cpu, _) => Ok(None),
+        (Device::Cuda(n), Err(why)) => Err(format!(
+            "device `cuda:{n}`: no CUDA device is usable here ({why}); use `cpu`, or `auto` to take a GPU when there is one"
+        )),
+        (Device::Cuda(n), Ok(gpus)) if *n >= gpus.len() => Err(format!(
+            "device `cuda:{n}`: this machine has {} GPU(s), cuda:0..cuda:{}",
+            gpus.len(),
+            gpus.len().saturating_sub(1)
+        )),
+        (Device::Cuda(n), Ok(_)) => Ok(Some(*n)),
+        (Device::Auto, Err(why)) => {
+            // Once per process, not once per worker and stage.
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| tracing::info!("device `auto` runs on CPU: no CUDA device ({why})"));
+            Ok(None)
+        }
+        (Device::Auto, Ok(gpus)) => match gpu_for_worker(worker, gpus.len(), map) {
+            Some(g) if g >= gpus.len() => Err(format!(
+                "device `auto`: runtime.gpus maps worker {worker} to cuda:{g}, but this machine has {} GPU(s)",
+                gpus.len()
+            )),
+            found => Ok(found),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +100,26 @@ mod tests {
         assert_eq!(gpu_for_worker(2, 0, &[]), None);
         assert_eq!(gpu_for_worker(1, 4, &[3, 3, 0]), Some(3));
         assert_eq!(gpu_for_worker(5, 4, &[3, 3, 0]), Some(0));
+    }
+
+    #[test]
+    fn devices_resolve_to_a_gpu_or_to_none_with_a_reason() {
+        assert_eq!(resolve(&Device::Cpu, 3, &[]), Ok(None));
+        match discover() {
+            Err(_) => {
+                // No GPU: `auto` is CPU and `cuda:N` an error naming the key.
+                assert_eq!(resolve(&Device::Auto, 1, &[0]), Ok(None));
+                let e = resolve(&Device::Cuda(0), 0, &[]).unwrap_err();
+                assert!(e.starts_with("device `cuda:0`: no CUDA device"), "{e}");
+            }
+            Ok(gpus) => {
+                let n = gpus.len();
+                assert_eq!(resolve(&Device::Auto, n + 1, &[]), Ok(Some(1 % n)));
+                assert_eq!(resolve(&Device::Cuda(0), 5, &[]), Ok(Some(0)));
+                assert!(resolve(&Device::Cuda(n), 0, &[]).is_err());
+                assert!(resolve(&Device::Auto, 0, &[n]).is_err());
+            }
+        }
     }
 
     #[test]

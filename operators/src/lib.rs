@@ -16,5 +16,6 @@ pub mod onnx;
 pub mod rank;
 pub mod recs;
 pub mod resize;
+pub mod resize_cuda;
 pub mod select;
 pub mod topk;

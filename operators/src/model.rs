@@ -9,6 +9,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{PrimitiveTensorElementType, TensorRef};
 use riffle_dataflow::tensor::{
@@ -17,6 +18,8 @@ use riffle_dataflow::tensor::{
 use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
 use serde::Deserialize;
 
+use crate::dense::{Data as DenseData, DenseGraph, Tensor as DenseTensor};
+use crate::dense_cuda::CudaDense;
 use crate::onnx::{self, TensorSpec};
 
 /// `model:` — an ONNX model whose inputs and outputs are Arrow columns.
@@ -38,6 +41,13 @@ pub struct ModelConfig {
     /// Where the model runs.
     #[serde(default)]
     pub device: Device,
+    /// What runs it (`auto`, `ort`, `dense`).
+    #[serde(default)]
+    pub executor: Executor,
+    /// GPUs over which the embedding tables are split by row range (`[cuda:0, cuda:1]`):
+    /// tables too large for one GPU. Dense executor on a GPU only.
+    #[serde(default)]
+    pub embedding_devices: Vec<Device>,
     /// Keep the input tensor columns in the output (default: drop them, they are large).
     #[serde(default)]
     pub keep_inputs: bool,
@@ -125,34 +135,192 @@ impl<'de> Deserialize<'de> for Device {
     }
 }
 
-/// The model stage: one ONNX Runtime session per worker.
+/// `executor:` — the engine that runs the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Executor {
+    /// ONNX Runtime; on a GPU, its CUDA provider when installed, else the dense executor.
+    #[default]
+    Auto,
+    /// ONNX Runtime (on a GPU: its CUDA execution provider, which must be installed).
+    Ort,
+    /// Riffle's executor for dense graphs (embeddings, matrix products, elementwise ops):
+    /// cuBLAS and NVRTC kernels on a GPU, a plain reference implementation on CPU.
+    Dense,
+}
+
+/// What runs a model stage on one worker, decided from the config and the machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    OrtCpu,
+    OrtCuda(usize),
+    DenseCpu,
+    DenseCuda(usize),
+}
+
+/// Chooses the engine. `gpu` is the GPU this worker's stage was given (none on CPU or for
+/// `auto` without a usable GPU), `cuda_provider` whether ONNX Runtime's CUDA provider library
+/// is installed, `dense` whether the dense executor runs this graph (or why not). Errors name
+/// the config key first (`device` or `executor`).
+pub fn choose_engine(
+    executor: Executor,
+    device: &Device,
+    gpu: Option<usize>,
+    cuda_provider: bool,
+    dense: &Result<(), String>,
+) -> Result<Engine, String> {
+    let Some(n) = gpu else {
+        return match (executor, dense) {
+            (Executor::Dense, Err(why)) => Err(format!("executor `dense`: {why}")),
+            (Executor::Dense, Ok(())) => Ok(Engine::DenseCpu),
+            _ => Ok(Engine::OrtCpu),
+        };
+    };
+    let no_provider = "ONNX Runtime's CUDA provider (libonnxruntime_providers_cuda.so) is not \
+                       installed next to the ONNX Runtime library (install onnxruntime-gpu and \
+                       point RIFFLE_ORT_LIB at its libonnxruntime.so)";
+    match executor {
+        Executor::Ort if cuda_provider => Ok(Engine::OrtCuda(n)),
+        Executor::Ort => Err(format!(
+            "executor `ort` on cuda:{n}: {no_provider}; or use `executor: dense` for dense models"
+        )),
+        Executor::Dense => match dense {
+            Ok(()) => Ok(Engine::DenseCuda(n)),
+            Err(why) => Err(format!("executor `dense`: {why}")),
+        },
+        Executor::Auto if cuda_provider => Ok(Engine::OrtCuda(n)),
+        Executor::Auto => match (dense, device) {
+            (Ok(()), _) => Ok(Engine::DenseCuda(n)),
+            (Err(_), Device::Auto) => Ok(Engine::OrtCpu),
+            (Err(why), _) => Err(format!(
+                "device `cuda:{n}`: {no_provider}, and the dense executor cannot run this model \
+                 ({why}); use `cpu` or `auto`"
+            )),
+        },
+    }
+}
+
+/// The model stage: one engine (an ONNX Runtime session, or the dense executor) per worker.
 pub struct Model {
     config: ModelConfig,
-    session: Session,
+    engine: Engine,
+    backend: Backend,
     inputs: Vec<TensorSpec>,
     outputs: Vec<TensorSpec>,
 }
 
+enum Backend {
+    Ort(Session),
+    /// Inputs are copied once into page-locked host memory, which the GPU reads by DMA, and
+    /// outputs land in page-locked memory the stage reads directly.
+    OrtCuda {
+        session: Session,
+        pinned: Allocator,
+        output_memory: MemoryInfo<'static>,
+    },
+    Dense(DenseGraph),
+    DenseCuda(Box<CudaDense>),
+}
+
 impl Model {
-    /// Loads the model. `default_threads` applies when the config sets no `intra_op_threads`.
+    /// Loads the model for worker 0 (see [`Model::for_worker`]).
     pub fn new(config: ModelConfig, default_threads: usize) -> DataflowResult<Self> {
-        check_device(&config)?;
+        Self::for_worker(config, default_threads, 0, &[])
+    }
+
+    /// Loads the model on the engine and device this worker uses: `device: auto` gives worker
+    /// `i` GPU `gpu_map[i mod len]`, or GPU `i mod gpus` without a map. `default_threads`
+    /// applies when the config sets no `intra_op_threads`.
+    pub fn for_worker(
+        config: ModelConfig,
+        default_threads: usize,
+        worker: usize,
+        gpu_map: &[usize],
+    ) -> DataflowResult<Self> {
         if config.batch.max_size == 0 {
             return Err(DataflowError::Config(
                 "batch.max_size must be at least 1".into(),
             ));
         }
-        let env = onnx::environment()?;
+        let gpu =
+            crate::gpu::resolve(&config.device, worker, gpu_map).map_err(DataflowError::Config)?;
+        let table_devices = config
+            .embedding_devices
+            .iter()
+            .map(|d| match d {
+                Device::Cuda(n) => crate::gpu::resolve(d, worker, gpu_map)
+                    .map_err(|e| DataflowError::Config(format!("embedding_devices: {e}")))
+                    .map(|_| *n),
+                other => Err(DataflowError::Config(format!(
+                    "embedding_devices: expected `cuda:N` entries, found {other:?}"
+                ))),
+            })
+            .collect::<DataflowResult<Vec<usize>>>()?;
+        // Reading the graph is cheap; only needed when the dense executor may run it.
+        let wants_dense = config.executor == Executor::Dense
+            || (config.executor == Executor::Auto && gpu.is_some());
+        let graph = if wants_dense {
+            Some(DenseGraph::load(&config.path))
+        } else {
+            None
+        };
+        let dense = match &graph {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("not considered".to_string()),
+        };
+        let engine = choose_engine(
+            config.executor,
+            &config.device,
+            gpu,
+            crate::onnx::cuda_provider_installed(),
+            &dense,
+        )
+        .map_err(DataflowError::Config)?;
+        log_engine(&config, engine, gpu, &dense);
+        if !table_devices.is_empty() && !matches!(engine, Engine::DenseCuda(_)) {
+            return Err(DataflowError::Config(format!(
+                "embedding_devices: tables are split over GPUs by the dense executor on a GPU; \
+                 this stage runs as {engine:?}"
+            )));
+        }
         let threads = config.intra_op_threads.unwrap_or(default_threads).max(1);
-        let session = open_session(&env, &config.path, threads)?;
-        let inputs = onnx::tensor_specs(session.inputs(), &config.path)?;
-        let outputs = onnx::tensor_specs(session.outputs(), &config.path)?;
+        let (backend, inputs, outputs) = match (engine, graph) {
+            (Engine::DenseCpu | Engine::DenseCuda(_), Some(Ok(graph))) => {
+                let (inputs, outputs) =
+                    (graph.input_specs().to_vec(), graph.output_specs().to_vec());
+                let backend = match engine {
+                    Engine::DenseCuda(n) => Backend::DenseCuda(Box::new(
+                        CudaDense::with_tables_on(graph, n, &table_devices)?,
+                    )),
+                    _ => Backend::Dense(graph),
+                };
+                (backend, inputs, outputs)
+            }
+            _ => {
+                let env = onnx::environment()?;
+                let session = open_session(&env, &config.path, threads, engine)?;
+                let inputs = onnx::tensor_specs(session.inputs(), &config.path)?;
+                let outputs = onnx::tensor_specs(session.outputs(), &config.path)?;
+                let backend = match engine {
+                    Engine::OrtCuda(n) => pinned_backend(session, n, &config.path)?,
+                    _ => Backend::Ort(session),
+                };
+                (backend, inputs, outputs)
+            }
+        };
         Ok(Model {
             config,
-            session,
+            engine,
+            backend,
             inputs,
             outputs,
         })
+    }
+
+    /// The engine this stage runs on.
+    pub fn engine(&self) -> Engine {
+        self.engine
     }
 
     /// The model's inputs as ONNX Runtime reports them.
@@ -186,45 +354,36 @@ impl Model {
     }
 }
 
-/// GPU placement: `cuda:N` must name a usable GPU; `auto` says once where the model runs.
-fn check_device(config: &ModelConfig) -> DataflowResult<()> {
-    let found = crate::gpu::discover();
-    match (&config.device, &found) {
-        (Device::Cpu, _) => Ok(()),
-        (Device::Cuda(n), Err(why)) => Err(DataflowError::Config(format!(
-            "device `cuda:{n}`: no CUDA device is usable here ({why}); use `cpu`, or `auto` to take a GPU when there is one"
-        ))),
-        (Device::Cuda(n), Ok(gpus)) if *n >= gpus.len() => Err(DataflowError::Config(format!(
-            "device `cuda:{n}`: this machine has {} GPU(s), cuda:0..cuda:{}",
-            gpus.len(),
-            gpus.len().saturating_sub(1)
-        ))),
-        (Device::Cuda(n), Ok(_)) => Err(DataflowError::Config(format!(
-            "device `cuda:{n}`: running ONNX models on GPU is not in this build yet; use `cpu` or `auto`"
-        ))),
-        (Device::Auto, found) => {
-            // Once per process, not once per worker.
-            static AUTO_LOGGED: std::sync::Once = std::sync::Once::new();
-            AUTO_LOGGED.call_once(|| match found {
-                Err(why) => tracing::info!(
-                    "model {}: device `auto` runs on CPU: no CUDA device ({why})",
-                    config.path.display()
-                ),
-                Ok(gpus) => tracing::info!(
-                    "model {}: device `auto` runs on CPU: {} GPU(s) found, but GPU execution is not in this build yet",
-                    config.path.display(),
-                    gpus.len()
-                ),
-            });
-            Ok(())
-        }
+/// One line per process saying where a model runs when that was a choice (`auto` without a
+/// GPU is said by [`crate::gpu::resolve`]).
+fn log_engine(
+    config: &ModelConfig,
+    engine: Engine,
+    gpu: Option<usize>,
+    dense: &Result<(), String>,
+) {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    if gpu.is_none() && config.executor == Executor::Auto {
+        return;
     }
+    LOGGED.call_once(|| {
+        let path = config.path.display();
+        match (engine, gpu) {
+            (Engine::OrtCpu, Some(n)) => tracing::info!(
+                "model {path}: device `auto` runs on CPU, not cuda:{n}: ONNX Runtime's CUDA \
+                 provider is not installed and the dense executor cannot run it ({})",
+                dense.as_ref().err().map_or("", String::as_str)
+            ),
+            (engine, _) => tracing::info!("model {path}: runs as {engine:?}"),
+        }
+    });
 }
 
 fn open_session(
     env: &ort::environment::Environment,
     path: &Path,
     threads: usize,
+    engine: Engine,
 ) -> DataflowResult<Session> {
     let fail =
         |e: &dyn std::fmt::Display| DataflowError::Config(format!("model {}: {e}", path.display()));
@@ -235,7 +394,38 @@ fn open_session(
         // Workers already keep every core busy; spinning threads would steal from them.
         .with_intra_op_spinning(false)
         .map_err(|e| fail(&e))?;
+    if let Engine::OrtCuda(n) = engine {
+        let cuda = ort::ep::CUDA::default()
+            .with_device_id(n as i32)
+            .build()
+            .error_on_failure();
+        builder = builder
+            .with_execution_providers([cuda])
+            .map_err(|e| fail(&e))?;
+    }
     builder.commit_from_file(path).map_err(|e| fail(&e))
+}
+
+fn pinned_backend(session: Session, gpu: usize, path: &Path) -> DataflowResult<Backend> {
+    let fail = |e: ort::Error| {
+        DataflowError::Config(format!("model {} on cuda:{gpu}: {e}", path.display()))
+    };
+    let pinned_memory = |kind| {
+        MemoryInfo::new(
+            AllocationDevice::CUDA_PINNED,
+            gpu as i32,
+            AllocatorType::Device,
+            kind,
+        )
+    };
+    let pinned = Allocator::new(&session, pinned_memory(MemoryType::CPUInput).map_err(fail)?)
+        .map_err(fail)?;
+    let output_memory = pinned_memory(MemoryType::CPUOutput).map_err(fail)?;
+    Ok(Backend::OrtCuda {
+        session,
+        pinned,
+        output_memory,
+    })
 }
 
 impl Stage for Model {
@@ -304,38 +494,228 @@ impl Stage for Model {
     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
         let rows = batch.num_rows();
         let schema = self.output_schema(&batch.schema())?;
-        let mut values: Vec<(String, SessionInputValue<'_>)> =
-            Vec::with_capacity(self.config.inputs.len());
-        for (name, column) in &self.config.inputs {
-            let array = batch.column_by_name(column).ok_or_else(|| {
-                DataflowError::schema(column, "a tensor column", "no such column")
-            })?;
-            let field = batch.schema_ref().field_with_name(column)?.clone();
-            let mut shape = vec![rows as i64];
-            shape.extend(row_shape(&field)?.iter().map(|d| *d as i64));
-            values.push((
-                name.clone(),
-                tensor_input(array.as_ref(), &element_type(&field), shape)?,
-            ));
-        }
-        let outputs = self
-            .session
-            .run(values)
-            .map_err(|e| DataflowError::stage("model", e))?;
         let mut columns: Vec<ArrayRef> = schema
             .fields()
             .iter()
             .filter_map(|f| batch.column_by_name(f.name()).cloned())
             .collect();
-        let kept = columns.len();
-        for (field, (name, _)) in schema.fields()[kept..].iter().zip(&self.config.outputs) {
-            let value = outputs.get(name).ok_or_else(|| {
-                DataflowError::stage("model", format!("output `{name}` missing from the run"))
-            })?;
-            columns.push(output_column(value, field, rows)?);
+        let out_fields = &schema.fields()[columns.len()..];
+        let out_names = self.config.outputs.keys();
+        let fail = |e: ort::Error| DataflowError::stage("model", e);
+        match &mut self.backend {
+            Backend::Ort(session) => {
+                let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::new();
+                for (name, column) in &self.config.inputs {
+                    let (array, element, shape) = input_column(batch, column)?;
+                    values.push((name.clone(), tensor_input(array, &element, shape)?));
+                }
+                let outputs = session.run(values).map_err(fail)?;
+                for (field, name) in out_fields.iter().zip(out_names) {
+                    columns.push(output_column(ort_output(&outputs, name)?, field, rows)?);
+                }
+            }
+            Backend::OrtCuda {
+                session,
+                pinned,
+                output_memory,
+            } => {
+                let mut binding = session.create_binding().map_err(fail)?;
+                for (name, column) in &self.config.inputs {
+                    let (array, element, shape) = input_column(batch, column)?;
+                    let value = pinned_input(pinned, array, &element, shape)?;
+                    binding.bind_input(name.as_str(), &value).map_err(fail)?;
+                }
+                for name in self.config.outputs.keys() {
+                    binding
+                        .bind_output_to_device(name.as_str(), output_memory)
+                        .map_err(fail)?;
+                }
+                let outputs = session.run_binding(&binding).map_err(fail)?;
+                for (field, name) in out_fields.iter().zip(out_names) {
+                    columns.push(output_column(ort_output(&outputs, name)?, field, rows)?);
+                }
+            }
+            Backend::Dense(graph) => {
+                let inputs = dense_inputs(batch, &self.config.inputs)?;
+                let named: Vec<(&str, DenseTensor)> = inputs
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), t.clone()))
+                    .collect();
+                let outputs = graph.run_cpu(&named)?;
+                push_dense_outputs(
+                    &mut columns,
+                    &graph.outputs,
+                    outputs,
+                    out_fields,
+                    out_names,
+                    rows,
+                )?;
+            }
+            Backend::DenseCuda(gpu) => {
+                let inputs = dense_inputs(batch, &self.config.inputs)?;
+                let named: Vec<(&str, DenseTensor)> = inputs
+                    .iter()
+                    .map(|(n, t)| (n.as_str(), t.clone()))
+                    .collect();
+                let outputs = gpu.run(&named)?;
+                push_dense_outputs(
+                    &mut columns,
+                    gpu.output_names(),
+                    outputs,
+                    out_fields,
+                    out_names,
+                    rows,
+                )?;
+            }
         }
         Ok(StageOutput::all(RecordBatch::try_new(schema, columns)?))
     }
+}
+
+/// A model input column: the array, its element type and the batch's tensor shape.
+fn input_column<'a>(
+    batch: &'a RecordBatch,
+    column: &str,
+) -> DataflowResult<(&'a dyn Array, DataType, Vec<i64>)> {
+    let array = batch
+        .column_by_name(column)
+        .ok_or_else(|| DataflowError::schema(column, "a tensor column", "no such column"))?;
+    let field = batch.schema_ref().field_with_name(column)?.clone();
+    let mut shape = vec![batch.num_rows() as i64];
+    shape.extend(row_shape(&field)?.iter().map(|d| *d as i64));
+    Ok((array.as_ref(), element_type(&field), shape))
+}
+
+fn ort_output<'a>(
+    outputs: &'a ort::session::SessionOutputs<'_>,
+    name: &str,
+) -> DataflowResult<&'a ort::value::DynValue> {
+    outputs.get(name).ok_or_else(|| {
+        DataflowError::stage("model", format!("output `{name}` missing from the run"))
+    })
+}
+
+/// The input copied into page-locked memory from `allocator`.
+fn pinned_input(
+    allocator: &Allocator,
+    array: &dyn Array,
+    element: &DataType,
+    shape: Vec<i64>,
+) -> DataflowResult<ort::value::DynValue> {
+    fn copy<T>(
+        allocator: &Allocator,
+        array: &dyn Array,
+        shape: Vec<i64>,
+    ) -> DataflowResult<ort::value::DynValue>
+    where
+        T: ArrowPrimitiveType,
+        T::Native: PrimitiveTensorElementType + Copy + std::fmt::Debug + 'static,
+    {
+        let fail = |e: ort::Error| DataflowError::stage("model", e);
+        let values = tensor_values::<T>(array)?;
+        let mut tensor = ort::value::Tensor::<T::Native>::new(allocator, shape).map_err(fail)?;
+        let (_, dst) = tensor.try_extract_tensor_mut().map_err(fail)?;
+        if dst.len() != values.len() {
+            return Err(DataflowError::stage(
+                "model",
+                format!(
+                    "pinned input holds {} values, the column {}",
+                    dst.len(),
+                    values.len()
+                ),
+            ));
+        }
+        dst.copy_from_slice(values);
+        Ok(tensor.into_dyn())
+    }
+    match element {
+        DataType::Float32 => copy::<Float32Type>(allocator, array, shape),
+        DataType::Float64 => copy::<Float64Type>(allocator, array, shape),
+        DataType::UInt8 => copy::<UInt8Type>(allocator, array, shape),
+        DataType::Int8 => copy::<Int8Type>(allocator, array, shape),
+        DataType::Int32 => copy::<Int32Type>(allocator, array, shape),
+        DataType::Int64 => copy::<Int64Type>(allocator, array, shape),
+        other => Err(DataflowError::schema(
+            "model input",
+            "a numeric tensor column",
+            other.to_string(),
+        )),
+    }
+}
+
+/// The dense executor's inputs (float32 and int64 tensors) from the mapped columns.
+fn dense_inputs(
+    batch: &RecordBatch,
+    mapping: &BTreeMap<String, String>,
+) -> DataflowResult<Vec<(String, DenseTensor)>> {
+    mapping
+        .iter()
+        .map(|(name, column)| {
+            let (array, element, shape) = input_column(batch, column)?;
+            let shape: Vec<usize> = shape.iter().map(|d| *d as usize).collect();
+            let tensor = match element {
+                DataType::Float32 => {
+                    DenseTensor::f32(shape, tensor_values::<Float32Type>(array)?.to_vec())
+                }
+                DataType::Int64 => {
+                    DenseTensor::i64(shape, tensor_values::<Int64Type>(array)?.to_vec())
+                }
+                other => {
+                    return Err(DataflowError::schema(
+                        column,
+                        "a float32 or int64 tensor column (dense executor)",
+                        other.to_string(),
+                    ))
+                }
+            };
+            Ok((name.clone(), tensor))
+        })
+        .collect()
+}
+
+/// Appends the configured outputs of a dense run (`names`: the graph's outputs, in order).
+fn push_dense_outputs<'a>(
+    columns: &mut Vec<ArrayRef>,
+    names: &[String],
+    mut outputs: Vec<DenseTensor>,
+    fields: &[Arc<Field>],
+    wanted: impl Iterator<Item = &'a String>,
+    rows: usize,
+) -> DataflowResult<()> {
+    for (field, name) in fields.iter().zip(wanted) {
+        let at = names.iter().position(|n| n == name).ok_or_else(|| {
+            DataflowError::stage("model", format!("output `{name}` missing from the run"))
+        })?;
+        let tensor = std::mem::replace(&mut outputs[at], DenseTensor::f32(vec![0], Vec::new()));
+        if tensor.shape.first() != Some(&rows) {
+            return Err(DataflowError::stage(
+                "model",
+                format!(
+                    "output `{name}` has shape {:?}, expected {rows} rows",
+                    tensor.shape
+                ),
+            ));
+        }
+        let per_row: usize = tensor.shape.iter().skip(1).product();
+        let expected = match field.data_type() {
+            DataType::FixedSizeList(_, size) => *size as usize,
+            _ => 1,
+        };
+        if per_row != expected {
+            return Err(DataflowError::stage(
+                "model",
+                format!(
+                    "output `{name}` has shape {:?}, expected {expected} values per row",
+                    tensor.shape
+                ),
+            ));
+        }
+        columns.push(match tensor.data {
+            DenseData::F32(v) => tensor_column::<Float32Type>(field, v)?,
+            DenseData::I64(v) => tensor_column::<Int64Type>(field, v)?,
+        });
+    }
+    Ok(())
 }
 
 /// Per-row shape of an output column: the model's dims after the batch one, or the declared
@@ -473,5 +853,68 @@ fn output_column(
             "a numeric output",
             other.to_string(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_follows_executor_device_and_what_is_installed() {
+        let dense_ok: Result<(), String> = Ok(());
+        let not_dense: Result<(), String> = Err("op `Conv` is not supported".into());
+        use Engine::*;
+        use Executor as X;
+        let choose = |x, d: Device, gpu, provider, dense: &Result<(), String>| {
+            choose_engine(x, &d, gpu, provider, dense)
+        };
+        // No GPU for this stage.
+        assert_eq!(
+            choose(X::Auto, Device::Cpu, None, true, &dense_ok),
+            Ok(OrtCpu)
+        );
+        assert_eq!(
+            choose(X::Ort, Device::Auto, None, false, &not_dense),
+            Ok(OrtCpu)
+        );
+        assert_eq!(
+            choose(X::Dense, Device::Cpu, None, false, &dense_ok),
+            Ok(DenseCpu)
+        );
+        let e = choose(X::Dense, Device::Cpu, None, false, &not_dense).unwrap_err();
+        assert!(e.starts_with("executor `dense`: op `Conv`"), "{e}");
+        // A GPU: ORT's CUDA provider first, then the dense executor.
+        assert_eq!(
+            choose(X::Auto, Device::Cuda(1), Some(1), true, &not_dense),
+            Ok(OrtCuda(1))
+        );
+        assert_eq!(
+            choose(X::Auto, Device::Cuda(1), Some(1), false, &dense_ok),
+            Ok(DenseCuda(1))
+        );
+        assert_eq!(
+            choose(X::Dense, Device::Auto, Some(0), true, &dense_ok),
+            Ok(DenseCuda(0))
+        );
+        assert_eq!(
+            choose(X::Ort, Device::Auto, Some(2), true, &dense_ok),
+            Ok(OrtCuda(2))
+        );
+        let e = choose(X::Ort, Device::Cuda(0), Some(0), false, &dense_ok).unwrap_err();
+        assert!(
+            e.starts_with("executor `ort` on cuda:0: ONNX Runtime's CUDA provider"),
+            "{e}"
+        );
+        // Neither: `auto` falls back to CPU, `cuda:N` is an error naming both reasons.
+        assert_eq!(
+            choose(X::Auto, Device::Auto, Some(0), false, &not_dense),
+            Ok(OrtCpu)
+        );
+        let e = choose(X::Auto, Device::Cuda(0), Some(0), false, &not_dense).unwrap_err();
+        assert!(
+            e.starts_with("device `cuda:0`: ") && e.contains("`Conv`"),
+            "{e}"
+        );
     }
 }

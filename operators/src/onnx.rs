@@ -87,6 +87,14 @@ pub fn arrow_type(element: TensorElementType) -> Option<DataType> {
     })
 }
 
+/// Whether ONNX Runtime's CUDA provider library sits next to the ONNX Runtime library in use
+/// (as in the onnxruntime-gpu wheel); ONNX Runtime loads it from there.
+pub fn cuda_provider_installed() -> bool {
+    library_path()
+        .with_file_name("libonnxruntime_providers_cuda.so")
+        .is_file()
+}
+
 /// One input or output of a model: name, element type and shape (`-1` for dynamic dims).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorSpec {

@@ -3,6 +3,9 @@
 //! Each row is resized (bilinear convolution, fast_image_resize's SIMD paths) into one reused
 //! destination image, then scaled / normalised and laid out (NCHW or NHWC) straight into the
 //! batch's single value buffer, which becomes the tensor column without another copy.
+//!
+//! [`Resize::on_gpu`] runs the same stage as CUDA kernels ([`crate::resize_cuda`]) that reproduce
+//! fast_image_resize's fixed-point arithmetic, so both paths give the same tensor.
 
 use std::sync::Arc;
 
@@ -18,6 +21,8 @@ use riffle_dataflow::stage::{Stage, StageOutput};
 use riffle_dataflow::tensor::{tensor_column, tensor_field};
 
 use crate::decode::{is_binary, Payloads, HEIGHT_COLUMN, WIDTH_COLUMN};
+use crate::model::Device;
+use crate::resize_cuda::CudaResize;
 
 const STAGE: &str = "resize";
 
@@ -70,6 +75,10 @@ pub struct ResizeConfig {
     /// later stages map results back to the original image size).
     #[serde(default)]
     pub keep_input: bool,
+    /// `cpu`, `auto` or `cuda:N`. Read by the planner, which picks the constructor
+    /// ([`Resize::new`] or [`Resize::on_gpu`]); the stage itself does not look at it.
+    #[serde(default)]
+    pub device: Device,
 }
 
 fn default_input() -> String {
@@ -85,15 +94,77 @@ pub struct Resize {
     config: ResizeConfig,
     /// The output tensor field (shape metadata included).
     field: Field,
+    engine: Engine,
+    /// Per channel, the f32 value of each u8 pixel: the normalisation done once, not per pixel.
+    lut: Lut,
+}
+
+/// Per channel (R, G, B), the tensor value of each u8 pixel value.
+pub(crate) type Lut = [[f32; 256]; 3];
+
+/// Where the pixels are resized.
+enum Engine {
+    // Both boxed: one is chosen per stage, and their sizes differ a lot.
+    Cpu(Box<CpuResizer>),
+    Gpu(Box<CudaResize>),
+}
+
+/// fast_image_resize with one destination image reused for every row.
+struct CpuResizer {
     resizer: Resizer,
     options: ResizeOptions,
     /// Destination of every row's resize, reused so rows allocate nothing.
     dst: Image<'static>,
-    /// Per channel, the f32 value of each u8 pixel: the normalisation done once, not per pixel.
-    lut: [[f32; 256]; 3],
+}
+
+impl CpuResizer {
+    /// Resizes one checked row (see [`check_row`]) into `self.dst`.
+    fn resize(&mut self, pixels: &[u8], width: u32, height: u32) -> Result<(), String> {
+        let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
+            .map_err(|e| format!("bad source image: {e}"))?;
+        self.resizer
+            .resize(&src, &mut self.dst, &self.options)
+            .map_err(|e| format!("resize failed: {e}"))
+    }
+}
+
+/// Why a row's pixels cannot be resized, if they cannot: the checks both engines share.
+pub(crate) fn check_row(pixels: &[u8], width: u32, height: u32) -> Result<(), String> {
+    if width == 0 || height == 0 {
+        // The resizer silently does nothing for an empty source, leaving the last row.
+        return Err(format!("empty image {width}x{height}"));
+    }
+    let expected = width as usize * height as usize * 3;
+    if pixels.len() != expected {
+        return Err(format!(
+            "pixels has {} bytes, expected {expected} for a {width}x{height} RGB8 image",
+            pixels.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `(p / 255 - mean) / std` for every channel and u8 value `p`.
+fn normalisation_lut(mean: [f32; 3], std: [f32; 3]) -> Lut {
+    let mut lut = [[0.0f32; 256]; 3];
+    for (c, table) in lut.iter_mut().enumerate() {
+        for (p, v) in table.iter_mut().enumerate() {
+            *v = (p as f32 / 255.0 - mean[c]) / std[c];
+        }
+    }
+    lut
 }
 
 impl Resize {
+    /// The stage on GPU `ordinal`: same checks, schema and values as [`Resize::new`]'s.
+    pub fn on_gpu(config: ResizeConfig, ordinal: usize) -> DataflowResult<Self> {
+        let mut stage = Resize::new(config)?;
+        let gpu = CudaResize::new(&stage.config, &stage.lut, ordinal)?;
+        stage.engine = Engine::Gpu(Box::new(gpu));
+        Ok(stage)
+    }
+
+    /// The stage on the CPU; `config.device` is not looked at.
     pub fn new(config: ResizeConfig) -> DataflowResult<Self> {
         let bad = |msg: String| Err(DataflowError::Config(format!("{STAGE}: {msg}")));
         if config.width == 0 || config.height == 0 {
@@ -128,21 +199,27 @@ impl Resize {
             TensorDtype::U8 => DataType::UInt8,
         };
         let field = tensor_field(&config.output, element, &shape);
-
-        let mut lut = [[0.0f32; 256]; 3];
-        for (c, table) in lut.iter_mut().enumerate() {
-            for (p, v) in table.iter_mut().enumerate() {
-                *v = (p as f32 / 255.0 - mean[c]) / std[c];
-            }
-        }
         Ok(Resize {
-            dst: Image::new(config.width, config.height, PixelType::U8x3),
-            options: ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
-            resizer: Resizer::new(),
+            engine: Engine::Cpu(Box::new(CpuResizer {
+                dst: Image::new(config.width, config.height, PixelType::U8x3),
+                options: ResizeOptions::new()
+                    .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
+                resizer: Resizer::new(),
+            })),
             field,
-            lut,
+            lut: normalisation_lut(mean, std),
             config,
         })
+    }
+
+    /// Whether `process_batch` runs on a GPU.
+    pub fn is_on_gpu(&self) -> bool {
+        matches!(self.engine, Engine::Gpu(_))
+    }
+
+    /// The normalisation table, built from a config `new` has checked.
+    pub(crate) fn lut(&self) -> &Lut {
+        &self.lut
     }
 
     /// Indices of the input columns carried into the output.
@@ -151,37 +228,24 @@ impl Resize {
             .filter(|&i| self.config.keep_input || input.field(i).name() != &self.config.input)
             .collect()
     }
-
-    /// Resizes one row into `self.dst`, or says why the row cannot be used.
-    fn resize_row(&mut self, pixels: &[u8], width: u32, height: u32) -> Result<(), String> {
-        if width == 0 || height == 0 {
-            // The resizer silently does nothing for an empty source, leaving the last row.
-            return Err(format!("empty image {width}x{height}"));
-        }
-        let expected = width as usize * height as usize * 3;
-        if pixels.len() != expected {
-            return Err(format!(
-                "pixels has {} bytes, expected {expected} for a {width}x{height} RGB8 image",
-                pixels.len()
-            ));
-        }
-        let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
-            .map_err(|e| format!("bad source image: {e}"))?;
-        self.resizer
-            .resize(&src, &mut self.dst, &self.options)
-            .map_err(|e| format!("resize failed: {e}"))
-    }
 }
 
 /// The tensor values of one batch, in the configured dtype.
-enum Values {
+pub(crate) enum Values {
     F32(Vec<f32>),
     U8(Vec<u8>),
 }
 
 impl Values {
+    pub(crate) fn with_capacity(dtype: TensorDtype, n: usize) -> Self {
+        match dtype {
+            TensorDtype::F32 => Values::F32(Vec::with_capacity(n)),
+            TensorDtype::U8 => Values::U8(Vec::with_capacity(n)),
+        }
+    }
+
     /// Appends one resized RGB8 image in `layout`.
-    fn push(&mut self, rgb: &[u8], layout: Layout, lut: &[[f32; 256]; 3]) {
+    pub(crate) fn push(&mut self, rgb: &[u8], layout: Layout, lut: &Lut) {
         match (self, layout) {
             (Values::F32(v), Layout::Nchw) => {
                 for (c, table) in lut.iter().enumerate() {
@@ -294,30 +358,40 @@ impl Stage for Resize {
 
         let rows = batch.num_rows();
         let per_row = 3 * self.config.width as usize * self.config.height as usize;
-        let mut values = match self.config.dtype {
-            TensorDtype::F32 => Values::F32(Vec::with_capacity(rows * per_row)),
-            TensorDtype::U8 => Values::U8(Vec::with_capacity(rows * per_row)),
+        // The GPU resizes the batch's good rows in one go, after the loop, into its own Vec.
+        let capacity = match self.engine {
+            Engine::Cpu(_) => rows * per_row,
+            Engine::Gpu(_) => 0,
         };
+        let mut values = Values::with_capacity(self.config.dtype, capacity);
+        let mut for_gpu: Vec<(&[u8], u32, u32)> = Vec::new();
         let mut keep = Vec::with_capacity(rows);
         let mut rejected = Vec::new();
         for row in 0..rows {
             let size = (widths.is_valid(row) && heights.is_valid(row))
                 .then(|| (widths.value(row), heights.value(row)));
             let resized = match (pixels.get(row), size) {
-                (Some(p), Some((w, h))) => self.resize_row(p, w, h),
+                (Some(p), Some((w, h))) => {
+                    check_row(p, w, h).and_then(|()| match &mut self.engine {
+                        Engine::Cpu(cpu) => cpu.resize(p, w, h).map(|()| {
+                            values.push(cpu.dst.buffer(), self.config.layout, &self.lut);
+                        }),
+                        Engine::Gpu(_) => {
+                            for_gpu.push((p, w, h));
+                            Ok(())
+                        }
+                    })
+                }
                 (None, _) => Err(format!("null `{}`", self.config.input)),
                 (_, None) => Err("null image width or height".to_string()),
             };
-            match resized {
-                Ok(()) => {
-                    values.push(self.dst.buffer(), self.config.layout, &self.lut);
-                    keep.push(true);
-                }
-                Err(reason) => {
-                    rejected.push(DeadLetter::for_row(STAGE, batch, row, reason));
-                    keep.push(false);
-                }
+            keep.push(resized.is_ok());
+            if let Err(reason) = resized {
+                rejected.push(DeadLetter::for_row(STAGE, batch, row, reason));
             }
+        }
+        if let Engine::Gpu(gpu) = &mut self.engine {
+            values = gpu.run(&for_gpu)?;
         }
 
         let tensor = match values {
@@ -357,6 +431,7 @@ mod tests {
             mean: None,
             std: None,
             keep_input: false,
+            device: Device::Cpu,
         }
     }
 

@@ -77,15 +77,29 @@ pub fn placed_on(
     })
 }
 
-/// The stage a spec describes, or `None` for steps that are not stages (exchange).
+/// The stage a spec describes as `worker` builds it (GPU stages pick the worker's GPU), or
+/// `None` for steps that are not stages (exchange).
 pub fn build_stage(
     spec: &StageSpec,
     runtime: &RuntimeConfig,
+    worker: usize,
 ) -> DataflowResult<Option<Box<dyn Stage>>> {
     Ok(Some(match spec {
         StageSpec::Decode(c) => Box::new(Decode::new(c.clone())),
-        StageSpec::Resize(c) => Box::new(Resize::new(c.clone())?),
-        StageSpec::Model(c) => Box::new(Model::new(c.clone(), runtime.intra_op_threads)?),
+        StageSpec::Resize(c) => {
+            match riffle_operators::gpu::resolve(&c.device, worker, &runtime.gpus)
+                .map_err(DataflowError::Config)?
+            {
+                Some(gpu) => Box::new(Resize::on_gpu(c.clone(), gpu)?),
+                None => Box::new(Resize::new(c.clone())?),
+            }
+        }
+        StageSpec::Model(c) => Box::new(Model::for_worker(
+            c.clone(),
+            runtime.intra_op_threads,
+            worker,
+            &runtime.gpus,
+        )?),
         StageSpec::Topk(c) => Box::new(TopK::new(c.clone())?),
         StageSpec::Detections(c) => Box::new(Detections::new(c.clone())?),
         StageSpec::Filter(c) => Box::new(Filter::new(c.clone())?),
@@ -161,7 +175,7 @@ pub fn worker_steps(
         }
         let step = match (
             &spanned.value,
-            build_stage(&spanned.value, &pipeline.runtime)?,
+            build_stage(&spanned.value, &pipeline.runtime, worker)?,
         ) {
             (StageSpec::Exchange(_), _) => continue,
             (StageSpec::Candidates(c), _) => Step::Candidates(c.clone()),
@@ -344,11 +358,13 @@ pub fn auto_workers(
     cpu.max(gpu).max(1)
 }
 
-/// Whether any model stage may run on a GPU (`device: auto` or `cuda:N`).
+/// Whether any model or resize stage may run on a GPU (`device: auto` or `cuda:N`).
 pub fn uses_gpus(pipeline: &Pipeline) -> bool {
-    pipeline.spec.stages.iter().any(|s| {
-        matches!(&s.value, StageSpec::Model(m)
-            if !matches!(m.device, riffle_operators::model::Device::Cpu))
+    use riffle_operators::model::Device;
+    pipeline.spec.stages.iter().any(|s| match &s.value {
+        StageSpec::Model(m) => m.device != Device::Cpu,
+        StageSpec::Resize(r) => r.device != Device::Cpu,
+        _ => false,
     })
 }
 
@@ -387,8 +403,9 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
     {
         let detail = match &stage.value {
             StageSpec::Model(m) => format!(
-                "device {:?}, {}, batch ≤ {} rows / {} ms, {} ORT thread(s)",
+                "device {:?}, executor {:?}, {}, batch ≤ {} rows / {} ms, {} ORT thread(s)",
                 m.device,
+                m.executor,
                 m.path
                     .file_name()
                     .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),

@@ -129,6 +129,10 @@ pub struct RuntimeConfig {
     /// Named groups of workers for `exchange: { workers: NAME }` (e.g. `gpu: [1]`).
     #[serde(default)]
     pub placement: std::collections::BTreeMap<String, Vec<usize>>,
+    /// Worker → GPU map for stages with `device: auto`: worker `i` uses GPU
+    /// `gpus[i mod len]` (default: GPU `i mod` the number of GPUs).
+    #[serde(default)]
+    pub gpus: Vec<usize>,
     /// Testing and demos: makes one worker's model stages slower by a fixed delay per batch.
     #[serde(default)]
     pub slow_worker: Option<SlowWorker>,
@@ -190,6 +194,7 @@ impl Default for RuntimeConfig {
             latency_column: None,
             checkpoint: None,
             placement: Default::default(),
+            gpus: Vec::new(),
             slow_worker: None,
             peer_timeout_ms: default_peer_timeout_ms(),
         }

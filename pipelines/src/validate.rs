@@ -407,7 +407,7 @@ fn validate(
                 .map_err(|e| stage_error(&at, line, &field, with_columns(e, &previous)))?,
             other => {
                 let built =
-                    build_stage(other, &runtime).map_err(|e| stage_error(&at, line, &field, e))?;
+                    build_stage(other, &runtime, 0).map_err(|e| stage_error(&at, line, &field, e))?;
                 match built {
                     Some(stage) => stage
                         .output_schema(&previous)
@@ -525,9 +525,14 @@ fn stage_error(
     // Point at the config entry naming the offending column when there is one.
     let key = match (&e, line) {
         (DataflowError::Schema { column, .. }, Some(start)) => at.find_value(start, column),
-        (DataflowError::Config(message), Some(start)) if message.starts_with("device `") => at
-            .find_key(start, "device")
-            .map(|l| (l, "device".to_string())),
+        (DataflowError::Config(message), Some(start)) => {
+            ["device", "executor", "embedding_devices"]
+                .into_iter()
+                .find(|k| {
+                    message.starts_with(&format!("{k} `")) || message.starts_with(&format!("{k}:"))
+                })
+                .and_then(|k| at.find_key(start, k).map(|l| (l, k.to_string())))
+        }
         _ => None,
     };
     match key {
