@@ -11,6 +11,9 @@ use common::kafka::{brokers, consume_all, consume_committed, detection_from_kafk
 use common::*;
 use serde_json::Value;
 
+/// Tests share the broker; the outage test pauses it and so runs alone.
+static BROKER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 fn produce(args: &[&str]) {
     riffle_ok(&[&["produce"], args].concat());
 }
@@ -71,6 +74,7 @@ fn kafka_camera_pipeline(brokers: &str, input: &str, output: &str) -> String {
 
 #[test]
 fn frames_through_kafka_equal_the_file_run() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
@@ -136,6 +140,7 @@ fn frames_through_kafka_equal_the_file_run() {
 
 #[test]
 fn clickstream_json_from_kafka_keeps_the_clicks() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     let csv = repo().join("data/clickstream/obd-random-all-2000.csv");
@@ -215,6 +220,7 @@ fn kcat(args: &[&str], input: &str) {
 
 #[test]
 fn topic_written_by_kcat_is_read_and_poison_goes_to_the_dead_letter_topic() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     let (input, output) = (topic("kcat-in"), topic("kcat-out"));
@@ -282,6 +288,7 @@ runtime: {{ workers: 2 }}
 
 #[test]
 fn truncated_jpeg_from_kafka_goes_to_the_dead_letter_topic_and_the_rest_runs() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
@@ -325,6 +332,7 @@ fn truncated_jpeg_from_kafka_goes_to_the_dead_letter_topic_and_the_rest_runs() {
 
 #[test]
 fn a_run_with_checkpoints_resumes_where_the_last_one_ended() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     let input = topic("resume-in");
@@ -421,6 +429,7 @@ runtime: {{ workers: 2, epoch_records: 3 }}
 
 #[test]
 fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
@@ -465,6 +474,8 @@ fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
 
 #[test]
 fn a_10_second_broker_outage_mid_run_loses_nothing() {
+    // Stops the broker: no other test in this binary may run meanwhile.
+    let _broker = BROKER.write().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
     let broker_pid = std::env::var("RIFFLE_KAFKA_PID").expect(
@@ -547,6 +558,7 @@ fn a_10_second_broker_outage_mid_run_loses_nothing() {
 
 #[test]
 fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
@@ -605,6 +617,7 @@ fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
 
 #[test]
 fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();

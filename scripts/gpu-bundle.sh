@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Packs what scripts/gpu-check.sh needs on a GPU host without a Rust toolchain into one folder
+# (default: gpu-bundle/, git-ignored): the release binary, the ONNX Runtime library, the CTR
+# model, 64 frames and the script. Prints its size (a device run carries at most 64 MiB).
+#   scripts/gpu-bundle.sh && (cd gpu-bundle && ./scripts/gpu-check.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="${1:-gpu-bundle}"
+scripts/setup.sh >/dev/null
+cargo build --release --bin riffle
+lib=$(ls "${XDG_CACHE_HOME:-$HOME/.cache}"/riffle/onnxruntime-*/libonnxruntime.so.* | head -1)
+rm -rf "$out"
+mkdir -p "$out/scripts" "$out/models" "$out/data/frames/bikes"
+cp target/release/riffle "$out/riffle"
+strip "$out/riffle" 2>/dev/null || true
+cp "$lib" "$out/"
+cp models/ml100k_ncf_ctr.onnx "$out/models/"
+ls data/frames/bikes/*.jpg | head -64 | xargs -I{} cp {} "$out/data/frames/bikes/"
+cp scripts/gpu-check.sh "$out/scripts/"
+du -sh "$out"
