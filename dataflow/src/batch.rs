@@ -1,6 +1,8 @@
 //! The unit of data between operators.
 
+use std::cell::RefCell;
 use std::io::Cursor;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use arrow_array::RecordBatch;
@@ -137,16 +139,76 @@ mod serde_bytes_compat {
     }
 }
 
+/// [`WireBatch`] as written, borrowing the payload.
+#[derive(Serialize)]
+struct WireBatchRef<'a> {
+    kind: BatchKind,
+    ingest_ns: u64,
+    route: u64,
+    compression: Compression,
+    #[serde(serialize_with = "serialize_slice")]
+    ipc: &'a [u8],
+}
+
+fn serialize_slice<S: Serializer>(bytes: &&[u8], s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_bytes(bytes)
+}
+
+/// A payload encoded for sending, with the batch it came from.
+type Encoded = (RecordBatch, Compression, Arc<Vec<u8>>);
+
+thread_local! {
+    /// timely serialises a message twice, once to size it and once to write it (and bincode
+    /// sizes before writing too): later passes reuse the first's encoding. The entry holds the
+    /// batch's columns, so their addresses cannot be reused by other arrays while it is here.
+    static LAST_ENCODED: RefCell<Option<Encoded>> = const { RefCell::new(None) };
+}
+
+#[cfg(test)]
+thread_local! {
+    static ENCODINGS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+impl Batch {
+    /// The compressed Arrow IPC payload of this batch.
+    fn wire_payload(&self) -> Result<Arc<Vec<u8>>, String> {
+        LAST_ENCODED.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            if let Some((data, compression, bytes)) = cell.as_ref() {
+                if *compression == self.compression && same_columns(data, &self.data) {
+                    return Ok(Arc::clone(bytes));
+                }
+            }
+            #[cfg(test)]
+            ENCODINGS.with(|n| n.set(n.get() + 1));
+            let encoded = encode(&self.data, self.compression).map_err(|e| e.to_string())?;
+            let bytes = Arc::new(to_ipc_bytes(&encoded).map_err(|e| e.to_string())?);
+            *cell = Some((self.data.clone(), self.compression, Arc::clone(&bytes)));
+            Ok(bytes)
+        })
+    }
+}
+
+/// The same rows in the same column arrays (the IPC payload depends on nothing else).
+fn same_columns(a: &RecordBatch, b: &RecordBatch) -> bool {
+    a.num_rows() == b.num_rows()
+        && a.num_columns() == b.num_columns()
+        && Arc::ptr_eq(&a.schema(), &b.schema())
+        && a.columns()
+            .iter()
+            .zip(b.columns())
+            .all(|(x, y)| Arc::ptr_eq(x, y))
+}
+
 impl Serialize for Batch {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let encoded = encode(&self.data, self.compression).map_err(S::Error::custom)?;
-        let ipc = to_ipc_bytes(&encoded).map_err(S::Error::custom)?;
-        WireBatch {
+        let ipc = self.wire_payload().map_err(S::Error::custom)?;
+        WireBatchRef {
             kind: self.kind,
             ingest_ns: self.ingest_ns,
             route: self.route,
             compression: self.compression,
-            ipc,
+            ipc: ipc.as_slice(),
         }
         .serialize(serializer)
     }
@@ -246,5 +308,32 @@ mod tests {
                 "{a} vs {b}"
             );
         }
+    }
+
+    #[test]
+    fn sizing_then_writing_a_message_encodes_it_once() {
+        let data = |v: Vec<i64>| {
+            RecordBatch::try_from_iter(vec![("x", Arc::new(Int64Array::from(v)) as _)]).unwrap()
+        };
+        let a = Batch::records(data(vec![1, 2, 3]), 1);
+        let b = Batch::records(data(vec![4, 5, 6]), 1);
+        let before = ENCODINGS.with(|n| n.get());
+        // As timely does: size, then write (bincode sizes again inside).
+        let size = bincode::serialized_size(&a).unwrap();
+        let bytes = bincode::serialize(&a).unwrap();
+        assert_eq!(bytes.len() as u64, size);
+        assert_eq!(ENCODINGS.with(|n| n.get()) - before, 1);
+        let back: Batch = bincode::deserialize(&bytes).unwrap();
+        assert_eq!(back.data, a.data);
+        // Same shape, other arrays: encoded afresh, not mistaken for `a`.
+        let other = bincode::serialize(&b).unwrap();
+        let back: Batch = bincode::deserialize(&other).unwrap();
+        assert_eq!(back.data, b.data);
+        // A routed clone shares the columns and reuses the encoding; the route is its own.
+        let mut routed = b.clone();
+        routed.route = 9;
+        let back: Batch = bincode::deserialize(&bincode::serialize(&routed).unwrap()).unwrap();
+        assert_eq!((back.route, back.data), (9, b.data.clone()));
+        assert_eq!(ENCODINGS.with(|n| n.get()) - before, 2);
     }
 }
