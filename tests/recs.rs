@@ -222,6 +222,16 @@ fn candidates_equal_batch_recomputation_recent_seen_items_one_worker() {
 
 #[test]
 fn recommendations_are_the_models_top_k_of_the_candidates() {
+    top_k_of_the_candidates("ort");
+}
+
+/// The same pipeline with the model on Riffle's dense executor (the GPU path's CPU twin).
+#[test]
+fn the_dense_executor_recommends_the_models_top_k_too() {
+    top_k_of_the_candidates("dense");
+}
+
+fn top_k_of_the_candidates(executor: &str) {
     require_onnx_runtime();
     let tmp = tempfile::tempdir().unwrap();
     let csv = prefix(tmp.path(), 1500);
@@ -232,6 +242,7 @@ fn recommendations_are_the_models_top_k_of_the_candidates() {
       inputs: {{ user_id: user_id, item_id: candidate }}
       outputs: {{ p_click: p_click }}
       keep_inputs: true
+      executor: {executor}
       batch: {{ max_size: 1000, max_delay_ms: 1 }}
   - rank: {{ k: 5 }}
   - select: {{ columns: [user_id, item_id, timestamp, epoch, recs, recs_score] }}"#,
