@@ -20,6 +20,9 @@ if [ -z "${RIFFLE_NETNS:-}" ]; then
     echo "test: network namespaces are unavailable here (needs root and 'ip netns'): tests/netns.rs opts out (RIFFLE_NETNS=0)"
   fi
 fi
+# NVRTC (no GPU needed) so that the tests compile every CUDA kernel here too.
+LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH RIFFLE_EXPECT_NVRTC=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 

@@ -228,8 +228,8 @@ pub struct DenseGraph {
     pub(crate) split: HashMap<String, SplitTable>,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
-    input_specs: Vec<TensorSpec>,
-    output_specs: Vec<TensorSpec>,
+    pub(crate) input_specs: Vec<TensorSpec>,
+    pub(crate) output_specs: Vec<TensorSpec>,
 }
 
 /// An embedding table cut into row ranges, one part per device.

@@ -618,3 +618,41 @@ fn download(stream: &Arc<CudaStream>, t: &DTensor) -> DataflowResult<Tensor> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where NVRTC is installed (a GPU host, or the `nvidia-cuda-nvrtc` wheel on the library
+    /// path), the kernels compile; elsewhere the executor refuses to start with a reason.
+    #[test]
+    fn kernels_compile_where_nvrtc_is_present() {
+        // SAFETY: only tries to dlopen the NVRTC library by its usual names.
+        crate::gpu::expect_nvrtc_where_asked();
+        if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            let ptx = cudarc::nvrtc::compile_ptx(KERNELS).unwrap().to_src();
+            for name in [
+                "gather_f32",
+                "binary_f32",
+                "unary_f32",
+                "reduce_inner_f32",
+                "copy_block_f32",
+            ] {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+            }
+        }
+        if let Err(why) = crate::gpu::discover() {
+            let graph = DenseGraph {
+                nodes: Vec::new(),
+                weights: HashMap::new(),
+                split: HashMap::new(),
+                inputs: Vec::new(),
+                outputs: Vec::new(),
+                input_specs: Vec::new(),
+                output_specs: Vec::new(),
+            };
+            let e = CudaDense::new(graph, 0).err().expect("no GPU here");
+            assert!(e.to_string().contains(&why), "{e}");
+        }
+    }
+}

@@ -89,6 +89,20 @@ pub fn resolve(device: &Device, worker: usize, map: &[usize]) -> Result<Option<u
     }
 }
 
+/// Tests of CUDA kernels: with `RIFFLE_EXPECT_NVRTC=1` (scripts/test.sh sets it after
+/// fetching NVRTC) a missing NVRTC fails the test instead of leaving the kernels uncompiled.
+#[cfg(test)]
+pub(crate) fn expect_nvrtc_where_asked() {
+    if std::env::var("RIFFLE_EXPECT_NVRTC").is_ok_and(|v| v == "1") {
+        // SAFETY: only tries to dlopen the NVRTC library by its usual names.
+        assert!(
+            unsafe { cudarc::nvrtc::sys::is_culib_present() },
+            "RIFFLE_EXPECT_NVRTC=1 but NVRTC cannot be loaded: \
+             export LD_LIBRARY_PATH=\"$(scripts/nvrtc.sh):$LD_LIBRARY_PATH\""
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

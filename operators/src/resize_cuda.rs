@@ -1023,6 +1023,7 @@ mod tests {
     #[test]
     fn kernels_compile_where_nvrtc_is_present() {
         // SAFETY: only tries to dlopen the NVRTC library by its usual names.
+        crate::gpu::expect_nvrtc_where_asked();
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             // Without NVRTC the GPU stage must refuse to build, with a reason, not panic.
             let c = config(8, 8, Layout::Nchw, TensorDtype::F32);
