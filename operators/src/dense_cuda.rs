@@ -503,32 +503,11 @@ impl CudaDense {
                     return Err(err("Gemm on the GPU: beta must be 1"));
                 }
                 let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-                // Row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the same
-                // buffers with the operands swapped.
                 let mut out = self
                     .stream
                     .alloc_zeros::<f32>((m * n).max(1))
                     .map_err(cuda)?;
-                let cfg = GemmConfig {
-                    transa: if tb {
-                        cublasOperation_t::CUBLAS_OP_T
-                    } else {
-                        cublasOperation_t::CUBLAS_OP_N
-                    },
-                    transb: if ta {
-                        cublasOperation_t::CUBLAS_OP_T
-                    } else {
-                        cublasOperation_t::CUBLAS_OP_N
-                    },
-                    m: n as i32,
-                    n: m as i32,
-                    k: k as i32,
-                    alpha,
-                    lda: if tb { k as i32 } else { n as i32 },
-                    ldb: if ta { m as i32 } else { k as i32 },
-                    beta: 0.0f32,
-                    ldc: n as i32,
-                };
+                let cfg = row_major_gemm(m, k, n, ta, tb, alpha);
                 // SAFETY: the dimensions and leading dimensions above describe the buffers.
                 unsafe {
                     self.blas
@@ -593,6 +572,30 @@ impl CudaDense {
     }
 }
 
+/// cuBLAS is column-major. Row-major C = op(A)·op(B) (m×k times k×n) is column-major
+/// Cᵀ = op(B)ᵀ·op(A)ᵀ: the same buffers, passed with B first.
+fn row_major_gemm(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32) -> GemmConfig<f32> {
+    let op = |t: bool| {
+        if t {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    GemmConfig {
+        transa: op(tb),
+        transb: op(ta),
+        m: n as i32,
+        n: m as i32,
+        k: k as i32,
+        alpha,
+        lda: if tb { k as i32 } else { n as i32 },
+        ldb: if ta { m as i32 } else { k as i32 },
+        beta: 0.0f32,
+        ldc: n as i32,
+    }
+}
+
 fn upload(stream: &Arc<CudaStream>, t: &Tensor) -> DataflowResult<DTensor> {
     let data = match &t.data {
         Data::F32(v) => DData::F32(Arc::new(stream.clone_htod(v.as_slice()).map_err(cuda)?)),
@@ -622,6 +625,90 @@ fn download(stream: &Arc<CudaStream>, t: &DTensor) -> DataflowResult<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// cublasSgemm's definition, column-major: C = alpha·op(A)·op(B) + beta·C.
+    fn sgemm_reference(cfg: &GemmConfig<f32>, a: &[f32], b: &[f32], c: &mut [f32]) {
+        let transposed = |t: cublasOperation_t| t == cublasOperation_t::CUBLAS_OP_T;
+        let (m, n, k) = (cfg.m as usize, cfg.n as usize, cfg.k as usize);
+        let (lda, ldb, ldc) = (cfg.lda as usize, cfg.ldb as usize, cfg.ldc as usize);
+        let op_a = |i: usize, p: usize| {
+            if transposed(cfg.transa) {
+                a[p + i * lda]
+            } else {
+                a[i + p * lda]
+            }
+        };
+        let op_b = |p: usize, j: usize| {
+            if transposed(cfg.transb) {
+                b[j + p * ldb]
+            } else {
+                b[p + j * ldb]
+            }
+        };
+        for j in 0..n {
+            for i in 0..m {
+                let acc: f32 = (0..k).map(|p| op_a(i, p) * op_b(p, j)).sum();
+                c[i + j * ldc] = cfg.alpha * acc + cfg.beta * c[i + j * ldc];
+            }
+        }
+    }
+
+    /// The arguments given to cuBLAS compute the row-major product for every transpose
+    /// combination (checked against the CPU executor's Gemm).
+    #[test]
+    fn gemm_arguments_give_the_row_major_product() {
+        let (m, k, n) = (3, 4, 5);
+        let a: Vec<f32> = (0..m * k).map(|v| v as f32 * 0.5 - 2.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|v| (v % 7) as f32 - 3.0).collect();
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            // Row-major A is m×k (k×m stored when transposed), B k×n (n×k when transposed).
+            let (a_shape, b_shape) = (
+                if ta { vec![k, m] } else { vec![m, k] },
+                if tb { vec![n, k] } else { vec![k, n] },
+            );
+            let graph_gemm = |x: &Tensor, y: &Tensor| -> Vec<f32> {
+                let node = crate::dense::proto::NodeProto {
+                    input: vec!["a".into(), "b".into()],
+                    output: vec!["c".into()],
+                    op_type: "Gemm".into(),
+                    attribute: vec![
+                        crate::dense::proto::AttributeProto {
+                            name: "transA".into(),
+                            i: i64::from(ta),
+                            ..Default::default()
+                        },
+                        crate::dense::proto::AttributeProto {
+                            name: "transB".into(),
+                            i: i64::from(tb),
+                            ..Default::default()
+                        },
+                    ],
+                };
+                let graph = DenseGraph {
+                    nodes: vec![node],
+                    weights: HashMap::new(),
+                    split: HashMap::new(),
+                    inputs: vec!["a".into(), "b".into()],
+                    outputs: vec!["c".into()],
+                    input_specs: Vec::new(),
+                    output_specs: Vec::new(),
+                };
+                let out = graph
+                    .run_cpu(&[("a", x.clone()), ("b", y.clone())])
+                    .unwrap();
+                out[0].as_f32().unwrap().to_vec()
+            };
+            let expected = graph_gemm(
+                &Tensor::f32(a_shape, a.clone()),
+                &Tensor::f32(b_shape, b.clone()),
+            );
+            let cfg = row_major_gemm(m, k, n, ta, tb, 1.0);
+            let mut c = vec![0f32; m * n];
+            // As the executor calls it: B's buffer first.
+            sgemm_reference(&cfg, &b, &a, &mut c);
+            assert_eq!(c, expected, "transA {ta}, transB {tb}");
+        }
+    }
 
     /// Where NVRTC is installed (a GPU host, or the `nvidia-cuda-nvrtc` wheel on the library
     /// path), the kernels compile; elsewhere the executor refuses to start with a reason.
