@@ -11,6 +11,8 @@ pub mod dense_cuda;
 pub mod detections;
 pub mod filter;
 pub mod gpu;
+#[cfg(test)]
+mod kernel_emulation;
 pub mod model;
 pub mod onnx;
 pub mod rank;

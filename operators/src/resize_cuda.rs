@@ -1093,4 +1093,399 @@ mod tests {
         assert_eq!(reasons(&g), reasons(&c));
         assert_eq!(g.records.column(2).to_data(), c.records.column(2).to_data());
     }
+
+    // The kernels executed on the CPU (crate::kernel_emulation): `KERNELS` compiled by g++ and
+    // launched with the grids and arguments `CudaResize::run` computes, from the same `Packer`,
+    // compared with `reference_tensor` (exactly). `EmulatedResize::run` is `CudaResize::run`
+    // line for line with the emulated device's calls: keep the two in step.
+
+    use crate::kernel_emulation::{Buf, Device as EmulatedGpu, Elem, Emulator};
+
+    const KERNEL_NAMES: [&str; 3] = [
+        "resize_vertical",
+        "resize_horizontal_f32",
+        "resize_horizontal_u8",
+    ];
+
+    /// `Scratch` on the emulated device. A new buffer is filled with `poison`, not zeros: it
+    /// stands for what an earlier batch left in a reused buffer, which no output may show.
+    struct EScratch(Option<Buf>);
+
+    impl EScratch {
+        fn at_least<T: Elem>(&mut self, dev: &mut EmulatedGpu, len: usize, poison: T) -> Buf {
+            let len = len.max(1);
+            match self.0 {
+                Some(b) if dev.len(b) >= len => b,
+                old => {
+                    if let Some(b) = old {
+                        dev.free(b);
+                    }
+                    let b = dev.alloc_filled(len, poison);
+                    self.0 = Some(b);
+                    b
+                }
+            }
+        }
+    }
+
+    struct EmulatedResize<'e> {
+        dev: EmulatedGpu<'e>,
+        lut: Buf,
+        layout: Layout,
+        dtype: TensorDtype,
+        host: Packer,
+        taps: EScratch,
+        pixels: EScratch,
+        tmp: EScratch,
+        meta: EScratch,
+        out_f32: EScratch,
+        out_u8: EScratch,
+        /// Most images per launch: [`MAX_GRID_Y`] as in `CudaResize`, fewer to have launches
+        /// with `image_base` > 0 without 65536 images.
+        max_grid_y: usize,
+    }
+
+    impl<'e> EmulatedResize<'e> {
+        /// `CudaResize::new` with the `Resize` stage's table, as `Resize::on_gpu` passes it.
+        fn new(emulator: &'e Emulator, config: &ResizeConfig, max_grid_y: usize) -> Self {
+            let stage = Resize::new(config.clone()).unwrap();
+            let mut dev = EmulatedGpu::new(emulator);
+            let flat_lut: Vec<f32> = stage.lut().iter().flatten().copied().collect();
+            EmulatedResize {
+                lut: dev.htod(&flat_lut),
+                dev,
+                layout: config.layout,
+                dtype: config.dtype,
+                host: Packer::new(config.width, config.height),
+                taps: EScratch(None),
+                pixels: EScratch(None),
+                tmp: EScratch(None),
+                meta: EScratch(None),
+                out_f32: EScratch(None),
+                out_u8: EScratch(None),
+                max_grid_y,
+            }
+        }
+
+        /// `CudaResize::run`.
+        fn run(&mut self, images: &[(&[u8], u32, u32)]) -> DataflowResult<Values> {
+            if images.is_empty() {
+                return Ok(Values::with_capacity(self.dtype, 0));
+            }
+            let packed = self.host.pack(images)?;
+            let host = &self.host;
+            let per_image = 3 * host.dst_w as usize * host.dst_h as usize;
+            let dev = &mut self.dev;
+            if packed.taps_changed || self.taps.0.is_none() {
+                let taps = self.taps.at_least(dev, host.taps.len(), i32::MIN);
+                dev.memcpy_htod(&host.taps, taps);
+            }
+            let taps = self.taps.at_least(dev, host.taps.len(), i32::MIN);
+            let pixels = self.pixels.at_least(dev, host.pixels.len(), 0xa5u8);
+            dev.memcpy_htod(&host.pixels, pixels);
+            let meta = self.meta.at_least(dev, host.meta.len(), i64::MIN);
+            dev.memcpy_htod(&host.meta, meta);
+            let tmp = self.tmp.at_least(dev, packed.tmp_len, 0xa5u8);
+
+            let blocks = |n: usize| {
+                u32::try_from(n.div_ceil(BLOCK as usize)).map_err(|_| {
+                    err(format!(
+                        "{n} values in one image is too many for one launch"
+                    ))
+                })
+            };
+            let (vertical_blocks, horizontal_blocks) =
+                (blocks(packed.max_vertical)?, blocks(per_image)?);
+            let as_i32 = |v: usize| {
+                i32::try_from(v).map_err(|_| err(format!("{v} does not fit a kernel's int")))
+            };
+            let (dst_w, dst_h) = (as_i32(host.dst_w as usize)?, as_i32(host.dst_h as usize)?);
+            let nchw = i32::from(self.layout == Layout::Nchw);
+            let total = images.len() * per_image;
+            let grid = |x: u32, images: usize| LaunchConfig {
+                grid_dim: (x, images as u32, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
+
+            for base in (0..images.len()).step_by(self.max_grid_y) {
+                let chunk = (images.len() - base).min(self.max_grid_y);
+                let image_base = as_i32(base)?;
+                let mut launch = dev.launch_builder("resize_vertical");
+                launch
+                    .arg(pixels)
+                    .arg(tmp)
+                    .arg(meta)
+                    .arg(taps)
+                    .arg(&dst_h)
+                    .arg(&image_base);
+                launch.launch(grid(vertical_blocks, chunk));
+            }
+
+            let emulated = |e: String| err(format!("emulated CUDA: {e}"));
+            let values = match self.dtype {
+                TensorDtype::F32 => {
+                    let out = self.out_f32.at_least(dev, total, f32::NAN);
+                    for base in (0..images.len()).step_by(self.max_grid_y) {
+                        let chunk = (images.len() - base).min(self.max_grid_y);
+                        let image_base = as_i32(base)?;
+                        let mut launch = dev.launch_builder("resize_horizontal_f32");
+                        launch
+                            .arg(tmp)
+                            .arg(out)
+                            .arg(meta)
+                            .arg(taps)
+                            .arg(self.lut)
+                            .arg(&dst_w)
+                            .arg(&dst_h)
+                            .arg(&nchw)
+                            .arg(&image_base);
+                        launch.launch(grid(horizontal_blocks, chunk));
+                    }
+                    dev.synchronize().map_err(emulated)?;
+                    let mut v = dev.dtoh::<f32>(out);
+                    v.truncate(total);
+                    Values::F32(v)
+                }
+                TensorDtype::U8 => {
+                    let out = self.out_u8.at_least(dev, total, 0xa5u8);
+                    for base in (0..images.len()).step_by(self.max_grid_y) {
+                        let chunk = (images.len() - base).min(self.max_grid_y);
+                        let image_base = as_i32(base)?;
+                        let mut launch = dev.launch_builder("resize_horizontal_u8");
+                        launch
+                            .arg(tmp)
+                            .arg(out)
+                            .arg(meta)
+                            .arg(taps)
+                            .arg(&dst_w)
+                            .arg(&dst_h)
+                            .arg(&nchw)
+                            .arg(&image_base);
+                        launch.launch(grid(horizontal_blocks, chunk));
+                    }
+                    dev.synchronize().map_err(emulated)?;
+                    let mut v = dev.dtoh::<u8>(out);
+                    v.truncate(total);
+                    Values::U8(v)
+                }
+            };
+            Ok(values)
+        }
+    }
+
+    /// The emulated kernels' tensor for `images` against [`reference_tensor`]: `Err` says
+    /// where they first differ.
+    fn emulated_vs_reference(
+        resize: &mut EmulatedResize,
+        config: &ResizeConfig,
+        images: &[(Vec<u8>, u32, u32)],
+    ) -> Result<(), String> {
+        let what = format!(
+            "{}x{} {:?} {:?}, {} image(s), {} per launch",
+            config.width,
+            config.height,
+            config.layout,
+            config.dtype,
+            images.len(),
+            resize.max_grid_y
+        );
+        let refs: Vec<(&[u8], u32, u32)> =
+            images.iter().map(|i| (i.0.as_slice(), i.1, i.2)).collect();
+        let got = as_f32(resize.run(&refs).map_err(|e| format!("{what}: {e}"))?);
+        let expected = reference_tensor(config, images).unwrap();
+        if got.len() != expected.len() {
+            return Err(format!(
+                "{what}: {} values, expected {}",
+                got.len(),
+                expected.len()
+            ));
+        }
+        // Exact: the kernels do the reference's integer arithmetic and table look-up.
+        match got.iter().zip(&expected).position(|(g, e)| g != e) {
+            None => Ok(()),
+            Some(i) => {
+                let per_image = 3 * config.width as usize * config.height as usize;
+                Err(format!(
+                    "{what}: image {}, element {} is {}, expected {}",
+                    i / per_image,
+                    i % per_image,
+                    got[i],
+                    expected[i]
+                ))
+            }
+        }
+    }
+
+    fn emulated_check(
+        emulator: &Emulator,
+        config: &ResizeConfig,
+        images: &[(Vec<u8>, u32, u32)],
+        max_grid_y: usize,
+    ) -> Result<(), String> {
+        let mut resize = EmulatedResize::new(emulator, config, max_grid_y);
+        emulated_vs_reference(&mut resize, config, images)
+    }
+
+    const LAYOUTS_AND_DTYPES: [(Layout, TensorDtype); 4] = [
+        (Layout::Nchw, TensorDtype::F32),
+        (Layout::Nhwc, TensorDtype::F32),
+        (Layout::Nchw, TensorDtype::U8),
+        (Layout::Nhwc, TensorDtype::U8),
+    ];
+
+    #[test]
+    fn emulated_kernels_match_the_reference_on_frames() {
+        let emulator = Emulator::shared(KERNELS, &KERNEL_NAMES);
+        let frames = frames();
+        let cases = [
+            config(224, 224, Layout::Nchw, TensorDtype::F32),
+            config(320, 180, Layout::Nhwc, TensorDtype::F32),
+            config(97, 61, Layout::Nchw, TensorDtype::U8),
+            config(1000, 400, Layout::Nhwc, TensorDtype::U8),
+            config(224, 160, Layout::Nhwc, TensorDtype::F32),
+            config(224, 160, Layout::Nchw, TensorDtype::U8),
+        ];
+        for c in &cases {
+            emulated_check(&emulator, c, &frames, MAX_GRID_Y).unwrap();
+        }
+        // One image per launch: every launch but the first has `image_base` > 0.
+        let c = config(61, 97, Layout::Nchw, TensorDtype::F32);
+        emulated_check(&emulator, &c, &frames, 1).unwrap();
+    }
+
+    #[test]
+    fn emulated_kernels_match_the_reference_on_synthetic_sizes() {
+        let emulator = Emulator::shared(KERNELS, &KERNEL_NAMES);
+        // As in `reference_matches_fast_image_resize_on_synthetic_sizes`.
+        let sizes = [
+            ((1, 1), (3, 5)),
+            ((2, 2), (1, 1)),
+            ((7, 3), (2, 9)),
+            ((17, 13), (4, 4)),
+            ((33, 31), (64, 62)),
+            ((3, 200), (7, 7)),
+            ((199, 2), (33, 1)),
+            ((64, 48), (64, 17)),
+            ((50, 40), (13, 40)),
+            ((31, 31), (31, 31)),
+            ((1280, 3), (5, 3)),
+            ((101, 77), (224, 224)),
+        ];
+        for (i, ((sw, sh), (dw, dh))) in sizes.into_iter().enumerate() {
+            let images = vec![
+                synthetic(sw, sh, i as u32),
+                synthetic(sw, sh, 100 + i as u32),
+            ];
+            for (k, (layout, dtype)) in LAYOUTS_AND_DTYPES.into_iter().enumerate() {
+                let c = config(dw, dh, layout, dtype);
+                // Half the cases one image per launch.
+                let per_launch = if (i + k) % 2 == 0 { MAX_GRID_Y } else { 1 };
+                emulated_check(&emulator, &c, &images, per_launch).unwrap();
+            }
+        }
+        // Sizes mixed in one batch (per-image offsets and taps), in launches of 2 images.
+        let mixed = vec![
+            synthetic(40, 30, 1),
+            synthetic(9, 70, 2),
+            synthetic(300, 5, 3),
+            synthetic(40, 7, 4),
+            synthetic(1, 1, 5),
+        ];
+        for (layout, dtype) in LAYOUTS_AND_DTYPES {
+            for per_launch in [MAX_GRID_Y, 2] {
+                let c = config(16, 12, layout, dtype);
+                emulated_check(&emulator, &c, &mixed, per_launch).unwrap();
+            }
+        }
+    }
+
+    /// One stage over successive batches: buffers grown then reused with stale contents,
+    /// taps cached, appended to, and dropped when [`MAX_CACHED_SIZES`] is passed.
+    #[test]
+    fn emulated_kernels_match_the_reference_batch_after_batch() {
+        let emulator = Emulator::shared(KERNELS, &KERNEL_NAMES);
+        let first = vec![
+            synthetic(64, 48, 1),
+            synthetic(33, 31, 2),
+            synthetic(64, 48, 3),
+        ];
+        // More than MAX_CACHED_SIZES source widths and heights: the next batch starts over.
+        let many: Vec<(Vec<u8>, u32, u32)> = (1..=260u32)
+            .map(|k| synthetic(k, 1, k))
+            .chain((2..=260u32).map(|k| synthetic(1, k, k)))
+            .collect();
+        let batches = [
+            first.clone(),
+            vec![synthetic(5, 4, 4)],
+            vec![synthetic(33, 31, 5), synthetic(70, 9, 6)],
+            many,
+            first,
+            vec![synthetic(200, 150, 7)],
+        ];
+        for (layout, dtype) in LAYOUTS_AND_DTYPES {
+            let c = config(24, 18, layout, dtype);
+            let mut resize = EmulatedResize::new(&emulator, &c, MAX_GRID_Y);
+            for (i, batch) in batches.iter().enumerate() {
+                emulated_vs_reference(&mut resize, &c, batch)
+                    .unwrap_or_else(|e| panic!("batch {i}: {e}"));
+            }
+            assert!(resize.host.rows.len() + resize.host.cols.len() <= MAX_CACHED_SIZES);
+        }
+    }
+
+    /// Each test above fails for a wrong index, stride or bound: every mutant of `KERNELS`
+    /// below makes some case differ from the reference or fault (each change is caught by the
+    /// cases of the dtype given with it; changes to different horizontal kernels share one
+    /// compile, as a case launches only one of them).
+    #[test]
+    fn emulated_tests_catch_broken_resize_kernels() {
+        let images = vec![
+            synthetic(17, 13, 1),
+            synthetic(7, 3, 2),
+            synthetic(33, 31, 3),
+        ];
+        let mutants: [&[(&str, &str, TensorDtype)]; 3] = [
+            // The vertical pass stepping by a pixel instead of a row.
+            &[(
+                "ss += (int)p[j * row_len] * w[j];",
+                "ss += (int)p[j * 3] * w[j];",
+                TensorDtype::U8,
+            )],
+            // The channel's table ignored; the launch's first image taken as the batch's.
+            &[
+                ("lut[c * 256 + p]", "lut[p]", TensorDtype::F32),
+                (
+                    "out[(long long)image * per_image + t] =\n        horizontal(",
+                    "out[(long long)blockIdx.y * per_image + t] =\n        horizontal(",
+                    TensorDtype::U8,
+                ),
+            ],
+            // Threads past an image's rows writing into the next image's.
+            &[(
+                "if (t >= dst_h * row_len) return;",
+                "if (t >= dst_h * row_len + 3) return;",
+                TensorDtype::F32,
+            )],
+        ];
+        for mutations in mutants {
+            let mut source = KERNELS.to_string();
+            for (from, to, _) in mutations {
+                assert_eq!(
+                    source.matches(from).count(),
+                    1,
+                    "`{from}` not in KERNELS once"
+                );
+                source = source.replace(from, to);
+            }
+            let mutant = Emulator::new(&source, &KERNEL_NAMES);
+            for (from, to, dtype) in mutations {
+                let caught = [Layout::Nchw, Layout::Nhwc].into_iter().any(|layout| {
+                    let c = config(9, 7, layout, *dtype);
+                    emulated_check(&mutant, &c, &images, 2).is_err()
+                });
+                assert!(caught, "replacing `{from}` by `{to}` went unnoticed");
+            }
+        }
+    }
 }
