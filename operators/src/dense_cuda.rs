@@ -3,6 +3,10 @@
 //! [`crate::dense::DenseGraph::run_cpu`] (and so ONNX Runtime on CPU) within 1e-4; `riffle
 //! gpu-check` compares them on a GPU host. Needs the CUDA driver, NVRTC and cuBLAS libraries
 //! (loaded at run time; [`crate::gpu::discover`] says whether there is a GPU at all).
+//!
+//! The executor (`Dense`) walks the graph and builds every launch's grid and arguments over
+//! the `Device` trait: `CudaDevice` maps it onto cudarc, and the tests run the same code on the
+//! CPU kernel emulator (`crate::kernel_emulation`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,6 +15,7 @@ use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
+use cudarc::nvrtc::Ptx;
 use riffle_dataflow::DataflowResult;
 
 use crate::dense::{
@@ -60,58 +65,240 @@ extern "C" __global__ void copy_block_f32(const float* src, float* dst, int oute
 }
 "#;
 
-#[derive(Clone)]
-enum DData {
-    F32(Arc<CudaSlice<f32>>),
-    I64(Arc<CudaSlice<i64>>),
+/// The kernels of [`KERNELS`], by name.
+const KERNEL_NAMES: [&str; 5] = [
+    "gather_f32",
+    "binary_f32",
+    "unary_f32",
+    "reduce_inner_f32",
+    "copy_block_f32",
+];
+
+/// What the executor needs of a GPU: memory, copies to and from the host, launches of the
+/// kernels of [`KERNELS`] and cuBLAS's Sgemm, all in order on one stream. [`CudaDevice`] is a
+/// real GPU; the tests implement it with the CPU kernel emulator.
+trait Device {
+    /// A buffer of `T`s in the device's memory.
+    type Buf<T>;
+
+    fn alloc_zeros_f32(&self, n: usize) -> DataflowResult<Self::Buf<f32>>;
+    fn upload_f32(&self, values: &[f32]) -> DataflowResult<Self::Buf<f32>>;
+    fn upload_i64(&self, values: &[i64]) -> DataflowResult<Self::Buf<i64>>;
+    /// The buffer's values, once the work queued before has run.
+    fn download_f32(&self, buf: &Self::Buf<f32>) -> DataflowResult<Vec<f32>>;
+    fn download_i64(&self, buf: &Self::Buf<i64>) -> DataflowResult<Vec<i64>>;
+
+    /// Queues kernel `name` (one of [`KERNEL_NAMES`]) over `cfg`'s grid, `args` in the order of
+    /// its parameters.
+    ///
+    /// # Safety
+    /// The kernel must access only the buffers passed, within their lengths: the element count
+    /// it is given (against which every kernel checks its thread index) must fit the buffers,
+    /// and any indices it follows must be in range.
+    unsafe fn launch(
+        &self,
+        name: &'static str,
+        cfg: LaunchConfig,
+        args: &[Arg<'_, Self>],
+    ) -> DataflowResult<()>;
+
+    /// Queues cuBLAS's Sgemm (column-major): `c = alpha·op(a)·op(b) + beta·c` as `cfg` says.
+    ///
+    /// # Safety
+    /// `cfg`'s dimensions and leading dimensions must describe the buffers.
+    unsafe fn gemm(
+        &self,
+        cfg: GemmConfig<f32>,
+        a: &Self::Buf<f32>,
+        b: &Self::Buf<f32>,
+        c: &mut Self::Buf<f32>,
+    ) -> DataflowResult<()>;
 }
 
-#[derive(Clone)]
-struct DTensor {
-    shape: Vec<usize>,
-    data: DData,
-}
-
-impl DTensor {
-    fn len(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    fn f32(&self) -> DataflowResult<&Arc<CudaSlice<f32>>> {
-        match &self.data {
-            DData::F32(s) => Ok(s),
-            DData::I64(_) => Err(err("expected a float tensor on the GPU, found int64")),
-        }
-    }
+/// A kernel argument: a buffer (passed as its device pointer) or an `int`.
+enum Arg<'a, D: Device + ?Sized> {
+    F32(&'a D::Buf<f32>),
+    I64(&'a D::Buf<i64>),
+    I32(i32),
 }
 
 fn cuda(e: impl std::fmt::Debug) -> riffle_dataflow::DataflowError {
     err(format!("CUDA: {e:?}"))
 }
 
-/// A dense graph loaded onto one GPU, its embedding tables optionally spread over several.
-pub struct CudaDense {
-    graph: DenseGraph,
+/// One GPU through cudarc: its default stream, the compiled kernels and (on the GPU that runs
+/// the dense layers) a cuBLAS handle.
+struct CudaDevice {
     stream: Arc<CudaStream>,
-    blas: CudaBlas,
+    /// `None` on a GPU that only holds parts of tables.
+    blas: Option<CudaBlas>,
     functions: HashMap<&'static str, CudaFunction>,
-    weights: HashMap<String, DTensor>,
-    tables: HashMap<String, DeviceTable>,
 }
 
-/// An embedding table split by row range, part `k` on its own GPU.
-struct DeviceTable {
+impl CudaDevice {
+    /// Opens GPU `ordinal` (after asking [`crate::gpu::discover`]: cudarc panics without
+    /// CUDA) and loads the kernels compiled in `ptx`.
+    fn open(ordinal: usize, ptx: &Ptx, with_blas: bool) -> DataflowResult<CudaDevice> {
+        check_ordinal(ordinal)?;
+        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
+        let stream = ctx.default_stream();
+        let blas = if with_blas {
+            Some(CudaBlas::new(stream.clone()).map_err(cuda)?)
+        } else {
+            None
+        };
+        let module = ctx.load_module(ptx.clone()).map_err(cuda)?;
+        let mut functions = HashMap::new();
+        for name in KERNEL_NAMES {
+            functions.insert(name, module.load_function(name).map_err(cuda)?);
+        }
+        Ok(CudaDevice {
+            stream,
+            blas,
+            functions,
+        })
+    }
+}
+
+impl Device for CudaDevice {
+    type Buf<T> = CudaSlice<T>;
+
+    fn alloc_zeros_f32(&self, n: usize) -> DataflowResult<CudaSlice<f32>> {
+        self.stream.alloc_zeros::<f32>(n).map_err(cuda)
+    }
+
+    fn upload_f32(&self, values: &[f32]) -> DataflowResult<CudaSlice<f32>> {
+        self.stream.clone_htod(values).map_err(cuda)
+    }
+
+    fn upload_i64(&self, values: &[i64]) -> DataflowResult<CudaSlice<i64>> {
+        self.stream.clone_htod(values).map_err(cuda)
+    }
+
+    fn download_f32(&self, buf: &CudaSlice<f32>) -> DataflowResult<Vec<f32>> {
+        self.stream.clone_dtoh(buf).map_err(cuda)
+    }
+
+    fn download_i64(&self, buf: &CudaSlice<i64>) -> DataflowResult<Vec<i64>> {
+        self.stream.clone_dtoh(buf).map_err(cuda)
+    }
+
+    unsafe fn launch(
+        &self,
+        name: &'static str,
+        cfg: LaunchConfig,
+        args: &[Arg<'_, Self>],
+    ) -> DataflowResult<()> {
+        let function = self
+            .functions
+            .get(name)
+            .ok_or_else(|| err(format!("kernel {name} missing")))?;
+        let mut b = self.stream.launch_builder(function);
+        // The scalars are pushed by reference into `args`, which outlives the launch.
+        for a in args {
+            match a {
+                Arg::F32(s) => b.arg(*s),
+                Arg::I64(s) => b.arg(*s),
+                Arg::I32(v) => b.arg(v),
+            };
+        }
+        // SAFETY: the caller guarantees that the kernel stays within the buffers passed.
+        unsafe { b.launch(cfg) }.map_err(cuda)?;
+        Ok(())
+    }
+
+    unsafe fn gemm(
+        &self,
+        cfg: GemmConfig<f32>,
+        a: &CudaSlice<f32>,
+        b: &CudaSlice<f32>,
+        c: &mut CudaSlice<f32>,
+    ) -> DataflowResult<()> {
+        let blas = self
+            .blas
+            .as_ref()
+            .ok_or_else(|| err("cuBLAS is not set up on this GPU"))?;
+        // SAFETY: the caller guarantees that `cfg` describes the buffers.
+        unsafe { blas.gemm(cfg, a, b, c) }.map_err(cuda)
+    }
+}
+
+enum DData<D: Device> {
+    F32(Arc<D::Buf<f32>>),
+    I64(Arc<D::Buf<i64>>),
+}
+
+// By hand: derived, they would ask for `D: Clone`.
+impl<D: Device> Clone for DData<D> {
+    fn clone(&self) -> Self {
+        match self {
+            DData::F32(s) => DData::F32(s.clone()),
+            DData::I64(s) => DData::I64(s.clone()),
+        }
+    }
+}
+
+/// A tensor on a device.
+struct DTensor<D: Device> {
+    shape: Vec<usize>,
+    data: DData<D>,
+}
+
+impl<D: Device> Clone for DTensor<D> {
+    fn clone(&self) -> Self {
+        DTensor {
+            shape: self.shape.clone(),
+            data: self.data.clone(),
+        }
+    }
+}
+
+impl<D: Device> DTensor<D> {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn f32(&self) -> DataflowResult<&D::Buf<f32>> {
+        match &self.data {
+            DData::F32(s) => Ok(s),
+            DData::I64(_) => Err(err("expected a float tensor on the GPU, found int64")),
+        }
+    }
+
+    fn with_f32(shape: Vec<usize>, buf: D::Buf<f32>) -> DTensor<D> {
+        DTensor {
+            shape,
+            data: DData::F32(Arc::new(buf)),
+        }
+    }
+}
+
+/// A dense graph loaded onto one GPU, its embedding tables optionally spread over several.
+pub struct CudaDense {
+    dense: Dense<CudaDevice>,
+}
+
+/// The executor over any [`Device`]: the graph, its weights on `device`, and its embedding
+/// tables when they are split over devices.
+struct Dense<D: Device> {
+    graph: DenseGraph,
+    device: D,
+    weights: HashMap<String, DTensor<D>>,
+    tables: HashMap<String, DeviceTable<D>>,
+}
+
+/// An embedding table split by row range, part `k` on its own device.
+struct DeviceTable<D: Device> {
     rows: RowShards,
     /// Values per row and the shape of a row.
     width: usize,
     row_shape: Vec<usize>,
-    parts: Vec<TablePart>,
+    parts: Vec<TablePart<D>>,
 }
 
-struct TablePart {
-    stream: Arc<CudaStream>,
-    gather: CudaFunction,
-    values: CudaSlice<f32>,
+struct TablePart<D: Device> {
+    device: Arc<D>,
+    values: D::Buf<f32>,
 }
 
 fn check_ordinal(ordinal: usize) -> DataflowResult<()> {
@@ -135,37 +322,54 @@ impl CudaDense {
     /// `table_devices` (one part per GPU) when it names more than one: tables larger than one
     /// GPU's memory, or kept off the GPU that runs the dense layers.
     pub fn with_tables_on(
-        mut graph: DenseGraph,
+        graph: DenseGraph,
         ordinal: usize,
         table_devices: &[usize],
     ) -> DataflowResult<CudaDense> {
+        // Every GPU asked for exists before any is touched.
         check_ordinal(ordinal)?;
         for d in table_devices {
             check_ordinal(*d)?;
         }
+        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(cuda)?;
+        let device = CudaDevice::open(ordinal, &ptx, true)?;
+        let parts = if table_devices.len() > 1 {
+            table_devices
+                .iter()
+                .map(|d| CudaDevice::open(*d, &ptx, false))
+                .collect::<DataflowResult<_>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(CudaDense {
+            dense: Dense::new(graph, device, parts)?,
+        })
+    }
+
+    /// The graph's output names, in the order [`CudaDense::run`] returns them.
+    pub fn output_names(&self) -> &[String] {
+        &self.dense.graph.outputs
+    }
+
+    /// Runs the graph on the GPU: inputs from host memory, outputs back to it.
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
+        self.dense.run(inputs)
+    }
+}
+
+impl<D: Device> Dense<D> {
+    /// Uploads the weights to `device`. With more than one of `table_devices`, the embedding
+    /// tables are split by row range into as many parts, part `k` uploaded to
+    /// `table_devices[k]`, and the host copies dropped (these tables can be large).
+    fn new(mut graph: DenseGraph, device: D, table_devices: Vec<D>) -> DataflowResult<Dense<D>> {
         if table_devices.len() > 1 {
             graph.split_tables(table_devices.len())?;
         }
-        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
-        let stream = ctx.default_stream();
-        let blas = CudaBlas::new(stream.clone()).map_err(cuda)?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(cuda)?;
-        let module = ctx.load_module(ptx.clone()).map_err(cuda)?;
-        let mut functions = HashMap::new();
-        for name in [
-            "gather_f32",
-            "binary_f32",
-            "unary_f32",
-            "reduce_inner_f32",
-            "copy_block_f32",
-        ] {
-            functions.insert(name, module.load_function(name).map_err(cuda)?);
-        }
         let mut weights = HashMap::new();
         for (name, t) in &graph.weights {
-            weights.insert(name.clone(), upload(&stream, t)?);
+            weights.insert(name.clone(), upload(&device, t)?);
         }
-        // Each part goes to its GPU; the host copy is dropped (these tables can be large).
+        let table_devices: Vec<Arc<D>> = table_devices.into_iter().map(Arc::new).collect();
         let mut tables = HashMap::new();
         for (name, split) in std::mem::take(&mut graph.split) {
             let row_shape = split
@@ -175,13 +379,12 @@ impl CudaDense {
                 .unwrap_or_default();
             let mut parts = Vec::with_capacity(split.parts.len());
             for (k, part) in split.parts.iter().enumerate() {
-                let device = CudaContext::new(table_devices[k]).map_err(cuda)?;
-                let part_stream = device.default_stream();
-                let module = device.load_module(ptx.clone()).map_err(cuda)?;
+                let device = table_devices
+                    .get(k)
+                    .ok_or_else(|| err(format!("table `{name}`: no device for part {k}")))?;
                 parts.push(TablePart {
-                    gather: module.load_function("gather_f32").map_err(cuda)?,
-                    values: part_stream.clone_htod(part.as_f32()?).map_err(cuda)?,
-                    stream: part_stream,
+                    values: device.upload_f32(part.as_f32()?)?,
+                    device: device.clone(),
                 });
             }
             tables.insert(
@@ -194,25 +397,18 @@ impl CudaDense {
                 },
             );
         }
-        Ok(CudaDense {
+        Ok(Dense {
             graph,
-            stream,
-            blas,
-            functions,
+            device,
             weights,
             tables,
         })
     }
 
-    /// The graph's output names, in the order [`CudaDense::run`] returns them.
-    pub fn output_names(&self) -> &[String] {
-        &self.graph.outputs
-    }
-
-    /// A Gather from a table split over GPUs: each part's GPU gathers its rows, which come
-    /// back through the host into one tensor on the main GPU. (Peer-to-peer copies would skip
-    /// the host; the rows are few next to the tables.)
-    fn gather_split(&self, table: &DeviceTable, indices: &Tensor) -> DataflowResult<DTensor> {
+    /// A Gather from a table split over devices: each part's device gathers its rows, which
+    /// come back through the host into one tensor on the main device. (Peer-to-peer copies
+    /// would skip the host; the rows are few next to the tables.)
+    fn gather_split(&self, table: &DeviceTable<D>, indices: &Tensor) -> DataflowResult<DTensor<D>> {
         let routes = table.rows.route(indices.as_i64()?)?;
         let width = table.width;
         let mut host = vec![0f32; indices.len() * width];
@@ -220,27 +416,37 @@ impl CudaDense {
             if route.local.is_empty() || width == 0 {
                 continue;
             }
-            let idx = part.stream.clone_htod(&route.local).map_err(cuda)?;
+            let device = part.device.as_ref();
+            let idx = device.upload_i64(&route.local)?;
             let total = route.local.len() * width;
-            let out = part.stream.alloc_zeros::<f32>(total).map_err(cuda)?;
-            let (w, t) = (width as i32, total as i32);
-            {
-                let mut b = part.stream.launch_builder(&part.gather);
-                b.arg(&part.values).arg(&idx).arg(&out).arg(&w).arg(&t);
-                // SAFETY: the kernel checks its thread index against `total`, `out` holds
-                // `total` values and every local index is within the part (routed above).
-                unsafe { b.launch(LaunchConfig::for_num_elems(total as u32)) }.map_err(cuda)?;
-            }
-            let rows = part.stream.clone_dtoh(&out).map_err(cuda)?;
+            let out = device.alloc_zeros_f32(total)?;
+            let args = [
+                Arg::F32(&part.values),
+                Arg::I64(&idx),
+                Arg::F32(&out),
+                Arg::I32(width as i32),
+                Arg::I32(total as i32),
+            ];
+            // SAFETY: the kernel checks its thread index against `total`, `out` holds `total`
+            // values, `idx` one per row of them, and every local index is within the part
+            // (routed above).
+            unsafe {
+                device.launch(
+                    "gather_f32",
+                    LaunchConfig::for_num_elems(total as u32),
+                    &args,
+                )
+            }?;
+            let rows = device.download_f32(&out)?;
             scatter_rows(&mut host, width, &route.positions, &rows);
         }
         let mut shape = indices.shape.clone();
         shape.extend_from_slice(&table.row_shape);
-        upload(&self.stream, &Tensor::f32(shape, host))
+        upload(&self.device, &Tensor::f32(shape, host))
     }
 
-    /// Runs the graph on the GPU: inputs from host memory, outputs back to it.
-    pub fn run(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
+    /// Runs the graph: inputs from host memory, outputs back to it.
+    fn run(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
         // Small integer tensors (axes) are also kept on the host, where the ops read them.
         let mut host: HashMap<String, Tensor> = self
             .graph
@@ -249,9 +455,9 @@ impl CudaDense {
             .filter(|(_, t)| matches!(t.data, Data::I64(_)))
             .map(|(n, t)| (n.clone(), t.clone()))
             .collect();
-        let mut values: HashMap<String, DTensor> = HashMap::new();
+        let mut values: HashMap<String, DTensor<D>> = HashMap::new();
         for (name, t) in inputs {
-            values.insert(name.to_string(), upload(&self.stream, t)?);
+            values.insert(name.to_string(), upload(&self.device, t)?);
             host.insert(name.to_string(), t.clone());
         }
         for node in &self.graph.nodes {
@@ -265,11 +471,11 @@ impl CudaDense {
                     .and_then(|a| a.t.as_ref())
                     .ok_or_else(|| err("Constant without a tensor `value`"))?;
                 let t = Tensor::from_proto(t)?;
-                values.insert(out_name.clone(), upload(&self.stream, &t)?);
+                values.insert(out_name.clone(), upload(&self.device, &t)?);
                 host.insert(out_name, t);
                 continue;
             }
-            let get = |i: usize| -> DataflowResult<&DTensor> {
+            let get = |i: usize| -> DataflowResult<&DTensor<D>> {
                 let name = node
                     .input
                     .get(i)
@@ -296,7 +502,7 @@ impl CudaDense {
                 Some(table) => {
                     let indices = match host_get(1) {
                         Ok(t) => t.clone(),
-                        Err(_) => download(&self.stream, get(1)?)?,
+                        Err(_) => download(&self.device, get(1)?)?,
                     };
                     self.gather_split(table, &indices)?
                 }
@@ -311,25 +517,20 @@ impl CudaDense {
                 let t = values
                     .get(o)
                     .ok_or_else(|| err(format!("output `{o}` was not computed")))?;
-                download(&self.stream, t)
+                download(&self.device, t)
             })
             .collect()
-    }
-
-    fn function(&self, name: &str) -> DataflowResult<&CudaFunction> {
-        self.functions
-            .get(name)
-            .ok_or_else(|| err(format!("kernel {name} missing")))
     }
 
     fn run_node<'a>(
         &self,
         node: &crate::dense::proto::NodeProto,
-        get: &dyn Fn(usize) -> DataflowResult<&'a DTensor>,
+        get: &dyn Fn(usize) -> DataflowResult<&'a DTensor<D>>,
         host_get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
-    ) -> DataflowResult<DTensor> {
+    ) -> DataflowResult<DTensor<D>> {
         let op = node.op_type.as_str();
-        let reshape = |x: &DTensor, shape: Vec<usize>| DTensor {
+        let device = &self.device;
+        let reshape = |x: &DTensor<D>, shape: Vec<usize>| DTensor {
             shape,
             data: x.data.clone(),
         };
@@ -349,7 +550,7 @@ impl CudaDense {
                 // there, except when the graph computes them.
                 let host_idx = match host_get(1) {
                     Ok(t) => t.clone(),
-                    Err(_) => download(&self.stream, indices)?,
+                    Err(_) => download(device, indices)?,
                 };
                 let wrapped = RowShards::split(rows, 1).route(host_idx.as_i64()?)?;
                 let local = wrapped
@@ -359,24 +560,30 @@ impl CudaDense {
                     .unwrap_or_default();
                 let width: usize = data.shape[1..].iter().product();
                 let total = indices.len() * width;
-                let out = self.stream.alloc_zeros::<f32>(total.max(1)).map_err(cuda)?;
-                let src = data.f32()?;
-                let (w, t) = (width as i32, total as i32);
+                let out = device.alloc_zeros_f32(total.max(1))?;
                 if total > 0 {
-                    let idx = self.stream.clone_htod(&local).map_err(cuda)?;
-                    let mut b = self.stream.launch_builder(self.function("gather_f32")?);
-                    b.arg(src.as_ref()).arg(&idx).arg(&out).arg(&w).arg(&t);
-                    // SAFETY: every kernel checks its thread index against the element count it is
-                    // given, and the buffers passed hold at least that many elements.
-                    unsafe { b.launch(LaunchConfig::for_num_elems((total).max(1) as u32)) }
-                        .map_err(cuda)?;
+                    let idx = device.upload_i64(&local)?;
+                    let args = [
+                        Arg::F32(data.f32()?),
+                        Arg::I64(&idx),
+                        Arg::F32(&out),
+                        Arg::I32(width as i32),
+                        Arg::I32(total as i32),
+                    ];
+                    // SAFETY: the kernel checks its thread index against `total`; `out` holds
+                    // `total` values, `idx` one per row of them, and each index is a row of
+                    // `data` (checked above).
+                    unsafe {
+                        device.launch(
+                            "gather_f32",
+                            LaunchConfig::for_num_elems(total as u32),
+                            &args,
+                        )
+                    }?;
                 }
                 let mut shape = indices.shape.clone();
                 shape.extend_from_slice(&data.shape[1..]);
-                DTensor {
-                    shape,
-                    data: DData::F32(Arc::new(out)),
-                }
+                DTensor::with_f32(shape, out)
             }
             "Add" | "Sub" | "Mul" | "Div" => {
                 let code = ["Add", "Sub", "Mul", "Div"]
@@ -388,21 +595,23 @@ impl CudaDense {
             "Relu" | "Sigmoid" => {
                 let x = get(0)?;
                 let n = x.len();
-                let out = self.stream.alloc_zeros::<f32>(n.max(1)).map_err(cuda)?;
-                let (code, count) = (i32::from(op == "Sigmoid"), n as i32);
-                let src = x.f32()?;
-                {
-                    let mut b = self.stream.launch_builder(self.function("unary_f32")?);
-                    b.arg(src.as_ref()).arg(&out).arg(&code).arg(&count);
-                    // SAFETY: every kernel checks its thread index against the element count it is
-                    // given, and the buffers passed hold at least that many elements.
-                    unsafe { b.launch(LaunchConfig::for_num_elems((n).max(1) as u32)) }
-                        .map_err(cuda)?;
-                }
-                DTensor {
-                    shape: x.shape.clone(),
-                    data: DData::F32(Arc::new(out)),
-                }
+                let out = device.alloc_zeros_f32(n.max(1))?;
+                let args = [
+                    Arg::F32(x.f32()?),
+                    Arg::F32(&out),
+                    Arg::I32(i32::from(op == "Sigmoid")),
+                    Arg::I32(n as i32),
+                ];
+                // SAFETY: the kernel checks its thread index against `n`, and both buffers
+                // hold `n` values.
+                unsafe {
+                    device.launch(
+                        "unary_f32",
+                        LaunchConfig::for_num_elems(n.max(1) as u32),
+                        &args,
+                    )
+                }?;
+                DTensor::with_f32(x.shape.clone(), out)
             }
             "ReduceSum" => {
                 let x = get(0)?;
@@ -420,27 +629,27 @@ impl CudaDense {
                 }
                 let outer: usize = x.shape[..first].iter().product();
                 let inner: usize = x.shape[first..].iter().product();
-                let out = self.stream.alloc_zeros::<f32>(outer.max(1)).map_err(cuda)?;
-                let (o, i) = (outer as i32, inner as i32);
-                let src = x.f32()?;
-                {
-                    let mut b = self
-                        .stream
-                        .launch_builder(self.function("reduce_inner_f32")?);
-                    b.arg(src.as_ref()).arg(&out).arg(&o).arg(&i);
-                    // SAFETY: every kernel checks its thread index against the element count it is
-                    // given, and the buffers passed hold at least that many elements.
-                    unsafe { b.launch(LaunchConfig::for_num_elems((outer).max(1) as u32)) }
-                        .map_err(cuda)?;
-                }
+                let out = device.alloc_zeros_f32(outer.max(1))?;
+                let args = [
+                    Arg::F32(x.f32()?),
+                    Arg::F32(&out),
+                    Arg::I32(outer as i32),
+                    Arg::I32(inner as i32),
+                ];
+                // SAFETY: the kernel checks its thread index against `outer`; `out` holds
+                // `outer` values and `x` `outer * inner`.
+                unsafe {
+                    device.launch(
+                        "reduce_inner_f32",
+                        LaunchConfig::for_num_elems(outer.max(1) as u32),
+                        &args,
+                    )
+                }?;
                 let mut shape = x.shape[..first].to_vec();
                 if attr_i(node, "keepdims", 1) != 0 {
                     shape.extend(std::iter::repeat_n(1, rank - first));
                 }
-                DTensor {
-                    shape,
-                    data: DData::F32(Arc::new(out)),
-                }
+                DTensor::with_f32(shape, out)
             }
             "Squeeze" | "Unsqueeze" | "Flatten" => {
                 let x = get(0)?;
@@ -454,43 +663,37 @@ impl CudaDense {
                 reshape(x, shape)
             }
             "Concat" => {
-                let parts: Vec<&DTensor> = (0..node.input.len())
+                let parts: Vec<&DTensor<D>> = (0..node.input.len())
                     .map(get)
                     .collect::<DataflowResult<_>>()?;
                 let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
                 let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
                 let dst_chunk: usize = shape[axis..].iter().product();
-                let out = self
-                    .stream
-                    .alloc_zeros::<f32>((outer * dst_chunk).max(1))
-                    .map_err(cuda)?;
+                let out = device.alloc_zeros_f32((outer * dst_chunk).max(1))?;
                 let mut offset = 0usize;
                 for p in &parts {
                     let chunk: usize = p.shape[axis..].iter().product();
-                    let src = p.f32()?;
-                    let (o, c, d, off) =
-                        (outer as i32, chunk as i32, dst_chunk as i32, offset as i32);
-                    {
-                        let mut b = self.stream.launch_builder(self.function("copy_block_f32")?);
-                        b.arg(src.as_ref())
-                            .arg(&out)
-                            .arg(&o)
-                            .arg(&c)
-                            .arg(&d)
-                            .arg(&off);
-                        // SAFETY: every kernel checks its thread index against the element count it is
-                        // given, and the buffers passed hold at least that many elements.
-                        unsafe {
-                            b.launch(LaunchConfig::for_num_elems((outer * chunk).max(1) as u32))
-                        }
-                        .map_err(cuda)?;
-                    }
+                    let args = [
+                        Arg::F32(p.f32()?),
+                        Arg::F32(&out),
+                        Arg::I32(outer as i32),
+                        Arg::I32(chunk as i32),
+                        Arg::I32(dst_chunk as i32),
+                        Arg::I32(offset as i32),
+                    ];
+                    // SAFETY: the kernel checks its thread index against `outer * chunk`, the
+                    // part's size; it writes row `o` at `o * dst_chunk + offset` and on, up to
+                    // `offset + chunk <= dst_chunk`, within `out`'s `outer * dst_chunk`.
+                    unsafe {
+                        device.launch(
+                            "copy_block_f32",
+                            LaunchConfig::for_num_elems((outer * chunk).max(1) as u32),
+                            &args,
+                        )
+                    }?;
                     offset += chunk;
                 }
-                DTensor {
-                    shape,
-                    data: DData::F32(Arc::new(out)),
-                }
+                DTensor::with_f32(shape, out)
             }
             "Gemm" | "MatMul" => {
                 let (a, b) = (get(0)?, get(1)?);
@@ -506,21 +709,11 @@ impl CudaDense {
                     return Err(err("Gemm on the GPU: beta must be 1"));
                 }
                 let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-                let mut out = self
-                    .stream
-                    .alloc_zeros::<f32>((m * n).max(1))
-                    .map_err(cuda)?;
+                let mut out = device.alloc_zeros_f32((m * n).max(1))?;
                 let cfg = row_major_gemm(m, k, n, ta, tb, alpha);
                 // SAFETY: the dimensions and leading dimensions above describe the buffers.
-                unsafe {
-                    self.blas
-                        .gemm(cfg, b.f32()?.as_ref(), a.f32()?.as_ref(), &mut out)
-                }
-                .map_err(cuda)?;
-                let product = DTensor {
-                    shape: vec![m, n],
-                    data: DData::F32(Arc::new(out)),
-                };
+                unsafe { device.gemm(cfg, b.f32()?, a.f32()?, &mut out) }?;
+                let product = DTensor::with_f32(vec![m, n], out);
                 if gemm && node.input.len() > 2 && !node.input[2].is_empty() {
                     self.binary(&product, get(2)?, 0)?
                 } else {
@@ -532,46 +725,35 @@ impl CudaDense {
     }
 
     /// Elementwise op `code` (0 add, 1 sub, 2 mul, 3 div) with broadcasting, up to 4-D.
-    fn binary(&self, a: &DTensor, b: &DTensor, code: i32) -> DataflowResult<DTensor> {
+    fn binary(&self, a: &DTensor<D>, b: &DTensor<D>, code: i32) -> DataflowResult<DTensor<D>> {
         let rank = a.shape.len().max(b.shape.len());
         if rank > 4 {
             return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
         }
         let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
-        let as_i32 = |s: Vec<usize>| -> Vec<i32> { s.into_iter().map(|v| v as i32).collect() };
-        let (ta, tb) = (as_i32(sa), as_i32(sb));
         let total: usize = shape.iter().product();
-        let out = self.stream.alloc_zeros::<f32>(total.max(1)).map_err(cuda)?;
-        let (x, y) = (a.f32()?, b.f32()?);
-        let (t, d1, d2, d3) = (
-            total as i32,
-            shape[1] as i32,
-            shape[2] as i32,
-            shape[3] as i32,
-        );
-        {
-            let mut l = self.stream.launch_builder(self.function("binary_f32")?);
-            l.arg(x.as_ref())
-                .arg(y.as_ref())
-                .arg(&out)
-                .arg(&code)
-                .arg(&t);
-            l.arg(&d1).arg(&d2).arg(&d3);
-            for s in &ta {
-                l.arg(s);
-            }
-            for s in &tb {
-                l.arg(s);
-            }
-            // SAFETY: every kernel checks its thread index against the element count it is
-            // given, and the buffers passed hold at least that many elements.
-            unsafe { l.launch(LaunchConfig::for_num_elems((total).max(1) as u32)) }
-                .map_err(cuda)?;
-        }
-        Ok(DTensor {
-            shape: shape[4 - rank..].to_vec(),
-            data: DData::F32(Arc::new(out)),
-        })
+        let out = self.device.alloc_zeros_f32(total.max(1))?;
+        let mut args = vec![
+            Arg::F32(a.f32()?),
+            Arg::F32(b.f32()?),
+            Arg::F32(&out),
+            Arg::I32(code),
+            Arg::I32(total as i32),
+            Arg::I32(shape[1] as i32),
+            Arg::I32(shape[2] as i32),
+            Arg::I32(shape[3] as i32),
+        ];
+        args.extend(sa.iter().chain(&sb).map(|s| Arg::I32(*s as i32)));
+        // SAFETY: the kernel checks its thread index against `total`, `out`'s size; the
+        // broadcast strides (0 along broadcast axes) keep the reads within `a` and `b`.
+        unsafe {
+            self.device.launch(
+                "binary_f32",
+                LaunchConfig::for_num_elems(total.max(1) as u32),
+                &args,
+            )
+        }?;
+        Ok(DTensor::with_f32(shape[4 - rank..].to_vec(), out))
     }
 }
 
@@ -599,10 +781,10 @@ fn row_major_gemm(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32) 
     }
 }
 
-fn upload(stream: &Arc<CudaStream>, t: &Tensor) -> DataflowResult<DTensor> {
+fn upload<D: Device>(device: &D, t: &Tensor) -> DataflowResult<DTensor<D>> {
     let data = match &t.data {
-        Data::F32(v) => DData::F32(Arc::new(stream.clone_htod(v.as_slice()).map_err(cuda)?)),
-        Data::I64(v) => DData::I64(Arc::new(stream.clone_htod(v.as_slice()).map_err(cuda)?)),
+        Data::F32(v) => DData::F32(Arc::new(device.upload_f32(v)?)),
+        Data::I64(v) => DData::I64(Arc::new(device.upload_i64(v)?)),
     };
     Ok(DTensor {
         shape: t.shape.clone(),
@@ -610,15 +792,16 @@ fn upload(stream: &Arc<CudaStream>, t: &Tensor) -> DataflowResult<DTensor> {
     })
 }
 
-fn download(stream: &Arc<CudaStream>, t: &DTensor) -> DataflowResult<Tensor> {
+/// `t` in host memory (its buffer may be longer: empty tensors get one element).
+fn download<D: Device>(device: &D, t: &DTensor<D>) -> DataflowResult<Tensor> {
     Ok(match &t.data {
         DData::F32(s) => {
-            let mut v = stream.clone_dtoh(s.as_ref()).map_err(cuda)?;
+            let mut v = device.download_f32(s)?;
             v.truncate(t.len());
             Tensor::f32(t.shape.clone(), v)
         }
         DData::I64(s) => {
-            let mut v = stream.clone_dtoh(s.as_ref()).map_err(cuda)?;
+            let mut v = device.download_i64(s)?;
             v.truncate(t.len());
             Tensor::i64(t.shape.clone(), v)
         }
@@ -721,13 +904,7 @@ mod tests {
         crate::gpu::expect_nvrtc_where_asked();
         if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             let ptx = cudarc::nvrtc::compile_ptx(KERNELS).unwrap().to_src();
-            for name in [
-                "gather_f32",
-                "binary_f32",
-                "unary_f32",
-                "reduce_inner_f32",
-                "copy_block_f32",
-            ] {
+            for name in KERNEL_NAMES {
                 assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
             }
         }
@@ -747,457 +924,119 @@ mod tests {
     }
 
     // The kernels executed on the CPU (crate::kernel_emulation): `KERNELS` compiled by g++ and
-    // launched with the grids and arguments the executor computes, compared with the CPU
-    // executor. `EmulatedDense` below is `CudaDense::run` line for line with the device calls
-    // of the emulated device (cuBLAS's part done by `sgemm_reference`): keep the two in step.
+    // launched by the executor itself (`Dense`, which `CudaDense` runs) on an emulated
+    // `Device`, with cuBLAS's part done on the host by `sgemm_reference`; the results compared
+    // with the CPU executor's.
+
+    use std::sync::{Mutex, MutexGuard};
 
     use crate::dense::proto::{AttributeProto, NodeProto};
-    use crate::dense::SplitTable;
-    use crate::kernel_emulation::{Buf, Device, Emulator};
-
-    const KERNEL_NAMES: [&str; 5] = [
-        "gather_f32",
-        "binary_f32",
-        "unary_f32",
-        "reduce_inner_f32",
-        "copy_block_f32",
-    ];
+    use crate::kernel_emulation::{self, Emulator};
 
     fn emulated(e: String) -> riffle_dataflow::DataflowError {
         err(format!("emulated CUDA: {e}"))
     }
 
-    #[derive(Clone)]
-    enum EData {
-        F32(Buf),
-        I64(Buf),
+    /// A GPU emulated on the CPU: launches queue on its stream and run when a copy to the host
+    /// needs their results, as with cudarc's synchronous copies.
+    struct Emulated<'e> {
+        memory: Mutex<kernel_emulation::Device<'e>>,
     }
 
-    /// `DTensor` on the emulated device.
-    #[derive(Clone)]
-    struct ETensor {
-        shape: Vec<usize>,
-        data: EData,
-    }
-
-    impl ETensor {
-        fn len(&self) -> usize {
-            self.shape.iter().product()
-        }
-
-        fn f32(&self) -> DataflowResult<Buf> {
-            match &self.data {
-                EData::F32(b) => Ok(*b),
-                EData::I64(_) => Err(err("expected a float tensor on the GPU, found int64")),
+    impl<'e> Emulated<'e> {
+        fn new(emulator: &'e Emulator) -> Emulated<'e> {
+            Emulated {
+                memory: Mutex::new(kernel_emulation::Device::new(emulator)),
             }
         }
-    }
 
-    fn e_upload(dev: &mut Device, t: &Tensor) -> ETensor {
-        let data = match &t.data {
-            Data::F32(v) => EData::F32(dev.htod(v)),
-            Data::I64(v) => EData::I64(dev.htod(v)),
-        };
-        ETensor {
-            shape: t.shape.clone(),
-            data,
+        fn memory(&self) -> MutexGuard<'_, kernel_emulation::Device<'e>> {
+            self.memory.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// The buffer's values after the queued launches.
+        fn download<T: kernel_emulation::Elem>(
+            &self,
+            buf: &kernel_emulation::Buf,
+        ) -> DataflowResult<Vec<T>> {
+            let mut memory = self.memory();
+            memory.synchronize().map_err(emulated)?;
+            Ok(memory.dtoh(*buf))
         }
     }
 
-    /// `download`: runs what is queued first, as the stream would.
-    fn e_download(dev: &mut Device, t: &ETensor) -> DataflowResult<Tensor> {
-        dev.synchronize().map_err(emulated)?;
-        Ok(match &t.data {
-            EData::F32(b) => {
-                let mut v = dev.dtoh::<f32>(*b);
-                v.truncate(t.len());
-                Tensor::f32(t.shape.clone(), v)
+    impl Device for Emulated<'_> {
+        /// The emulator checks element types at launches and copies.
+        type Buf<T> = kernel_emulation::Buf;
+
+        fn alloc_zeros_f32(&self, n: usize) -> DataflowResult<kernel_emulation::Buf> {
+            Ok(self.memory().alloc_filled(n, 0f32))
+        }
+
+        fn upload_f32(&self, values: &[f32]) -> DataflowResult<kernel_emulation::Buf> {
+            Ok(self.memory().htod(values))
+        }
+
+        fn upload_i64(&self, values: &[i64]) -> DataflowResult<kernel_emulation::Buf> {
+            Ok(self.memory().htod(values))
+        }
+
+        fn download_f32(&self, buf: &kernel_emulation::Buf) -> DataflowResult<Vec<f32>> {
+            self.download(buf)
+        }
+
+        fn download_i64(&self, buf: &kernel_emulation::Buf) -> DataflowResult<Vec<i64>> {
+            self.download(buf)
+        }
+
+        unsafe fn launch(
+            &self,
+            name: &'static str,
+            cfg: LaunchConfig,
+            args: &[Arg<'_, Self>],
+        ) -> DataflowResult<()> {
+            let mut memory = self.memory();
+            let mut b = memory.launch_builder(name);
+            for a in args {
+                match a {
+                    Arg::F32(buf) | Arg::I64(buf) => b.arg(*buf),
+                    Arg::I32(v) => b.arg(v),
+                };
             }
-            EData::I64(b) => {
-                let mut v = dev.dtoh::<i64>(*b);
-                v.truncate(t.len());
-                Tensor::i64(t.shape.clone(), v)
-            }
-        })
+            b.launch(cfg);
+            Ok(())
+        }
+
+        /// cuBLAS by its definition, on the host, after the launches queued before.
+        unsafe fn gemm(
+            &self,
+            cfg: GemmConfig<f32>,
+            a: &kernel_emulation::Buf,
+            b: &kernel_emulation::Buf,
+            c: &mut kernel_emulation::Buf,
+        ) -> DataflowResult<()> {
+            let (a, b) = (self.download::<f32>(a)?, self.download::<f32>(b)?);
+            let mut out = self.download::<f32>(c)?;
+            sgemm_reference(&cfg, &a, &b, &mut out);
+            self.memory().memcpy_htod(&out, *c);
+            Ok(())
+        }
     }
 
-    /// `DeviceTable`, every part on the one emulated device.
-    struct ETable {
-        rows: RowShards,
-        width: usize,
-        row_shape: Vec<usize>,
-        parts: Vec<Buf>,
-    }
-
-    struct EmulatedDense<'e> {
+    /// `CudaDense::with_tables_on` with `table_devices` emulated table devices.
+    fn emulated_dense(
+        emulator: &Emulator,
         graph: DenseGraph,
-        dev: Device<'e>,
-        weights: HashMap<String, ETensor>,
-        tables: HashMap<String, ETable>,
-    }
-
-    impl<'e> EmulatedDense<'e> {
-        /// `CudaDense::with_tables_on` with `table_devices` table parts.
-        fn new(emulator: &'e Emulator, mut graph: DenseGraph, table_devices: usize) -> Self {
-            if table_devices > 1 {
-                graph.split_tables(table_devices).unwrap();
-            }
-            let mut dev = Device::new(emulator);
-            let mut weights = HashMap::new();
-            for (name, t) in &graph.weights {
-                weights.insert(name.clone(), e_upload(&mut dev, t));
-            }
-            let mut tables = HashMap::new();
-            for (name, split) in std::mem::take(&mut graph.split) {
-                let SplitTable { rows, parts } = split;
-                let row_shape = parts
-                    .first()
-                    .map(|p| p.shape[1..].to_vec())
-                    .unwrap_or_default();
-                let parts = parts
-                    .iter()
-                    .map(|part| dev.htod(part.as_f32().unwrap()))
-                    .collect();
-                tables.insert(
-                    name,
-                    ETable {
-                        rows,
-                        width: row_shape.iter().product(),
-                        row_shape,
-                        parts,
-                    },
-                );
-            }
-            EmulatedDense {
-                graph,
-                dev,
-                weights,
-                tables,
-            }
-        }
-
-        /// `CudaDense::run`.
-        fn run(&mut self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
-            let EmulatedDense {
-                graph,
-                dev,
-                weights,
-                tables,
-            } = self;
-            let mut host: HashMap<String, Tensor> = graph
-                .weights
-                .iter()
-                .filter(|(_, t)| matches!(t.data, Data::I64(_)))
-                .map(|(n, t)| (n.clone(), t.clone()))
-                .collect();
-            let mut values: HashMap<String, ETensor> = HashMap::new();
-            for (name, t) in inputs {
-                values.insert(name.to_string(), e_upload(dev, t));
-                host.insert(name.to_string(), t.clone());
-            }
-            for node in &graph.nodes {
-                let out_name = node
-                    .output
-                    .first()
-                    .ok_or_else(|| err(format!("{} has no output", node.op_type)))?
-                    .clone();
-                if node.op_type == "Constant" {
-                    let t = attr(node, "value")
-                        .and_then(|a| a.t.as_ref())
-                        .ok_or_else(|| err("Constant without a tensor `value`"))?;
-                    let t = Tensor::from_proto(t)?;
-                    values.insert(out_name.clone(), e_upload(dev, &t));
-                    host.insert(out_name, t);
-                    continue;
-                }
-                let get = |i: usize| -> DataflowResult<&ETensor> {
-                    let name = node
-                        .input
-                        .get(i)
-                        .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
-                    values
-                        .get(name)
-                        .or_else(|| weights.get(name))
-                        .ok_or_else(|| err(format!("{}: no value `{name}`", node.op_type)))
-                };
-                let host_get = |i: usize| -> DataflowResult<&Tensor> {
-                    let name = node
-                        .input
-                        .get(i)
-                        .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
-                    host.get(name).ok_or_else(|| {
-                        err(format!("{}: `{name}` must be a constant", node.op_type))
-                    })
-                };
-                let split = node
-                    .input
-                    .first()
-                    .and_then(|n| tables.get(n))
-                    .filter(|_| node.op_type == "Gather");
-                let out = match split {
-                    Some(table) => {
-                        let indices = match host_get(1) {
-                            Ok(t) => t.clone(),
-                            Err(_) => e_download(dev, get(1)?)?,
-                        };
-                        e_gather_split(dev, table, &indices)?
-                    }
-                    None => e_run_node(dev, node, &get, &host_get)?,
-                };
-                values.insert(out_name, out);
-            }
-            graph
-                .outputs
-                .iter()
-                .map(|o| {
-                    let t = values
-                        .get(o)
-                        .ok_or_else(|| err(format!("output `{o}` was not computed")))?;
-                    e_download(dev, t)
-                })
+        table_devices: usize,
+    ) -> DataflowResult<Dense<Emulated<'_>>> {
+        let parts = if table_devices > 1 {
+            (0..table_devices)
+                .map(|_| Emulated::new(emulator))
                 .collect()
-        }
-    }
-
-    /// `CudaDense::gather_split`.
-    fn e_gather_split(
-        dev: &mut Device,
-        table: &ETable,
-        indices: &Tensor,
-    ) -> DataflowResult<ETensor> {
-        let routes = table.rows.route(indices.as_i64()?)?;
-        let width = table.width;
-        let mut host = vec![0f32; indices.len() * width];
-        for (part, route) in table.parts.iter().zip(&routes) {
-            if route.local.is_empty() {
-                continue;
-            }
-            let idx = dev.htod(&route.local);
-            let total = route.local.len() * width;
-            let out = dev.alloc_filled(total, 0f32);
-            let (w, t) = (width as i32, total as i32);
-            {
-                let mut b = dev.launch_builder("gather_f32");
-                b.arg(part).arg(idx).arg(out).arg(&w).arg(&t);
-                b.launch(LaunchConfig::for_num_elems(total as u32));
-            }
-            dev.synchronize().map_err(emulated)?;
-            let rows = dev.dtoh::<f32>(out);
-            scatter_rows(&mut host, width, &route.positions, &rows);
-        }
-        let mut shape = indices.shape.clone();
-        shape.extend_from_slice(&table.row_shape);
-        Ok(e_upload(dev, &Tensor::f32(shape, host)))
-    }
-
-    /// `CudaDense::run_node`.
-    fn e_run_node<'a>(
-        dev: &mut Device,
-        node: &NodeProto,
-        get: &dyn Fn(usize) -> DataflowResult<&'a ETensor>,
-        host_get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
-    ) -> DataflowResult<ETensor> {
-        let op = node.op_type.as_str();
-        let reshape = |x: &ETensor, shape: Vec<usize>| ETensor {
-            shape,
-            data: x.data.clone(),
+        } else {
+            Vec::new()
         };
-        Ok(match op {
-            "Identity" => get(0)?.clone(),
-            "Gather" => {
-                let (data, indices) = (get(0)?, get(1)?);
-                let idx_host = host_get(1).ok();
-                let rows = *data
-                    .shape
-                    .first()
-                    .ok_or_else(|| err("Gather of a scalar"))?;
-                if let Some(h) = idx_host {
-                    if h.as_i64()?.iter().any(|i| *i < 0 || *i as usize >= rows) {
-                        return Err(err(format!(
-                            "Gather: an index is out of range (rows: {rows})"
-                        )));
-                    }
-                }
-                let EData::I64(idx) = &indices.data else {
-                    return Err(err("Gather: int64 indices expected"));
-                };
-                let width: usize = data.shape[1..].iter().product();
-                let total = indices.len() * width;
-                let out = dev.alloc_filled(total.max(1), 0f32);
-                let src = data.f32()?;
-                let (w, t) = (width as i32, total as i32);
-                {
-                    let mut b = dev.launch_builder("gather_f32");
-                    b.arg(src).arg(idx).arg(out).arg(&w).arg(&t);
-                    b.launch(LaunchConfig::for_num_elems((total).max(1) as u32));
-                }
-                let mut shape = indices.shape.clone();
-                shape.extend_from_slice(&data.shape[1..]);
-                ETensor {
-                    shape,
-                    data: EData::F32(out),
-                }
-            }
-            "Add" | "Sub" | "Mul" | "Div" => {
-                let code = ["Add", "Sub", "Mul", "Div"]
-                    .iter()
-                    .position(|o| *o == op)
-                    .unwrap_or(0) as i32;
-                e_binary(dev, get(0)?, get(1)?, code)?
-            }
-            "Relu" | "Sigmoid" => {
-                let x = get(0)?;
-                let n = x.len();
-                let out = dev.alloc_filled(n.max(1), 0f32);
-                let (code, count) = (i32::from(op == "Sigmoid"), n as i32);
-                let src = x.f32()?;
-                {
-                    let mut b = dev.launch_builder("unary_f32");
-                    b.arg(src).arg(out).arg(&code).arg(&count);
-                    b.launch(LaunchConfig::for_num_elems((n).max(1) as u32));
-                }
-                ETensor {
-                    shape: x.shape.clone(),
-                    data: EData::F32(out),
-                }
-            }
-            "ReduceSum" => {
-                let x = get(0)?;
-                let rank = x.shape.len();
-                let host_axes = |i: usize| host_get(i);
-                let mut reduce = axes(node, &host_axes, rank)?;
-                if reduce.is_empty() {
-                    reduce = (0..rank).collect();
-                }
-                reduce.sort_unstable();
-                // A scalar has no axes (`reduce` is empty): it is its own sum.
-                let first = reduce.first().copied().unwrap_or(rank);
-                if reduce != (first..rank).collect::<Vec<_>>() {
-                    return Err(err("ReduceSum on the GPU: only trailing axes"));
-                }
-                let outer: usize = x.shape[..first].iter().product();
-                let inner: usize = x.shape[first..].iter().product();
-                let out = dev.alloc_filled(outer.max(1), 0f32);
-                let (o, i) = (outer as i32, inner as i32);
-                let src = x.f32()?;
-                {
-                    let mut b = dev.launch_builder("reduce_inner_f32");
-                    b.arg(src).arg(out).arg(&o).arg(&i);
-                    b.launch(LaunchConfig::for_num_elems((outer).max(1) as u32));
-                }
-                let mut shape = x.shape[..first].to_vec();
-                if attr_i(node, "keepdims", 1) != 0 {
-                    shape.extend(std::iter::repeat_n(1, rank - first));
-                }
-                ETensor {
-                    shape,
-                    data: EData::F32(out),
-                }
-            }
-            "Squeeze" | "Unsqueeze" | "Flatten" => {
-                let x = get(0)?;
-                let rank = x.shape.len();
-                let host_axes = |i: usize| host_get(i);
-                let shape = match op {
-                    "Squeeze" => shapes::squeeze(&x.shape, &axes(node, &host_axes, rank)?),
-                    "Unsqueeze" => shapes::unsqueeze(&x.shape, axes(node, &host_axes, rank + 1)?),
-                    _ => shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
-                };
-                reshape(x, shape)
-            }
-            "Concat" => {
-                let parts: Vec<&ETensor> = (0..node.input.len())
-                    .map(get)
-                    .collect::<DataflowResult<_>>()?;
-                let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
-                let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
-                let dst_chunk: usize = shape[axis..].iter().product();
-                let out = dev.alloc_filled((outer * dst_chunk).max(1), 0f32);
-                let mut offset = 0usize;
-                for p in &parts {
-                    let chunk: usize = p.shape[axis..].iter().product();
-                    let src = p.f32()?;
-                    let (o, c, d, off) =
-                        (outer as i32, chunk as i32, dst_chunk as i32, offset as i32);
-                    {
-                        let mut b = dev.launch_builder("copy_block_f32");
-                        b.arg(src).arg(out).arg(&o).arg(&c).arg(&d).arg(&off);
-                        b.launch(LaunchConfig::for_num_elems((outer * chunk).max(1) as u32));
-                    }
-                    offset += chunk;
-                }
-                ETensor {
-                    shape,
-                    data: EData::F32(out),
-                }
-            }
-            "Gemm" | "MatMul" => {
-                let (a, b) = (get(0)?, get(1)?);
-                let gemm = op == "Gemm";
-                let ta = gemm && attr_i(node, "transA", 0) != 0;
-                let tb = gemm && attr_i(node, "transB", 0) != 0;
-                let alpha = if gemm {
-                    attr_f(node, "alpha", 1.0)
-                } else {
-                    1.0
-                };
-                if gemm && attr_f(node, "beta", 1.0) != 1.0 {
-                    return Err(err("Gemm on the GPU: beta must be 1"));
-                }
-                let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-                let mut out = vec![0f32; (m * n).max(1)];
-                let cfg = row_major_gemm(m, k, n, ta, tb, alpha);
-                // cuBLAS by its definition, on the host.
-                let (a_host, b_host) = (e_download(dev, a)?, e_download(dev, b)?);
-                sgemm_reference(&cfg, b_host.as_f32()?, a_host.as_f32()?, &mut out);
-                let product = ETensor {
-                    shape: vec![m, n],
-                    data: EData::F32(dev.htod(&out)),
-                };
-                if gemm && node.input.len() > 2 && !node.input[2].is_empty() {
-                    e_binary(dev, &product, get(2)?, 0)?
-                } else {
-                    product
-                }
-            }
-            other => return Err(err(format!("op `{other}` is not supported on the GPU"))),
-        })
-    }
-
-    /// `CudaDense::binary`.
-    fn e_binary(dev: &mut Device, a: &ETensor, b: &ETensor, code: i32) -> DataflowResult<ETensor> {
-        let rank = a.shape.len().max(b.shape.len());
-        if rank > 4 {
-            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
-        }
-        let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
-        let as_i32 = |s: Vec<usize>| -> Vec<i32> { s.into_iter().map(|v| v as i32).collect() };
-        let (ta, tb) = (as_i32(sa), as_i32(sb));
-        let total: usize = shape.iter().product();
-        let out = dev.alloc_filled(total.max(1), 0f32);
-        let (x, y) = (a.f32()?, b.f32()?);
-        let (t, d1, d2, d3) = (
-            total as i32,
-            shape[1] as i32,
-            shape[2] as i32,
-            shape[3] as i32,
-        );
-        {
-            let mut l = dev.launch_builder("binary_f32");
-            l.arg(x).arg(y).arg(out).arg(&code).arg(&t);
-            l.arg(&d1).arg(&d2).arg(&d3);
-            for s in &ta {
-                l.arg(s);
-            }
-            for s in &tb {
-                l.arg(s);
-            }
-            l.launch(LaunchConfig::for_num_elems((total).max(1) as u32));
-        }
-        Ok(ETensor {
-            shape: shape[4 - rank..].to_vec(),
-            data: EData::F32(out),
-        })
+        Dense::new(graph, Emulated::new(emulator), parts)
     }
 
     /// Deterministic values in ±[0.25, 4.25): no zero divisors, both signs.
@@ -1286,8 +1125,8 @@ mod tests {
                 .zip(self.inputs.iter().cloned())
                 .collect();
             let expected = self.graph().run_cpu(&inputs).unwrap().remove(0);
-            let got = EmulatedDense::new(emulator, self.graph(), 1)
-                .run(&inputs)
+            let got = emulated_dense(emulator, self.graph(), 1)
+                .and_then(|dense| dense.run(&inputs))
                 .map_err(|e| format!("{}: {e}", self.label))?
                 .remove(0);
             same(&self.label, &got, &expected)
@@ -1339,7 +1178,13 @@ mod tests {
                         state = state
                             .wrapping_mul(6_364_136_223_846_793_005)
                             .wrapping_add(1_442_695_040_888_963_407);
-                        ((state >> 33) % rows) as i64
+                        let row = ((state >> 33) % rows) as i64;
+                        // Some negative (from the end, as ONNX allows): the host wraps them.
+                        if state >> 62 == 0 {
+                            row - rows as i64
+                        } else {
+                            row
+                        }
                     })
                     .collect();
                 Case::new(
@@ -1489,6 +1334,29 @@ mod tests {
         check_all(&Emulator::shared(KERNELS, &KERNEL_NAMES), &gather_cases());
     }
 
+    /// Indices past either end of the table stop the run before any kernel reads them.
+    #[test]
+    fn emulated_gather_rejects_indices_out_of_range() {
+        let emulator = Emulator::shared(KERNELS, &KERNEL_NAMES);
+        let table = random(&[7, 3], 1);
+        for bad in [7, -8] {
+            let case = Case::new(
+                format!("Gather index {bad}"),
+                "Gather",
+                Vec::new(),
+                vec![table.clone(), Tensor::i64(vec![3], vec![0, bad, 6])],
+            );
+            let inputs = [
+                ("x0", case.inputs[0].clone()),
+                ("x1", case.inputs[1].clone()),
+            ];
+            let e = emulated_dense(&emulator, case.graph(), 1)
+                .and_then(|dense| dense.run(&inputs))
+                .expect_err("out of range");
+            assert!(e.to_string().contains("out of range"), "{e}");
+        }
+    }
+
     #[test]
     fn emulated_binary_ops_match_the_cpu_executor_with_broadcasting() {
         let emulator = Emulator::shared(KERNELS, &KERNEL_NAMES);
@@ -1534,8 +1402,8 @@ mod tests {
         let graph = || DenseGraph::load(&path).unwrap();
         let expected = graph().run_cpu(&inputs).unwrap();
         for parts in [1, 3] {
-            let got = EmulatedDense::new(&emulator, graph(), parts)
-                .run(&inputs)
+            let got = emulated_dense(&emulator, graph(), parts)
+                .and_then(|dense| dense.run(&inputs))
                 .unwrap();
             assert_eq!(got.len(), expected.len());
             for (g, e) in got.iter().zip(&expected) {

@@ -24,9 +24,10 @@
 //! What it cannot show: the GPU's own floating point. NVRTC contracts `a * b + c` into fused
 //! multiply-adds by default and CUDA's `expf` is within 2 ulp of glibc's, so float kernels
 //! agree with a GPU to rounding, not bit for bit (here `-ffp-contract=off`: no fusing).
-//! Integer types have the same widths (LP64) on both. The grids, arguments and buffers are
-//! modelled by the tests, which mirror the executors' host code; `riffle gpu-check` remains
-//! the check on real hardware.
+//! Integer types have the same widths (LP64) on both. The grids, arguments and buffers are the
+//! executors' own where their host code runs on this emulator (the dense executor's, over its
+//! `Device` trait) and modelled by the tests elsewhere; `riffle gpu-check` remains the check on
+//! real hardware.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
