@@ -19,6 +19,40 @@ use riffle_pipelines::{run, RunOptions};
 
 use cli::{Cli, Command, RunArgs};
 
+/// timely's network threads panic when a peer's socket closes (a peer process died or its host
+/// dropped off): one line says so, not a backtrace per thread. `run` turns the failure into an
+/// error that supervisors restart on.
+fn quiet_network_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("");
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("panic");
+        // The network thread that saw the socket close says it; worker threads and the joins
+        // of the other network threads follow it down and say nothing new. A worker's own
+        // panic, before any connection was lost, is a bug and keeps its backtrace.
+        static LOST: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let network = name.starts_with("timely:send") || name.starts_with("timely:recv");
+        let joining =
+            message.starts_with("Send thread panic") || message.starts_with("Recv thread panic");
+        let following =
+            name.starts_with("timely:work") && LOST.load(std::sync::atomic::Ordering::SeqCst);
+        if network && !LOST.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            tracing::error!("cluster connection lost ({name}): {message}");
+            return;
+        }
+        if network || joining || following {
+            return;
+        }
+        default(info);
+    }));
+}
+
 fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -28,6 +62,7 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,riffle=info")),
         )
         .init();
+    quiet_network_panics();
     let outcome = match cli.command {
         Command::Run(args) => run_command(args),
         Command::Validate { file } => validate_command(&file),

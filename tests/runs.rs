@@ -370,3 +370,58 @@ runtime: {{ workers: 2, epoch_records: 8, max_epochs_in_flight: 2 }}
         final_peak_kb / 1024
     );
 }
+
+/// A process whose peer dies (kill -9) stops with one clear error and exit code 1, so a
+/// supervisor restarts it, not with timely's panics from every network and worker thread.
+#[test]
+fn losing_a_peer_process_is_one_clear_error_not_a_panic() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    // Paced so the run is still going when the peer dies.
+    let text = detection_pipeline(&frames_dir(), &out, 4, 4, 1).replace(
+        "batch_size: 3 }",
+        "batch_size: 3, max_records_per_second: 20 }",
+    );
+    assert!(text.contains("max_records_per_second"));
+    let p = write(tmp.path(), "p.yaml", &text);
+    let port = free_port_pair();
+    let hosts = write(
+        tmp.path(),
+        "hosts",
+        &format!("127.0.0.1:{port}\n127.0.0.1:{}\n", port + 1),
+    );
+    let start = |i: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q", p.to_str().unwrap(), "--hostfile"])
+            .args([hosts.to_str().unwrap(), "--process", i])
+            .env("RUST_LOG", "warn")
+            .env("RUST_BACKTRACE", "1")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let survivor = start("0");
+    let mut victim = start("1");
+    // Both connected and running: results are arriving.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::fs::metadata(&out).map_or(0, |m| m.len()) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no results in 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    victim.kill().unwrap();
+    victim.wait().unwrap();
+    let done = survivor.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("lost the connection to another process of the cluster"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked at"), "{stderr}");
+    assert_eq!(
+        stderr.matches("cluster connection lost").count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -82,8 +82,20 @@ pub fn run(pipeline: Arc<Pipeline>, options: RunOptions) -> Result<RunReport, Da
         },
     )
     .map_err(DataflowError::Cluster)?;
-    for outcome in guards.join() {
-        outcome.map_err(DataflowError::Cluster)?;
+    // A lost peer makes timely's network threads panic, its workers follow, and joining the
+    // network threads panics in turn: all of it is one error here.
+    // (The panic payloads say nothing more: the network thread's message was logged.)
+    let lost = || {
+        DataflowError::Cluster(
+            "lost the connection to another process of the cluster (it exited, or its host is \
+             unreachable)"
+                .into(),
+        )
+    };
+    let outcomes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guards.join()))
+        .map_err(|_| lost())?;
+    for outcome in outcomes {
+        outcome.map_err(|e| DataflowError::Cluster(format!("a worker thread panicked: {e}")))?;
     }
     let mut errors = errors
         .lock()
