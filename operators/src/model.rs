@@ -536,36 +536,14 @@ impl Stage for Model {
                 }
             }
             Backend::Dense(graph) => {
-                let inputs = dense_inputs(batch, &self.config.inputs)?;
-                let named: Vec<(&str, DenseTensor)> = inputs
-                    .iter()
-                    .map(|(n, t)| (n.as_str(), t.clone()))
-                    .collect();
-                let outputs = graph.run_cpu(&named)?;
-                push_dense_outputs(
-                    &mut columns,
-                    &graph.outputs,
-                    outputs,
-                    out_fields,
-                    out_names,
-                    rows,
-                )?;
+                let outputs = graph.run_cpu(&dense_inputs(batch, &self.config.inputs)?)?;
+                let names = &graph.outputs;
+                push_dense_outputs(&mut columns, names, outputs, out_fields, out_names, rows)?;
             }
             Backend::DenseCuda(gpu) => {
-                let inputs = dense_inputs(batch, &self.config.inputs)?;
-                let named: Vec<(&str, DenseTensor)> = inputs
-                    .iter()
-                    .map(|(n, t)| (n.as_str(), t.clone()))
-                    .collect();
-                let outputs = gpu.run(&named)?;
-                push_dense_outputs(
-                    &mut columns,
-                    gpu.output_names(),
-                    outputs,
-                    out_fields,
-                    out_names,
-                    rows,
-                )?;
+                let outputs = gpu.run(&dense_inputs(batch, &self.config.inputs)?)?;
+                let names = gpu.output_names();
+                push_dense_outputs(&mut columns, names, outputs, out_fields, out_names, rows)?;
             }
         }
         Ok(StageOutput::all(RecordBatch::try_new(schema, columns)?))
@@ -644,10 +622,10 @@ fn pinned_input(
 }
 
 /// The dense executor's inputs (float32 and int64 tensors) from the mapped columns.
-fn dense_inputs(
+fn dense_inputs<'a>(
     batch: &RecordBatch,
-    mapping: &BTreeMap<String, String>,
-) -> DataflowResult<Vec<(String, DenseTensor)>> {
+    mapping: &'a BTreeMap<String, String>,
+) -> DataflowResult<Vec<(&'a str, DenseTensor)>> {
     mapping
         .iter()
         .map(|(name, column)| {
@@ -668,7 +646,7 @@ fn dense_inputs(
                     ))
                 }
             };
-            Ok((name.clone(), tensor))
+            Ok((name.as_str(), tensor))
         })
         .collect()
 }
