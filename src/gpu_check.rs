@@ -22,19 +22,11 @@ use riffle_operators::resize::ResizeConfig;
 const MODEL_BOUND: f32 = 1e-4;
 
 pub fn gpu_check_command(model: &Path, frames: &Path, pairs: usize, ordinal: usize) -> Result<()> {
+    // `riffle devices` lists them; here only how many.
     let gpus = match riffle_operators::gpu::discover() {
         Ok(list) => list,
         Err(why) => bail!("no GPU to check: {why}"),
     };
-    for g in &gpus {
-        println!(
-            "cuda:{}: {} ({:.1} GiB free of {:.1})",
-            g.ordinal,
-            g.name,
-            g.free_bytes as f64 / (1u64 << 30) as f64,
-            g.total_bytes as f64 / (1u64 << 30) as f64
-        );
-    }
     let mut failed = Vec::new();
     check_model(model, pairs, ordinal, gpus.len(), &mut failed)?;
     check_resize(frames, ordinal, &mut failed)?;
