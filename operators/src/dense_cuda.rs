@@ -5,19 +5,17 @@
 //! (loaded at run time; [`crate::gpu::discover`] says whether there is a GPU at all).
 //!
 //! The executor (`Dense`) walks the graph and builds every launch's grid and arguments over
-//! the `Device` trait: `CudaDevice` maps it onto cudarc, and the tests run the same code on the
-//! CPU kernel emulator (`crate::kernel_emulation`).
+//! the `Device` trait of `crate::cuda_device`: `CudaDevice` maps it onto cudarc, and the tests
+//! run the same code on the CPU kernel emulator (`crate::kernel_emulation`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
-use cudarc::nvrtc::Ptx;
+use cudarc::cublas::{sys::cublasOperation_t, GemmConfig};
+use cudarc::driver::LaunchConfig;
 use riffle_dataflow::DataflowResult;
 
+use crate::cuda_device::{check_gpu, Arg, CudaDevice, Device, Kernels, Stream};
 use crate::dense::{
     attr, attr_f, attr_i, axes, err, scatter_rows, shapes, Data, DenseGraph, RowShards, Tensor,
 };
@@ -74,154 +72,12 @@ const KERNEL_NAMES: [&str; 5] = [
     "copy_block_f32",
 ];
 
-/// What the executor needs of a GPU: memory, copies to and from the host, launches of the
-/// kernels of [`KERNELS`] and cuBLAS's Sgemm, all in order on one stream. [`CudaDevice`] is a
-/// real GPU; the tests implement it with the CPU kernel emulator.
-trait Device {
-    /// A buffer of `T`s in the device's memory.
-    type Buf<T>;
-
-    fn alloc_zeros_f32(&self, n: usize) -> DataflowResult<Self::Buf<f32>>;
-    fn upload_f32(&self, values: &[f32]) -> DataflowResult<Self::Buf<f32>>;
-    fn upload_i64(&self, values: &[i64]) -> DataflowResult<Self::Buf<i64>>;
-    /// The buffer's values, once the work queued before has run.
-    fn download_f32(&self, buf: &Self::Buf<f32>) -> DataflowResult<Vec<f32>>;
-    fn download_i64(&self, buf: &Self::Buf<i64>) -> DataflowResult<Vec<i64>>;
-
-    /// Queues kernel `name` (one of [`KERNEL_NAMES`]) over `cfg`'s grid, `args` in the order of
-    /// its parameters.
-    ///
-    /// # Safety
-    /// The kernel must access only the buffers passed, within their lengths: the element count
-    /// it is given (against which every kernel checks its thread index) must fit the buffers,
-    /// and any indices it follows must be in range.
-    unsafe fn launch(
-        &self,
-        name: &'static str,
-        cfg: LaunchConfig,
-        args: &[Arg<'_, Self>],
-    ) -> DataflowResult<()>;
-
-    /// Queues cuBLAS's Sgemm (column-major): `c = alpha·op(a)·op(b) + beta·c` as `cfg` says.
-    ///
-    /// # Safety
-    /// `cfg`'s dimensions and leading dimensions must describe the buffers.
-    unsafe fn gemm(
-        &self,
-        cfg: GemmConfig<f32>,
-        a: &Self::Buf<f32>,
-        b: &Self::Buf<f32>,
-        c: &mut Self::Buf<f32>,
-    ) -> DataflowResult<()>;
-}
-
-/// A kernel argument: a buffer (passed as its device pointer) or an `int`.
-enum Arg<'a, D: Device + ?Sized> {
-    F32(&'a D::Buf<f32>),
-    I64(&'a D::Buf<i64>),
-    I32(i32),
-}
-
-fn cuda(e: impl std::fmt::Debug) -> riffle_dataflow::DataflowError {
-    err(format!("CUDA: {e:?}"))
-}
-
-/// One GPU through cudarc: its default stream, the compiled kernels and (on the GPU that runs
-/// the dense layers) a cuBLAS handle.
-struct CudaDevice {
-    stream: Arc<CudaStream>,
-    /// `None` on a GPU that only holds parts of tables.
-    blas: Option<CudaBlas>,
-    functions: HashMap<&'static str, CudaFunction>,
-}
-
-impl CudaDevice {
-    /// Opens GPU `ordinal` (after asking [`crate::gpu::discover`]: cudarc panics without
-    /// CUDA) and loads the kernels compiled in `ptx`.
-    fn open(ordinal: usize, ptx: &Ptx, with_blas: bool) -> DataflowResult<CudaDevice> {
-        check_ordinal(ordinal)?;
-        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
-        let stream = ctx.default_stream();
-        let blas = if with_blas {
-            Some(CudaBlas::new(stream.clone()).map_err(cuda)?)
-        } else {
-            None
-        };
-        let module = ctx.load_module(ptx.clone()).map_err(cuda)?;
-        let mut functions = HashMap::new();
-        for name in KERNEL_NAMES {
-            functions.insert(name, module.load_function(name).map_err(cuda)?);
-        }
-        Ok(CudaDevice {
-            stream,
-            blas,
-            functions,
-        })
-    }
-}
-
-impl Device for CudaDevice {
-    type Buf<T> = CudaSlice<T>;
-
-    fn alloc_zeros_f32(&self, n: usize) -> DataflowResult<CudaSlice<f32>> {
-        self.stream.alloc_zeros::<f32>(n).map_err(cuda)
-    }
-
-    fn upload_f32(&self, values: &[f32]) -> DataflowResult<CudaSlice<f32>> {
-        self.stream.clone_htod(values).map_err(cuda)
-    }
-
-    fn upload_i64(&self, values: &[i64]) -> DataflowResult<CudaSlice<i64>> {
-        self.stream.clone_htod(values).map_err(cuda)
-    }
-
-    fn download_f32(&self, buf: &CudaSlice<f32>) -> DataflowResult<Vec<f32>> {
-        self.stream.clone_dtoh(buf).map_err(cuda)
-    }
-
-    fn download_i64(&self, buf: &CudaSlice<i64>) -> DataflowResult<Vec<i64>> {
-        self.stream.clone_dtoh(buf).map_err(cuda)
-    }
-
-    unsafe fn launch(
-        &self,
-        name: &'static str,
-        cfg: LaunchConfig,
-        args: &[Arg<'_, Self>],
-    ) -> DataflowResult<()> {
-        let function = self
-            .functions
-            .get(name)
-            .ok_or_else(|| err(format!("kernel {name} missing")))?;
-        let mut b = self.stream.launch_builder(function);
-        // The scalars are pushed by reference into `args`, which outlives the launch.
-        for a in args {
-            match a {
-                Arg::F32(s) => b.arg(*s),
-                Arg::I64(s) => b.arg(*s),
-                Arg::I32(v) => b.arg(v),
-            };
-        }
-        // SAFETY: the caller guarantees that the kernel stays within the buffers passed.
-        unsafe { b.launch(cfg) }.map_err(cuda)?;
-        Ok(())
-    }
-
-    unsafe fn gemm(
-        &self,
-        cfg: GemmConfig<f32>,
-        a: &CudaSlice<f32>,
-        b: &CudaSlice<f32>,
-        c: &mut CudaSlice<f32>,
-    ) -> DataflowResult<()> {
-        let blas = self
-            .blas
-            .as_ref()
-            .ok_or_else(|| err("cuBLAS is not set up on this GPU"))?;
-        // SAFETY: the caller guarantees that `cfg` describes the buffers.
-        unsafe { blas.gemm(cfg, a, b, c) }.map_err(cuda)
-    }
-}
+/// The executor's kernels, compiled and loaded on each of its GPUs.
+const KERNEL_SET: Kernels = Kernels {
+    stage: "dense",
+    source: KERNELS,
+    names: &KERNEL_NAMES,
+};
 
 enum DData<D: Device> {
     F32(Arc<D::Buf<f32>>),
@@ -301,17 +157,6 @@ struct TablePart<D: Device> {
     values: D::Buf<f32>,
 }
 
-fn check_ordinal(ordinal: usize) -> DataflowResult<()> {
-    match crate::gpu::discover() {
-        Ok(gpus) if ordinal < gpus.len() => Ok(()),
-        Ok(gpus) => Err(err(format!(
-            "cuda:{ordinal}: this machine has {} GPU(s)",
-            gpus.len()
-        ))),
-        Err(why) => Err(err(format!("cuda:{ordinal}: {why}"))),
-    }
-}
-
 impl CudaDense {
     /// Compiles the kernels and uploads the weights to GPU `ordinal`.
     pub fn new(graph: DenseGraph, ordinal: usize) -> DataflowResult<CudaDense> {
@@ -327,16 +172,16 @@ impl CudaDense {
         table_devices: &[usize],
     ) -> DataflowResult<CudaDense> {
         // Every GPU asked for exists before any is touched.
-        check_ordinal(ordinal)?;
+        check_gpu(KERNEL_SET.stage, ordinal)?;
         for d in table_devices {
-            check_ordinal(*d)?;
+            check_gpu(KERNEL_SET.stage, *d)?;
         }
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(cuda)?;
-        let device = CudaDevice::open(ordinal, &ptx, true)?;
+        let kernels = KERNEL_SET.compile(ordinal)?;
+        let device = CudaDevice::open(ordinal, &kernels, Stream::Default)?.with_blas()?;
         let parts = if table_devices.len() > 1 {
             table_devices
                 .iter()
-                .map(|d| CudaDevice::open(*d, &ptx, false))
+                .map(|d| CudaDevice::open(*d, &kernels, Stream::Default))
                 .collect::<DataflowResult<_>>()?
         } else {
             Vec::new()
@@ -383,7 +228,7 @@ impl<D: Device> Dense<D> {
                     .get(k)
                     .ok_or_else(|| err(format!("table `{name}`: no device for part {k}")))?;
                 parts.push(TablePart {
-                    values: device.upload_f32(part.as_f32()?)?,
+                    values: device.upload(part.as_f32()?)?,
                     device: device.clone(),
                 });
             }
@@ -417,15 +262,15 @@ impl<D: Device> Dense<D> {
                 continue;
             }
             let device = part.device.as_ref();
-            let idx = device.upload_i64(&route.local)?;
+            let idx = device.upload(&route.local)?;
             let total = route.local.len() * width;
-            let out = device.alloc_zeros_f32(total)?;
+            let out = device.alloc_zeros::<f32>(total)?;
             let args = [
                 Arg::F32(&part.values),
                 Arg::I64(&idx),
                 Arg::F32(&out),
-                Arg::I32(width as i32),
-                Arg::I32(total as i32),
+                Arg::Int(width as i32),
+                Arg::Int(total as i32),
             ];
             // SAFETY: the kernel checks its thread index against `total`, `out` holds `total`
             // values, `idx` one per row of them, and every local index is within the part
@@ -437,7 +282,7 @@ impl<D: Device> Dense<D> {
                     &args,
                 )
             }?;
-            let rows = device.download_f32(&out)?;
+            let rows = device.download(&out, total)?;
             scatter_rows(&mut host, width, &route.positions, &rows);
         }
         let mut shape = indices.shape.clone();
@@ -560,15 +405,15 @@ impl<D: Device> Dense<D> {
                     .unwrap_or_default();
                 let width: usize = data.shape[1..].iter().product();
                 let total = indices.len() * width;
-                let out = device.alloc_zeros_f32(total.max(1))?;
+                let out = device.alloc_zeros::<f32>(total.max(1))?;
                 if total > 0 {
-                    let idx = device.upload_i64(&local)?;
+                    let idx = device.upload(&local)?;
                     let args = [
                         Arg::F32(data.f32()?),
                         Arg::I64(&idx),
                         Arg::F32(&out),
-                        Arg::I32(width as i32),
-                        Arg::I32(total as i32),
+                        Arg::Int(width as i32),
+                        Arg::Int(total as i32),
                     ];
                     // SAFETY: the kernel checks its thread index against `total`; `out` holds
                     // `total` values, `idx` one per row of them, and each index is a row of
@@ -595,12 +440,12 @@ impl<D: Device> Dense<D> {
             "Relu" | "Sigmoid" => {
                 let x = get(0)?;
                 let n = x.len();
-                let out = device.alloc_zeros_f32(n.max(1))?;
+                let out = device.alloc_zeros::<f32>(n.max(1))?;
                 let args = [
                     Arg::F32(x.f32()?),
                     Arg::F32(&out),
-                    Arg::I32(i32::from(op == "Sigmoid")),
-                    Arg::I32(n as i32),
+                    Arg::Int(i32::from(op == "Sigmoid")),
+                    Arg::Int(n as i32),
                 ];
                 // SAFETY: the kernel checks its thread index against `n`, and both buffers
                 // hold `n` values.
@@ -629,12 +474,12 @@ impl<D: Device> Dense<D> {
                 }
                 let outer: usize = x.shape[..first].iter().product();
                 let inner: usize = x.shape[first..].iter().product();
-                let out = device.alloc_zeros_f32(outer.max(1))?;
+                let out = device.alloc_zeros::<f32>(outer.max(1))?;
                 let args = [
                     Arg::F32(x.f32()?),
                     Arg::F32(&out),
-                    Arg::I32(outer as i32),
-                    Arg::I32(inner as i32),
+                    Arg::Int(outer as i32),
+                    Arg::Int(inner as i32),
                 ];
                 // SAFETY: the kernel checks its thread index against `outer`; `out` holds
                 // `outer` values and `x` `outer * inner`.
@@ -669,17 +514,17 @@ impl<D: Device> Dense<D> {
                 let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
                 let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
                 let dst_chunk: usize = shape[axis..].iter().product();
-                let out = device.alloc_zeros_f32((outer * dst_chunk).max(1))?;
+                let out = device.alloc_zeros::<f32>((outer * dst_chunk).max(1))?;
                 let mut offset = 0usize;
                 for p in &parts {
                     let chunk: usize = p.shape[axis..].iter().product();
                     let args = [
                         Arg::F32(p.f32()?),
                         Arg::F32(&out),
-                        Arg::I32(outer as i32),
-                        Arg::I32(chunk as i32),
-                        Arg::I32(dst_chunk as i32),
-                        Arg::I32(offset as i32),
+                        Arg::Int(outer as i32),
+                        Arg::Int(chunk as i32),
+                        Arg::Int(dst_chunk as i32),
+                        Arg::Int(offset as i32),
                     ];
                     // SAFETY: the kernel checks its thread index against `outer * chunk`, the
                     // part's size; it writes row `o` at `o * dst_chunk + offset` and on, up to
@@ -709,7 +554,7 @@ impl<D: Device> Dense<D> {
                     return Err(err("Gemm on the GPU: beta must be 1"));
                 }
                 let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-                let mut out = device.alloc_zeros_f32((m * n).max(1))?;
+                let mut out = device.alloc_zeros::<f32>((m * n).max(1))?;
                 let cfg = row_major_gemm(m, k, n, ta, tb, alpha);
                 // SAFETY: the dimensions and leading dimensions above describe the buffers.
                 unsafe { device.gemm(cfg, b.f32()?, a.f32()?, &mut out) }?;
@@ -732,18 +577,18 @@ impl<D: Device> Dense<D> {
         }
         let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
         let total: usize = shape.iter().product();
-        let out = self.device.alloc_zeros_f32(total.max(1))?;
+        let out = self.device.alloc_zeros::<f32>(total.max(1))?;
         let mut args = vec![
             Arg::F32(a.f32()?),
             Arg::F32(b.f32()?),
             Arg::F32(&out),
-            Arg::I32(code),
-            Arg::I32(total as i32),
-            Arg::I32(shape[1] as i32),
-            Arg::I32(shape[2] as i32),
-            Arg::I32(shape[3] as i32),
+            Arg::Int(code),
+            Arg::Int(total as i32),
+            Arg::Int(shape[1] as i32),
+            Arg::Int(shape[2] as i32),
+            Arg::Int(shape[3] as i32),
         ];
-        args.extend(sa.iter().chain(&sb).map(|s| Arg::I32(*s as i32)));
+        args.extend(sa.iter().chain(&sb).map(|s| Arg::Int(*s as i32)));
         // SAFETY: the kernel checks its thread index against `total`, `out`'s size; the
         // broadcast strides (0 along broadcast axes) keep the reads within `a` and `b`.
         unsafe {
@@ -783,8 +628,8 @@ fn row_major_gemm(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32) 
 
 fn upload<D: Device>(device: &D, t: &Tensor) -> DataflowResult<DTensor<D>> {
     let data = match &t.data {
-        Data::F32(v) => DData::F32(Arc::new(device.upload_f32(v)?)),
-        Data::I64(v) => DData::I64(Arc::new(device.upload_i64(v)?)),
+        Data::F32(v) => DData::F32(Arc::new(device.upload(v)?)),
+        Data::I64(v) => DData::I64(Arc::new(device.upload(v)?)),
     };
     Ok(DTensor {
         shape: t.shape.clone(),
@@ -795,49 +640,14 @@ fn upload<D: Device>(device: &D, t: &Tensor) -> DataflowResult<DTensor<D>> {
 /// `t` in host memory (its buffer may be longer: empty tensors get one element).
 fn download<D: Device>(device: &D, t: &DTensor<D>) -> DataflowResult<Tensor> {
     Ok(match &t.data {
-        DData::F32(s) => {
-            let mut v = device.download_f32(s)?;
-            v.truncate(t.len());
-            Tensor::f32(t.shape.clone(), v)
-        }
-        DData::I64(s) => {
-            let mut v = device.download_i64(s)?;
-            v.truncate(t.len());
-            Tensor::i64(t.shape.clone(), v)
-        }
+        DData::F32(s) => Tensor::f32(t.shape.clone(), device.download(s, t.len())?),
+        DData::I64(s) => Tensor::i64(t.shape.clone(), device.download(s, t.len())?),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// cublasSgemm's definition, column-major: C = alpha·op(A)·op(B) + beta·C.
-    fn sgemm_reference(cfg: &GemmConfig<f32>, a: &[f32], b: &[f32], c: &mut [f32]) {
-        let transposed = |t: cublasOperation_t| t == cublasOperation_t::CUBLAS_OP_T;
-        let (m, n, k) = (cfg.m as usize, cfg.n as usize, cfg.k as usize);
-        let (lda, ldb, ldc) = (cfg.lda as usize, cfg.ldb as usize, cfg.ldc as usize);
-        let op_a = |i: usize, p: usize| {
-            if transposed(cfg.transa) {
-                a[p + i * lda]
-            } else {
-                a[i + p * lda]
-            }
-        };
-        let op_b = |p: usize, j: usize| {
-            if transposed(cfg.transb) {
-                b[j + p * ldb]
-            } else {
-                b[p + j * ldb]
-            }
-        };
-        for j in 0..n {
-            for i in 0..m {
-                let acc: f32 = (0..k).map(|p| op_a(i, p) * op_b(p, j)).sum();
-                c[i + j * ldc] = cfg.alpha * acc + cfg.beta * c[i + j * ldc];
-            }
-        }
-    }
 
     /// The arguments given to cuBLAS compute the row-major product for every transpose
     /// combination (checked against the CPU executor's Gemm).
@@ -925,103 +735,12 @@ mod tests {
 
     // The kernels executed on the CPU (crate::kernel_emulation): `KERNELS` compiled by g++ and
     // launched by the executor itself (`Dense`, which `CudaDense` runs) on an emulated
-    // `Device`, with cuBLAS's part done on the host by `sgemm_reference`; the results compared
-    // with the CPU executor's.
+    // `Device` (`crate::cuda_device::emulated`), with cuBLAS's part done on the host by
+    // `sgemm_reference`; the results compared with the CPU executor's.
 
-    use std::sync::{Mutex, MutexGuard};
-
+    use crate::cuda_device::emulated::{sgemm_reference, Emulated};
     use crate::dense::proto::{AttributeProto, NodeProto};
-    use crate::kernel_emulation::{self, Emulator};
-
-    fn emulated(e: String) -> riffle_dataflow::DataflowError {
-        err(format!("emulated CUDA: {e}"))
-    }
-
-    /// A GPU emulated on the CPU: launches queue on its stream and run when a copy to the host
-    /// needs their results, as with cudarc's synchronous copies.
-    struct Emulated<'e> {
-        memory: Mutex<kernel_emulation::Device<'e>>,
-    }
-
-    impl<'e> Emulated<'e> {
-        fn new(emulator: &'e Emulator) -> Emulated<'e> {
-            Emulated {
-                memory: Mutex::new(kernel_emulation::Device::new(emulator)),
-            }
-        }
-
-        fn memory(&self) -> MutexGuard<'_, kernel_emulation::Device<'e>> {
-            self.memory.lock().unwrap_or_else(|e| e.into_inner())
-        }
-
-        /// The buffer's values after the queued launches.
-        fn download<T: kernel_emulation::Elem>(
-            &self,
-            buf: &kernel_emulation::Buf,
-        ) -> DataflowResult<Vec<T>> {
-            let mut memory = self.memory();
-            memory.synchronize().map_err(emulated)?;
-            Ok(memory.dtoh(*buf))
-        }
-    }
-
-    impl Device for Emulated<'_> {
-        /// The emulator checks element types at launches and copies.
-        type Buf<T> = kernel_emulation::Buf;
-
-        fn alloc_zeros_f32(&self, n: usize) -> DataflowResult<kernel_emulation::Buf> {
-            Ok(self.memory().alloc_filled(n, 0f32))
-        }
-
-        fn upload_f32(&self, values: &[f32]) -> DataflowResult<kernel_emulation::Buf> {
-            Ok(self.memory().htod(values))
-        }
-
-        fn upload_i64(&self, values: &[i64]) -> DataflowResult<kernel_emulation::Buf> {
-            Ok(self.memory().htod(values))
-        }
-
-        fn download_f32(&self, buf: &kernel_emulation::Buf) -> DataflowResult<Vec<f32>> {
-            self.download(buf)
-        }
-
-        fn download_i64(&self, buf: &kernel_emulation::Buf) -> DataflowResult<Vec<i64>> {
-            self.download(buf)
-        }
-
-        unsafe fn launch(
-            &self,
-            name: &'static str,
-            cfg: LaunchConfig,
-            args: &[Arg<'_, Self>],
-        ) -> DataflowResult<()> {
-            let mut memory = self.memory();
-            let mut b = memory.launch_builder(name);
-            for a in args {
-                match a {
-                    Arg::F32(buf) | Arg::I64(buf) => b.arg(*buf),
-                    Arg::I32(v) => b.arg(v),
-                };
-            }
-            b.launch(cfg);
-            Ok(())
-        }
-
-        /// cuBLAS by its definition, on the host, after the launches queued before.
-        unsafe fn gemm(
-            &self,
-            cfg: GemmConfig<f32>,
-            a: &kernel_emulation::Buf,
-            b: &kernel_emulation::Buf,
-            c: &mut kernel_emulation::Buf,
-        ) -> DataflowResult<()> {
-            let (a, b) = (self.download::<f32>(a)?, self.download::<f32>(b)?);
-            let mut out = self.download::<f32>(c)?;
-            sgemm_reference(&cfg, &a, &b, &mut out);
-            self.memory().memcpy_htod(&out, *c);
-            Ok(())
-        }
-    }
+    use crate::kernel_emulation::Emulator;
 
     /// `CudaDense::with_tables_on` with `table_devices` emulated table devices.
     fn emulated_dense(
@@ -1031,12 +750,12 @@ mod tests {
     ) -> DataflowResult<Dense<Emulated<'_>>> {
         let parts = if table_devices > 1 {
             (0..table_devices)
-                .map(|_| Emulated::new(emulator))
+                .map(|_| Emulated::new(emulator, KERNEL_SET.stage))
                 .collect()
         } else {
             Vec::new()
         };
-        Dense::new(graph, Emulated::new(emulator), parts)
+        Dense::new(graph, Emulated::new(emulator, KERNEL_SET.stage), parts)
     }
 
     /// Deterministic values in ±[0.25, 4.25): no zero divisors, both signs.

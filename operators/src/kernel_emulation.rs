@@ -25,9 +25,10 @@
 //! multiply-adds by default and CUDA's `expf` is within 2 ulp of glibc's, so float kernels
 //! agree with a GPU to rounding, not bit for bit (here `-ffp-contract=off`: no fusing).
 //! Integer types have the same widths (LP64) on both. The grids, arguments and buffers are the
-//! executors' own where their host code runs on this emulator (the dense executor's, over its
-//! `Device` trait) and modelled by the tests elsewhere; `riffle gpu-check` remains the check on
-//! real hardware.
+//! executors' own: their host code (dense and resize) is written over
+//! `crate::cuda_device::Device` and runs on this emulator through
+//! `crate::cuda_device::emulated::Emulated`; `riffle gpu-check` remains the check on real
+//! hardware.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -645,7 +646,6 @@ struct Stored {
     tag: u8,
     size: usize,
     bytes: Vec<u8>,
-    freed: bool,
 }
 
 struct Queued {
@@ -684,7 +684,6 @@ impl<'e> Device<'e> {
             tag: T::TAG,
             size: std::mem::size_of::<T>(),
             bytes,
-            freed: false,
         });
         Buf(self.buffers.len() - 1)
     }
@@ -707,14 +706,6 @@ impl<'e> Device<'e> {
         self.buffers[dst.0].bytes[..bytes.len()].copy_from_slice(&bytes);
     }
 
-    /// Frees `b`: a launch that uses it, even one queued before, is an error.
-    pub(crate) fn free(&mut self, b: Buf) {
-        let stored = &mut self.buffers[b.0];
-        assert!(!stored.freed, "buffer {} freed twice", b.0);
-        stored.bytes = Vec::new();
-        stored.freed = true;
-    }
-
     pub(crate) fn len(&self, b: Buf) -> usize {
         let stored = &self.buffers[b.0];
         stored.bytes.len() / stored.size
@@ -734,7 +725,6 @@ impl<'e> Device<'e> {
             "synchronize before copying buffers: launches are queued"
         );
         let stored = &self.buffers[b.0];
-        assert!(!stored.freed, "buffer {} was freed", b.0);
         assert_eq!(stored.tag, tag, "buffer {} holds another type", b.0);
         stored
     }
@@ -778,9 +768,6 @@ impl<'e> Device<'e> {
             for a in &q.args {
                 match a {
                     Arg::Buf(b) => {
-                        if self.buffers[b.0].freed {
-                            return Err(format!("{}: buffer {} was freed", q.kernel, b.0));
-                        }
                         input.push(0);
                         u32_le(b.0, &mut input);
                     }

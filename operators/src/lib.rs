@@ -5,6 +5,7 @@
 //! they compose in any order the schemas allow; `output_schema` checks that at validation.
 
 pub mod batching;
+mod cuda_device;
 pub mod decode;
 pub mod dense;
 pub mod dense_cuda;

@@ -14,14 +14,12 @@ use std::time::Instant;
 
 use arrow_array::types::{Float32Type, UInt8Type};
 use arrow_array::{ArrayRef, BinaryArray, RecordBatch, UInt32Array};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-    ValidAsZeroBits,
-};
+use cudarc::driver::LaunchConfig;
 use riffle_dataflow::stage::Stage;
 use riffle_dataflow::tensor::tensor_values;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
+use crate::cuda_device::{check_gpu, Arg, CudaDevice, Device, Elem, Kernels, Stream};
 use crate::decode::{HEIGHT_COLUMN, WIDTH_COLUMN};
 use crate::resize::{check_row, Layout, Lut, Resize, ResizeConfig, TensorDtype, Values};
 
@@ -29,10 +27,6 @@ const STAGE: &str = "resize";
 
 fn err(message: impl Into<String>) -> DataflowError {
     DataflowError::stage(STAGE, message.into())
-}
-
-fn cuda(e: impl std::fmt::Debug) -> DataflowError {
-    err(format!("CUDA: {e:?}"))
 }
 
 /// fast_image_resize's `FilterType::Bilinear` (a triangle of support 1).
@@ -341,6 +335,20 @@ extern "C" __global__ void resize_horizontal_u8(const unsigned char* tmp, unsign
 }
 "#;
 
+/// The kernels of [`KERNELS`], by name.
+const KERNEL_NAMES: [&str; 3] = [
+    "resize_vertical",
+    "resize_horizontal_f32",
+    "resize_horizontal_u8",
+];
+
+/// The stage's kernels, compiled and loaded on its GPU.
+const KERNEL_SET: Kernels = Kernels {
+    stage: STAGE,
+    source: KERNELS,
+    names: &KERNEL_NAMES,
+};
+
 /// Values per image in the kernels' `meta` array.
 const META: usize = 9;
 const BLOCK: u32 = 256;
@@ -359,19 +367,15 @@ struct Placed {
 }
 
 /// A device buffer grown to the largest batch seen, then reused.
-struct Scratch<T>(Option<CudaSlice<T>>);
+struct Scratch<D: Device, T>(Option<D::Buf<T>>);
 
-impl<T: DeviceRepr + ValidAsZeroBits> Scratch<T> {
-    fn at_least(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        len: usize,
-    ) -> DataflowResult<&mut CudaSlice<T>> {
+impl<D: Device, T: Elem> Scratch<D, T> {
+    fn at_least(&mut self, device: &D, len: usize) -> DataflowResult<&mut D::Buf<T>> {
         let len = len.max(1);
-        if self.0.as_ref().is_none_or(|s| s.len() < len) {
+        if self.0.as_ref().is_none_or(|s| device.buf_len(s) < len) {
             // Free the old buffer before allocating its successor.
             self.0 = None;
-            self.0 = Some(stream.alloc_zeros::<T>(len).map_err(cuda)?);
+            self.0 = Some(device.alloc_zeros::<T>(len)?);
         }
         self.0
             .as_mut()
@@ -379,65 +383,46 @@ impl<T: DeviceRepr + ValidAsZeroBits> Scratch<T> {
     }
 }
 
-/// The resize kernels loaded on one GPU, with the taps uploaded so far and reusable buffers.
-pub(crate) struct CudaResize {
-    stream: Arc<CudaStream>,
-    vertical: CudaFunction,
-    horizontal_f32: CudaFunction,
-    horizontal_u8: CudaFunction,
-    lut: CudaSlice<f32>,
+/// The resize kernels loaded on one GPU (by default through cudarc; the tests emulate one),
+/// with the taps uploaded so far and reusable buffers.
+pub(crate) struct CudaResize<D: Device = CudaDevice> {
+    device: D,
+    lut: D::Buf<f32>,
     layout: Layout,
     dtype: TensorDtype,
     host: Packer,
     /// The GPU copies of the packer's arrays, and the kernels' other buffers.
-    taps: Scratch<i32>,
-    pixels: Scratch<u8>,
-    tmp: Scratch<u8>,
-    meta: Scratch<i64>,
-    out_f32: Scratch<f32>,
-    out_u8: Scratch<u8>,
+    taps: Scratch<D, i32>,
+    pixels: Scratch<D, u8>,
+    tmp: Scratch<D, u8>,
+    meta: Scratch<D, i64>,
+    out_f32: Scratch<D, f32>,
+    out_u8: Scratch<D, u8>,
+    /// Most images per launch: [`MAX_GRID_Y`] (the tests lower it, to have launches with
+    /// `image_base` > 0 without 65536 images).
+    max_grid_y: usize,
 }
 
 impl CudaResize {
     /// Compiles the kernels on GPU `ordinal`. `config` and `lut` are the ones [`Resize::new`]
     /// checked and built.
     pub(crate) fn new(config: &ResizeConfig, lut: &Lut, ordinal: usize) -> DataflowResult<Self> {
-        // cudarc panics without the driver library; discover() checks for it first.
-        match crate::gpu::discover() {
-            Ok(gpus) if ordinal < gpus.len() => {}
-            Ok(gpus) => {
-                return Err(DataflowError::Config(format!(
-                    "{STAGE}: device `cuda:{ordinal}`: this machine has {} GPU(s)",
-                    gpus.len()
-                )))
-            }
-            Err(why) => {
-                return Err(DataflowError::Config(format!(
-                    "{STAGE}: device `cuda:{ordinal}`: no CUDA device is usable here ({why})"
-                )))
-            }
-        }
-        // Nor does cudarc survive a missing NVRTC: ask before compiling.
-        // SAFETY: only tries to dlopen the NVRTC library by its usual names.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(DataflowError::Config(format!(
-                "{STAGE}: device `cuda:{ordinal}`: the NVRTC library (libnvrtc.so), needed to \
-                 compile the resize kernels, is not installed"
-            )));
-        }
-        let ctx = CudaContext::new(ordinal).map_err(cuda)?;
+        // cudarc panics without the driver library or NVRTC: these ask for them first.
+        check_gpu(STAGE, ordinal)?;
+        let kernels = KERNEL_SET.compile(ordinal)?;
         // Its own stream: workers sharing the GPU then overlap instead of queueing.
-        let stream = ctx.new_stream().map_err(cuda)?;
-        let ptx = cudarc::nvrtc::compile_ptx(KERNELS).map_err(cuda)?;
-        let module = ctx.load_module(ptx).map_err(cuda)?;
-        let load = |name: &str| module.load_function(name).map_err(cuda);
+        let device = CudaDevice::open(ordinal, &kernels, Stream::Own)?;
+        CudaResize::on(device, config, lut)
+    }
+}
+
+impl<D: Device> CudaResize<D> {
+    /// The stage's GPU side on `device`, which has the kernels of [`KERNELS`] loaded.
+    fn on(device: D, config: &ResizeConfig, lut: &Lut) -> DataflowResult<Self> {
         let flat_lut: Vec<f32> = lut.iter().flatten().copied().collect();
         Ok(CudaResize {
-            vertical: load("resize_vertical")?,
-            horizontal_f32: load("resize_horizontal_f32")?,
-            horizontal_u8: load("resize_horizontal_u8")?,
-            lut: stream.clone_htod(&flat_lut).map_err(cuda)?,
-            stream,
+            lut: device.upload(&flat_lut)?,
+            device,
             layout: config.layout,
             dtype: config.dtype,
             host: Packer::new(config.width, config.height),
@@ -447,6 +432,7 @@ impl CudaResize {
             meta: Scratch(None),
             out_f32: Scratch(None),
             out_u8: Scratch(None),
+            max_grid_y: MAX_GRID_Y,
         })
     }
 
@@ -459,17 +445,18 @@ impl CudaResize {
         let packed = self.host.pack(images)?;
         let host = &self.host;
         let per_image = 3 * host.dst_w as usize * host.dst_h as usize;
-        let stream = &self.stream;
+        let device = &self.device;
         if packed.taps_changed || self.taps.0.is_none() {
-            let taps = self.taps.at_least(stream, host.taps.len())?;
-            stream.memcpy_htod(&host.taps, taps).map_err(cuda)?;
+            let taps = self.taps.at_least(device, host.taps.len())?;
+            device.upload_into(&host.taps, taps)?;
         }
-        let taps = self.taps.at_least(stream, host.taps.len())?;
-        let pixels = self.pixels.at_least(stream, host.pixels.len())?;
-        stream.memcpy_htod(&host.pixels, pixels).map_err(cuda)?;
-        let meta = self.meta.at_least(stream, host.meta.len())?;
-        stream.memcpy_htod(&host.meta, meta).map_err(cuda)?;
-        let tmp = self.tmp.at_least(stream, packed.tmp_len)?;
+        let taps = &*self.taps.at_least(device, host.taps.len())?;
+        let pixels = self.pixels.at_least(device, host.pixels.len())?;
+        device.upload_into(&host.pixels, pixels)?;
+        let meta = self.meta.at_least(device, host.meta.len())?;
+        device.upload_into(&host.meta, meta)?;
+        let (pixels, meta) = (&*pixels, &*meta);
+        let tmp = &*self.tmp.at_least(device, packed.tmp_len)?;
 
         let blocks = |n: usize| {
             u32::try_from(n.div_ceil(BLOCK as usize)).map_err(|_| {
@@ -486,75 +473,77 @@ impl CudaResize {
         let (dst_w, dst_h) = (as_i32(host.dst_w as usize)?, as_i32(host.dst_h as usize)?);
         let nchw = i32::from(self.layout == Layout::Nchw);
         let total = images.len() * per_image;
+        // Launches of `max_grid_y` images at most: (the first image, their count).
+        let max_grid_y = self.max_grid_y.clamp(1, MAX_GRID_Y);
+        let launches = (0..images.len())
+            .step_by(max_grid_y)
+            .map(|base| Ok((as_i32(base)?, (images.len() - base).min(max_grid_y))))
+            .collect::<DataflowResult<Vec<_>>>()?;
         let grid = |x: u32, images: usize| LaunchConfig {
             grid_dim: (x, images as u32, 1),
             block_dim: (BLOCK, 1, 1),
             shared_mem_bytes: 0,
         };
 
-        for base in (0..images.len()).step_by(MAX_GRID_Y) {
-            let chunk = (images.len() - base).min(MAX_GRID_Y);
-            let image_base = as_i32(base)?;
-            let mut launch = stream.launch_builder(&self.vertical);
-            launch
-                .arg(&*pixels)
-                .arg(&mut *tmp)
-                .arg(&*meta)
-                .arg(&*taps)
-                .arg(&dst_h)
-                .arg(&image_base);
+        for &(image_base, chunk) in &launches {
+            let args = [
+                Arg::U8(pixels),
+                Arg::U8(tmp),
+                Arg::I64(meta),
+                Arg::I32(taps),
+                Arg::Int(dst_h),
+                Arg::Int(image_base),
+            ];
             // SAFETY: the kernel reads `meta` entries `image_base..image_base + chunk` (all
             // written above) and through them in-bounds pixels, taps and temp rows: every
             // offset and size there was computed from the buffers just uploaded or sized.
-            unsafe { launch.launch(grid(vertical_blocks, chunk)) }.map_err(cuda)?;
+            unsafe { device.launch("resize_vertical", grid(vertical_blocks, chunk), &args) }?;
         }
 
         let values = match self.dtype {
             TensorDtype::F32 => {
-                let out = self.out_f32.at_least(stream, total)?;
-                for base in (0..images.len()).step_by(MAX_GRID_Y) {
-                    let chunk = (images.len() - base).min(MAX_GRID_Y);
-                    let image_base = as_i32(base)?;
-                    let mut launch = stream.launch_builder(&self.horizontal_f32);
-                    launch
-                        .arg(&*tmp)
-                        .arg(&mut *out)
-                        .arg(&*meta)
-                        .arg(&*taps)
-                        .arg(&self.lut)
-                        .arg(&dst_w)
-                        .arg(&dst_h)
-                        .arg(&nchw)
-                        .arg(&image_base);
+                let out = &*self.out_f32.at_least(device, total)?;
+                for &(image_base, chunk) in &launches {
+                    let args = [
+                        Arg::U8(tmp),
+                        Arg::F32(out),
+                        Arg::I64(meta),
+                        Arg::I32(taps),
+                        Arg::F32(&self.lut),
+                        Arg::Int(dst_w),
+                        Arg::Int(dst_h),
+                        Arg::Int(nchw),
+                        Arg::Int(image_base),
+                    ];
+                    let cfg = grid(horizontal_blocks, chunk);
                     // SAFETY: as for the vertical pass; `out` holds `images * per_image`
                     // values and `lut` 3 * 256.
-                    unsafe { launch.launch(grid(horizontal_blocks, chunk)) }.map_err(cuda)?;
+                    unsafe { device.launch("resize_horizontal_f32", cfg, &args) }?;
                 }
-                Values::F32(stream.clone_dtoh(&out.slice(..total)).map_err(cuda)?)
+                Values::F32(device.download(out, total)?)
             }
             TensorDtype::U8 => {
-                let out = self.out_u8.at_least(stream, total)?;
-                for base in (0..images.len()).step_by(MAX_GRID_Y) {
-                    let chunk = (images.len() - base).min(MAX_GRID_Y);
-                    let image_base = as_i32(base)?;
-                    let mut launch = stream.launch_builder(&self.horizontal_u8);
-                    launch
-                        .arg(&*tmp)
-                        .arg(&mut *out)
-                        .arg(&*meta)
-                        .arg(&*taps)
-                        .arg(&dst_w)
-                        .arg(&dst_h)
-                        .arg(&nchw)
-                        .arg(&image_base);
+                let out = &*self.out_u8.at_least(device, total)?;
+                for &(image_base, chunk) in &launches {
+                    let args = [
+                        Arg::U8(tmp),
+                        Arg::U8(out),
+                        Arg::I64(meta),
+                        Arg::I32(taps),
+                        Arg::Int(dst_w),
+                        Arg::Int(dst_h),
+                        Arg::Int(nchw),
+                        Arg::Int(image_base),
+                    ];
+                    let cfg = grid(horizontal_blocks, chunk);
                     // SAFETY: as for the vertical pass; `out` holds `images * per_image` bytes.
-                    unsafe { launch.launch(grid(horizontal_blocks, chunk)) }.map_err(cuda)?;
+                    unsafe { device.launch("resize_horizontal_u8", cfg, &args) }?;
                 }
-                Values::U8(stream.clone_dtoh(&out.slice(..total)).map_err(cuda)?)
+                Values::U8(device.download(out, total)?)
             }
         };
         // The staging buffers are rewritten by the next batch: let every copy finish.
-        stream.synchronize().map_err(cuda)?;
+        device.synchronize()?;
         Ok(values)
     }
 }
@@ -1037,11 +1026,7 @@ mod tests {
             return;
         }
         let ptx = cudarc::nvrtc::compile_ptx(KERNELS).unwrap().to_src();
-        for name in [
-            "resize_vertical",
-            "resize_horizontal_f32",
-            "resize_horizontal_u8",
-        ] {
+        for name in KERNEL_NAMES {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
     }
@@ -1095,189 +1080,31 @@ mod tests {
     }
 
     // The kernels executed on the CPU (crate::kernel_emulation): `KERNELS` compiled by g++ and
-    // launched with the grids and arguments `CudaResize::run` computes, from the same `Packer`,
-    // compared with `reference_tensor` (exactly). `EmulatedResize::run` is `CudaResize::run`
-    // line for line with the emulated device's calls: keep the two in step.
+    // launched by `CudaResize` itself on an emulated `Device` (`crate::cuda_device::emulated`),
+    // compared with `reference_tensor` (exactly).
 
-    use crate::kernel_emulation::{Buf, Device as EmulatedGpu, Elem, Emulator};
+    use crate::cuda_device::emulated::Emulated;
+    use crate::kernel_emulation::Emulator;
 
-    const KERNEL_NAMES: [&str; 3] = [
-        "resize_vertical",
-        "resize_horizontal_f32",
-        "resize_horizontal_u8",
-    ];
-
-    /// `Scratch` on the emulated device. A new buffer is filled with `poison`, not zeros: it
-    /// stands for what an earlier batch left in a reused buffer, which no output may show.
-    struct EScratch(Option<Buf>);
-
-    impl EScratch {
-        fn at_least<T: Elem>(&mut self, dev: &mut EmulatedGpu, len: usize, poison: T) -> Buf {
-            let len = len.max(1);
-            match self.0 {
-                Some(b) if dev.len(b) >= len => b,
-                old => {
-                    if let Some(b) = old {
-                        dev.free(b);
-                    }
-                    let b = dev.alloc_filled(len, poison);
-                    self.0 = Some(b);
-                    b
-                }
-            }
-        }
-    }
-
-    struct EmulatedResize<'e> {
-        dev: EmulatedGpu<'e>,
-        lut: Buf,
-        layout: Layout,
-        dtype: TensorDtype,
-        host: Packer,
-        taps: EScratch,
-        pixels: EScratch,
-        tmp: EScratch,
-        meta: EScratch,
-        out_f32: EScratch,
-        out_u8: EScratch,
-        /// Most images per launch: [`MAX_GRID_Y`] as in `CudaResize`, fewer to have launches
-        /// with `image_base` > 0 without 65536 images.
+    /// `CudaResize::new` on an emulated GPU, with the `Resize` stage's table as
+    /// `Resize::on_gpu` passes it, and at most `max_grid_y` images per launch. New buffers are
+    /// poisoned: they stand for what an earlier batch left in a reused buffer.
+    fn emulated_resize<'e>(
+        emulator: &'e Emulator,
+        config: &ResizeConfig,
         max_grid_y: usize,
-    }
-
-    impl<'e> EmulatedResize<'e> {
-        /// `CudaResize::new` with the `Resize` stage's table, as `Resize::on_gpu` passes it.
-        fn new(emulator: &'e Emulator, config: &ResizeConfig, max_grid_y: usize) -> Self {
-            let stage = Resize::new(config.clone()).unwrap();
-            let mut dev = EmulatedGpu::new(emulator);
-            let flat_lut: Vec<f32> = stage.lut().iter().flatten().copied().collect();
-            EmulatedResize {
-                lut: dev.htod(&flat_lut),
-                dev,
-                layout: config.layout,
-                dtype: config.dtype,
-                host: Packer::new(config.width, config.height),
-                taps: EScratch(None),
-                pixels: EScratch(None),
-                tmp: EScratch(None),
-                meta: EScratch(None),
-                out_f32: EScratch(None),
-                out_u8: EScratch(None),
-                max_grid_y,
-            }
-        }
-
-        /// `CudaResize::run`.
-        fn run(&mut self, images: &[(&[u8], u32, u32)]) -> DataflowResult<Values> {
-            if images.is_empty() {
-                return Ok(Values::with_capacity(self.dtype, 0));
-            }
-            let packed = self.host.pack(images)?;
-            let host = &self.host;
-            let per_image = 3 * host.dst_w as usize * host.dst_h as usize;
-            let dev = &mut self.dev;
-            if packed.taps_changed || self.taps.0.is_none() {
-                let taps = self.taps.at_least(dev, host.taps.len(), i32::MIN);
-                dev.memcpy_htod(&host.taps, taps);
-            }
-            let taps = self.taps.at_least(dev, host.taps.len(), i32::MIN);
-            let pixels = self.pixels.at_least(dev, host.pixels.len(), 0xa5u8);
-            dev.memcpy_htod(&host.pixels, pixels);
-            let meta = self.meta.at_least(dev, host.meta.len(), i64::MIN);
-            dev.memcpy_htod(&host.meta, meta);
-            let tmp = self.tmp.at_least(dev, packed.tmp_len, 0xa5u8);
-
-            let blocks = |n: usize| {
-                u32::try_from(n.div_ceil(BLOCK as usize)).map_err(|_| {
-                    err(format!(
-                        "{n} values in one image is too many for one launch"
-                    ))
-                })
-            };
-            let (vertical_blocks, horizontal_blocks) =
-                (blocks(packed.max_vertical)?, blocks(per_image)?);
-            let as_i32 = |v: usize| {
-                i32::try_from(v).map_err(|_| err(format!("{v} does not fit a kernel's int")))
-            };
-            let (dst_w, dst_h) = (as_i32(host.dst_w as usize)?, as_i32(host.dst_h as usize)?);
-            let nchw = i32::from(self.layout == Layout::Nchw);
-            let total = images.len() * per_image;
-            let grid = |x: u32, images: usize| LaunchConfig {
-                grid_dim: (x, images as u32, 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
-
-            for base in (0..images.len()).step_by(self.max_grid_y) {
-                let chunk = (images.len() - base).min(self.max_grid_y);
-                let image_base = as_i32(base)?;
-                let mut launch = dev.launch_builder("resize_vertical");
-                launch
-                    .arg(pixels)
-                    .arg(tmp)
-                    .arg(meta)
-                    .arg(taps)
-                    .arg(&dst_h)
-                    .arg(&image_base);
-                launch.launch(grid(vertical_blocks, chunk));
-            }
-
-            let emulated = |e: String| err(format!("emulated CUDA: {e}"));
-            let values = match self.dtype {
-                TensorDtype::F32 => {
-                    let out = self.out_f32.at_least(dev, total, f32::NAN);
-                    for base in (0..images.len()).step_by(self.max_grid_y) {
-                        let chunk = (images.len() - base).min(self.max_grid_y);
-                        let image_base = as_i32(base)?;
-                        let mut launch = dev.launch_builder("resize_horizontal_f32");
-                        launch
-                            .arg(tmp)
-                            .arg(out)
-                            .arg(meta)
-                            .arg(taps)
-                            .arg(self.lut)
-                            .arg(&dst_w)
-                            .arg(&dst_h)
-                            .arg(&nchw)
-                            .arg(&image_base);
-                        launch.launch(grid(horizontal_blocks, chunk));
-                    }
-                    dev.synchronize().map_err(emulated)?;
-                    let mut v = dev.dtoh::<f32>(out);
-                    v.truncate(total);
-                    Values::F32(v)
-                }
-                TensorDtype::U8 => {
-                    let out = self.out_u8.at_least(dev, total, 0xa5u8);
-                    for base in (0..images.len()).step_by(self.max_grid_y) {
-                        let chunk = (images.len() - base).min(self.max_grid_y);
-                        let image_base = as_i32(base)?;
-                        let mut launch = dev.launch_builder("resize_horizontal_u8");
-                        launch
-                            .arg(tmp)
-                            .arg(out)
-                            .arg(meta)
-                            .arg(taps)
-                            .arg(&dst_w)
-                            .arg(&dst_h)
-                            .arg(&nchw)
-                            .arg(&image_base);
-                        launch.launch(grid(horizontal_blocks, chunk));
-                    }
-                    dev.synchronize().map_err(emulated)?;
-                    let mut v = dev.dtoh::<u8>(out);
-                    v.truncate(total);
-                    Values::U8(v)
-                }
-            };
-            Ok(values)
-        }
+    ) -> CudaResize<Emulated<'e>> {
+        let stage = Resize::new(config.clone()).unwrap();
+        let device = Emulated::new(emulator, STAGE).poisoned();
+        let mut resize = CudaResize::on(device, config, stage.lut()).unwrap();
+        resize.max_grid_y = max_grid_y;
+        resize
     }
 
     /// The emulated kernels' tensor for `images` against [`reference_tensor`]: `Err` says
     /// where they first differ.
     fn emulated_vs_reference(
-        resize: &mut EmulatedResize,
+        resize: &mut CudaResize<Emulated>,
         config: &ResizeConfig,
         images: &[(Vec<u8>, u32, u32)],
     ) -> Result<(), String> {
@@ -1323,7 +1150,7 @@ mod tests {
         images: &[(Vec<u8>, u32, u32)],
         max_grid_y: usize,
     ) -> Result<(), String> {
-        let mut resize = EmulatedResize::new(emulator, config, max_grid_y);
+        let mut resize = emulated_resize(emulator, config, max_grid_y);
         emulated_vs_reference(&mut resize, config, images)
     }
 
@@ -1425,7 +1252,7 @@ mod tests {
         ];
         for (layout, dtype) in LAYOUTS_AND_DTYPES {
             let c = config(24, 18, layout, dtype);
-            let mut resize = EmulatedResize::new(&emulator, &c, MAX_GRID_Y);
+            let mut resize = emulated_resize(&emulator, &c, MAX_GRID_Y);
             for (i, batch) in batches.iter().enumerate() {
                 emulated_vs_reference(&mut resize, &c, batch)
                     .unwrap_or_else(|e| panic!("batch {i}: {e}"));
