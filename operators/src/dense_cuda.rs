@@ -202,6 +202,36 @@ impl CudaDense {
     }
 }
 
+/// Rows `local` (each within `table`, `width` values a row) gathered into a new buffer.
+fn gather_rows<D: Device>(
+    device: &D,
+    table: &D::Buf<f32>,
+    local: &[i64],
+    width: usize,
+) -> DataflowResult<D::Buf<f32>> {
+    let total = local.len() * width;
+    let idx = device.upload(local)?;
+    let out = device.alloc_zeros::<f32>(total)?;
+    let args = [
+        Arg::F32(table),
+        Arg::I64(&idx),
+        Arg::F32(&out),
+        Arg::Int(width as i32),
+        Arg::Int(total as i32),
+    ];
+    // SAFETY: the kernel checks its thread index against `total`; `out` holds `total` values,
+    // `idx` one per row of them, and the callers give only rows of `table` (indices checked and
+    // wrapped, or routed to their part, on the host).
+    unsafe {
+        device.launch(
+            "gather_f32",
+            LaunchConfig::for_num_elems(total as u32),
+            &args,
+        )
+    }?;
+    Ok(out)
+}
+
 impl<D: Device> Dense<D> {
     /// Uploads the weights to `device`. With more than one of `table_devices`, the embedding
     /// tables are split by row range into as many parts, part `k` uploaded to
@@ -262,26 +292,8 @@ impl<D: Device> Dense<D> {
                 continue;
             }
             let device = part.device.as_ref();
-            let idx = device.upload(&route.local)?;
             let total = route.local.len() * width;
-            let out = device.alloc_zeros::<f32>(total)?;
-            let args = [
-                Arg::F32(&part.values),
-                Arg::I64(&idx),
-                Arg::F32(&out),
-                Arg::Int(width as i32),
-                Arg::Int(total as i32),
-            ];
-            // SAFETY: the kernel checks its thread index against `total`, `out` holds `total`
-            // values, `idx` one per row of them, and every local index is within the part
-            // (routed above).
-            unsafe {
-                device.launch(
-                    "gather_f32",
-                    LaunchConfig::for_num_elems(total as u32),
-                    &args,
-                )
-            }?;
+            let out = gather_rows(device, &part.values, &route.local, width)?;
             let rows = device.download(&out, total)?;
             scatter_rows(&mut host, width, &route.positions, &rows);
         }
@@ -405,27 +417,11 @@ impl<D: Device> Dense<D> {
                     .unwrap_or_default();
                 let width: usize = data.shape[1..].iter().product();
                 let total = indices.len() * width;
-                let out = device.alloc_zeros::<f32>(total.max(1))?;
-                if total > 0 {
-                    let idx = device.upload(&local)?;
-                    let args = [
-                        Arg::F32(data.f32()?),
-                        Arg::I64(&idx),
-                        Arg::F32(&out),
-                        Arg::Int(width as i32),
-                        Arg::Int(total as i32),
-                    ];
-                    // SAFETY: the kernel checks its thread index against `total`; `out` holds
-                    // `total` values, `idx` one per row of them, and each index is a row of
-                    // `data` (checked above).
-                    unsafe {
-                        device.launch(
-                            "gather_f32",
-                            LaunchConfig::for_num_elems(total as u32),
-                            &args,
-                        )
-                    }?;
-                }
+                let out = if total > 0 {
+                    gather_rows(device, data.f32()?, &local, width)?
+                } else {
+                    device.alloc_zeros::<f32>(1)?
+                };
                 let mut shape = indices.shape.clone();
                 shape.extend_from_slice(&data.shape[1..]);
                 DTensor::with_f32(shape, out)

@@ -674,20 +674,7 @@ fn push_dense_outputs<'a>(
                 ),
             ));
         }
-        let per_row: usize = tensor.shape.iter().skip(1).product();
-        let expected = match field.data_type() {
-            DataType::FixedSizeList(_, size) => *size as usize,
-            _ => 1,
-        };
-        if per_row != expected {
-            return Err(DataflowError::stage(
-                "model",
-                format!(
-                    "output `{name}` has shape {:?}, expected {expected} values per row",
-                    tensor.shape
-                ),
-            ));
-        }
+        check_per_row(field, tensor.shape.iter().skip(1).product(), &tensor.shape)?;
         columns.push(match tensor.data {
             DenseData::F32(v) => tensor_column::<Float32Type>(field, v)?,
             DenseData::I64(v) => tensor_column::<Int64Type>(field, v)?,
@@ -777,6 +764,24 @@ fn tensor_input<'a>(
     }
 }
 
+/// An output's values per row must fill its column's rows.
+fn check_per_row(field: &Field, per_row: usize, shape: &dyn std::fmt::Debug) -> DataflowResult<()> {
+    let expected = match field.data_type() {
+        DataType::FixedSizeList(_, size) => *size as usize,
+        _ => 1,
+    };
+    if per_row != expected {
+        return Err(DataflowError::stage(
+            "model",
+            format!(
+                "output `{}` has shape {shape:?}, expected {expected} values per row",
+                field.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn output_column(
     value: &ort::value::DynValue,
     field: &Field,
@@ -803,20 +808,8 @@ fn output_column(
                 ),
             ));
         }
-        let per_row: usize = shape.iter().skip(1).map(|d| *d as usize).product();
-        let expected = match field.data_type() {
-            DataType::FixedSizeList(_, size) => *size as usize,
-            _ => 1,
-        };
-        if per_row != expected {
-            return Err(DataflowError::stage(
-                "model",
-                format!(
-                    "output `{}` has shape {shape:?}, expected {expected} values per row",
-                    field.name()
-                ),
-            ));
-        }
+        let per_row = shape.iter().skip(1).map(|d| *d as usize).product();
+        check_per_row(field, per_row, &shape)?;
         tensor_column::<T>(field, data.to_vec())
     }
     match element_type(field) {

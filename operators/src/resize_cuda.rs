@@ -917,23 +917,25 @@ mod tests {
         }
     }
 
+    /// (source, target): down, up, mixed per axis, one axis unchanged, odd and tiny sizes.
+    const SYNTHETIC_SIZES: [((u32, u32), (u32, u32)); 12] = [
+        ((1, 1), (3, 5)),
+        ((2, 2), (1, 1)),
+        ((7, 3), (2, 9)),
+        ((17, 13), (4, 4)),
+        ((33, 31), (64, 62)),
+        ((3, 200), (7, 7)),
+        ((199, 2), (33, 1)),
+        ((64, 48), (64, 17)),
+        ((50, 40), (13, 40)),
+        ((31, 31), (31, 31)),
+        ((1280, 3), (5, 3)),
+        ((101, 77), (224, 224)),
+    ];
+
     #[test]
     fn reference_matches_fast_image_resize_on_synthetic_sizes() {
-        // (source, target): down, up, mixed per axis, one axis unchanged, odd and tiny sizes.
-        let sizes = [
-            ((1, 1), (3, 5)),
-            ((2, 2), (1, 1)),
-            ((7, 3), (2, 9)),
-            ((17, 13), (4, 4)),
-            ((33, 31), (64, 62)),
-            ((3, 200), (7, 7)),
-            ((199, 2), (33, 1)),
-            ((64, 48), (64, 17)),
-            ((50, 40), (13, 40)),
-            ((31, 31), (31, 31)),
-            ((1280, 3), (5, 3)),
-            ((101, 77), (224, 224)),
-        ];
+        let sizes = SYNTHETIC_SIZES;
         for (i, ((sw, sh), (dw, dh))) in sizes.into_iter().enumerate() {
             let images = vec![
                 synthetic(sw, sh, i as u32),
@@ -1184,21 +1186,7 @@ mod tests {
     #[test]
     fn emulated_kernels_match_the_reference_on_synthetic_sizes() {
         let emulator = Emulator::shared(KERNELS, &KERNEL_NAMES);
-        // As in `reference_matches_fast_image_resize_on_synthetic_sizes`.
-        let sizes = [
-            ((1, 1), (3, 5)),
-            ((2, 2), (1, 1)),
-            ((7, 3), (2, 9)),
-            ((17, 13), (4, 4)),
-            ((33, 31), (64, 62)),
-            ((3, 200), (7, 7)),
-            ((199, 2), (33, 1)),
-            ((64, 48), (64, 17)),
-            ((50, 40), (13, 40)),
-            ((31, 31), (31, 31)),
-            ((1280, 3), (5, 3)),
-            ((101, 77), (224, 224)),
-        ];
+        let sizes = SYNTHETIC_SIZES;
         for (i, ((sw, sh), (dw, dh))) in sizes.into_iter().enumerate() {
             let images = vec![
                 synthetic(sw, sh, i as u32),
