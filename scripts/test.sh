@@ -25,6 +25,7 @@ LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH RIFFLE_EXPECT_NVRTC=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 # A broker of our own on a test port, so a demo broker on 9092 is left alone.
 export RIFFLE_KAFKA_PORT="${RIFFLE_KAFKA_PORT:-19092}"

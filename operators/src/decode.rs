@@ -61,6 +61,36 @@ impl Default for DecodeConfig {
 }
 
 /// The `decode` stage.
+///
+/// Turns each row's JPEG into the RGB8 pixels and `width` / `height` columns that `resize`
+/// reads. A row that does not decode goes to `rejected` (a dead letter); the others go on.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::cast::AsArray;
+/// use arrow_array::types::UInt32Type;
+/// use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::decode::Decode;
+///
+/// let jpeg: &[u8] = include_bytes!("../../data/frames/bikes/0000.jpg");
+/// let batch = RecordBatch::try_from_iter(vec![
+///     ("frame", Arc::new(Int64Array::from(vec![0, 1])) as ArrayRef),
+///     ("jpeg", Arc::new(BinaryArray::from(vec![jpeg, b"GIF89a".as_slice()])) as _),
+/// ])
+/// .unwrap();
+/// let config = serde_json::from_value(serde_json::json!({ "input": "jpeg" })).unwrap();
+/// let out = Decode::new(config).process_batch(&batch).unwrap();
+///
+/// let column = |name: &str| out.records.column_by_name(name).unwrap().clone();
+/// let size = |name: &str| column(name).as_primitive::<UInt32Type>().value(0);
+/// assert_eq!((size("width"), size("height")), (640, 272));
+/// assert_eq!(column("pixels").as_binary::<i32>().value(0).len(), 640 * 272 * 3);
+/// // The second row is not a JPEG: it is a dead letter, not an output row.
+/// assert_eq!(out.records.num_rows(), 1);
+/// assert!(out.rejected[0].reason.starts_with("invalid JPEG"), "{}", out.rejected[0].reason);
+/// ```
 pub struct Decode {
     config: DecodeConfig,
     options: DecoderOptions,

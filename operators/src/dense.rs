@@ -221,6 +221,29 @@ pub(crate) fn err(message: impl Into<String>) -> DataflowError {
 }
 
 /// A dense graph read from an ONNX file.
+///
+/// Runs CTR-style models without ONNX Runtime: [`DenseGraph::run_cpu`] here, and the CUDA
+/// executor ([`crate::dense_cuda`]) on a GPU, which is checked against it.
+///
+/// # Examples
+/// ```
+/// use std::path::Path;
+/// use riffle_operators::dense::{DenseGraph, Tensor};
+///
+/// let graph = DenseGraph::load(Path::new("../models/ml100k_ncf_ctr.onnx")).unwrap();
+/// assert_eq!(graph.inputs, ["user_id", "item_id"]);
+/// assert_eq!(graph.outputs, ["p_click"]);
+/// // Three (user, item) pairs, one click probability each.
+/// let outputs = graph
+///     .run_cpu(&[
+///         ("user_id", Tensor::i64(vec![3], vec![1, 1, 42])),
+///         ("item_id", Tensor::i64(vec![3], vec![50, 1000, 181])),
+///     ])
+///     .unwrap();
+/// assert_eq!(outputs[0].shape, [3]);
+/// let p_click = outputs[0].as_f32().unwrap();
+/// assert!(p_click.iter().all(|p| *p > 0.0 && *p < 1.0), "{p_click:?}");
+/// ```
 pub struct DenseGraph {
     pub(crate) nodes: Vec<proto::NodeProto>,
     pub(crate) weights: HashMap<String, Tensor>,

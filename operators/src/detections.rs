@@ -159,6 +159,50 @@ struct Detection {
 }
 
 /// The `detections` stage.
+///
+/// Turns an SSD-style model's fixed `K` candidate boxes into the detections worth reporting,
+/// in pixels of the original image: weak scores and duplicate boxes of one object are dropped.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::cast::AsArray;
+/// use arrow_array::types::{Float32Type, Int32Type};
+/// use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+/// use arrow_schema::{DataType, Field, Schema};
+/// use riffle_dataflow::tensor::{tensor_column, tensor_field};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::detections::Detections;
+///
+/// // One 200x100 frame, K = 3: a person, a near-duplicate of it, a weak class-3 box.
+/// let boxes = tensor_field("detection_boxes", DataType::Float32, &[3, 4]);
+/// let scores = tensor_field("detection_scores", DataType::Float32, &[3]);
+/// let classes = tensor_field("detection_classes", DataType::Float32, &[3]);
+/// let f32s = |field: &Field, v: Vec<f32>| tensor_column::<Float32Type>(field, v).unwrap();
+/// let columns: Vec<ArrayRef> = vec![
+///     // [ymin, xmin, ymax, xmax] in 0..1 of the image.
+///     f32s(&boxes, vec![0.25, 0.25, 0.5, 0.75, 0.25, 0.3, 0.5, 0.75, 0.0, 0.0, 0.1, 0.1]),
+///     f32s(&scores, vec![0.9, 0.8, 0.3]),
+///     f32s(&classes, vec![1.0, 1.0, 3.0]),
+///     Arc::new(UInt32Array::from(vec![200])),
+///     Arc::new(UInt32Array::from(vec![100])),
+/// ];
+/// let size = |name| Field::new(name, DataType::UInt32, false);
+/// let schema = Schema::new(vec![boxes, scores, classes, size("width"), size("height")]);
+/// let batch = RecordBatch::try_new(Arc::new(schema), columns).unwrap();
+/// let config = serde_json::json!({ "score_threshold": 0.5, "labels": { "1": "person" } });
+/// let mut stage = Detections::new(serde_json::from_value(config).unwrap()).unwrap();
+/// let out = stage.process_batch(&batch).unwrap().records;
+///
+/// // The duplicate fell to NMS, the class-3 box to the score threshold.
+/// let count = out.column_by_name("detections_count").unwrap();
+/// assert_eq!(count.as_primitive::<Int32Type>().value(0), 1);
+/// let list = out.column_by_name("detections").unwrap().as_list::<i32>().value(0);
+/// let found = list.as_struct();
+/// assert_eq!(found.column_by_name("label").unwrap().as_string::<i32>().value(0), "person");
+/// let coord = |c: &str| found.column_by_name(c).unwrap().as_primitive::<Float32Type>().value(0);
+/// assert_eq!([coord("x1"), coord("y1"), coord("x2"), coord("y2")], [50.0, 25.0, 150.0, 50.0]);
+/// ```
 #[derive(Debug)]
 pub struct Detections {
     config: DetectionsConfig,

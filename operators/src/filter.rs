@@ -71,6 +71,34 @@ pub struct FilterConfig {
 }
 
 /// The `filter` stage.
+///
+/// Passes on only the rows worth sending downstream, e.g. confident classifications or frames
+/// with at least one detection; the other rows are dropped, not dead-lettered.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::cast::AsArray;
+/// use arrow_array::types::Int64Type;
+/// use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::filter::Filter;
+///
+/// let scores = Float32Array::from(vec![Some(0.9), Some(0.4), None, Some(0.5)]);
+/// let batch = RecordBatch::try_from_iter(vec![
+///     ("frame", Arc::new(Int64Array::from(vec![1, 2, 3, 4])) as ArrayRef),
+///     ("top_score", Arc::new(scores) as _),
+/// ])
+/// .unwrap();
+/// let config = serde_json::json!({ "column": "top_score", "op": "ge", "value": 0.5 });
+/// let mut stage = Filter::new(serde_json::from_value(config).unwrap()).unwrap();
+/// let out = stage.process_batch(&batch).unwrap();
+///
+/// // A null score never matches.
+/// let frames = out.records.column_by_name("frame").unwrap().as_primitive::<Int64Type>();
+/// assert_eq!(frames.values().as_ref(), [1, 4]);
+/// assert!(out.rejected.is_empty());
+/// ```
 #[derive(Debug)]
 pub struct Filter {
     config: FilterConfig,

@@ -201,6 +201,42 @@ pub fn choose_engine(
 }
 
 /// The model stage: one engine (an ONNX Runtime session, or the dense executor) per worker.
+///
+/// Runs a batch's rows through the model in one call: the `inputs` columns feed the model's
+/// inputs and each listed output becomes a new column, row for row.
+///
+/// # Examples
+/// The CTR model on the dense executor, which runs on the CPU without ONNX Runtime
+/// (`executor: ort` or `auto` would need the library `scripts/setup.sh` fetches):
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::cast::AsArray;
+/// use arrow_array::types::Float32Type;
+/// use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::model::{Engine, Model};
+///
+/// let config = serde_json::json!({
+///     "path": "../models/ml100k_ncf_ctr.onnx",
+///     "inputs": { "user_id": "user", "item_id": "item" },
+///     "outputs": { "p_click": "p_click" },
+///     "executor": "dense",
+/// });
+/// let mut stage = Model::new(serde_json::from_value(config).unwrap(), 1).unwrap();
+/// assert_eq!(stage.engine(), Engine::DenseCpu);
+/// let batch = RecordBatch::try_from_iter(vec![
+///     ("user", Arc::new(Int64Array::from(vec![1, 1, 42])) as ArrayRef),
+///     ("item", Arc::new(Int64Array::from(vec![50, 1000, 181])) as _),
+/// ])
+/// .unwrap();
+/// let out = stage.process_batch(&batch).unwrap().records;
+///
+/// // One click probability per row; the input columns are dropped (`keep_inputs: false`).
+/// let p_click = out.column_by_name("p_click").unwrap().as_primitive::<Float32Type>();
+/// assert_eq!(p_click.len(), 3);
+/// assert!(p_click.values().iter().all(|p| *p > 0.0 && *p < 1.0), "{p_click:?}");
+/// assert!(out.column_by_name("user").is_none());
+/// ```
 pub struct Model {
     config: ModelConfig,
     engine: Engine,

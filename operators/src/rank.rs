@@ -40,7 +40,7 @@ pub struct RankConfig {
     pub group: String,
     /// Item column (Int64, nullable): what is ranked; a null item contributes nothing.
     pub item: String,
-    /// Score column: Float32, or FixedSizeList<Float32> of size 1 as a model stage writes it.
+    /// Score column: Float32, or `FixedSizeList<Float32>` of size 1 as a model stage writes it.
     pub score: String,
     /// How many items to keep per group, at least 1 (fewer when the group has fewer).
     pub k: usize,

@@ -90,6 +90,40 @@ fn default_output() -> String {
 }
 
 /// The `resize` stage.
+///
+/// Gives a vision model the fixed-size, normalised input tensor it expects, whatever the size
+/// of the decoded images. A row whose pixels do not match its `width` x `height` is rejected.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::types::Float32Type;
+/// use arrow_array::{ArrayRef, BinaryArray, RecordBatch, UInt32Array};
+/// use riffle_dataflow::tensor::{row_shape, tensor_values};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::resize::Resize;
+///
+/// // A flat magenta 4x2 image, and a row whose 5 bytes cannot be a 4x2 RGB8 image.
+/// let magenta = [255u8, 0, 255].repeat(8);
+/// let batch = RecordBatch::try_from_iter(vec![
+///     ("pixels", Arc::new(BinaryArray::from(vec![&magenta[..], &[0u8; 5][..]])) as ArrayRef),
+///     ("width", Arc::new(UInt32Array::from(vec![4, 4])) as _),
+///     ("height", Arc::new(UInt32Array::from(vec![2, 2])) as _),
+/// ])
+/// .unwrap();
+/// let config = serde_json::json!({
+///     "width": 2, "height": 1, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5],
+/// });
+/// let mut stage = Resize::new(serde_json::from_value(config).unwrap()).unwrap();
+/// let out = stage.process_batch(&batch).unwrap();
+///
+/// let field = out.records.schema().field_with_name("tensor").unwrap().clone();
+/// assert_eq!(row_shape(&field).unwrap(), [3, 1, 2]); // NCHW
+/// let tensor = out.records.column_by_name("tensor").unwrap();
+/// // (p / 255 - 0.5) / 0.5, one channel plane after another.
+/// assert_eq!(tensor_values::<Float32Type>(tensor).unwrap(), [1.0, 1.0, -1.0, -1.0, 1.0, 1.0]);
+/// assert_eq!(out.rejected.len(), 1);
+/// ```
 pub struct Resize {
     config: ResizeConfig,
     /// The output tensor field (shape metadata included).

@@ -22,6 +22,34 @@ pub struct SelectConfig {
 }
 
 /// The `select` stage.
+///
+/// Gives the sink exactly the columns it should write, in a fixed order and under the names
+/// consumers expect, leaving tensors and scratch columns behind.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, StringArray};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::select::Select;
+///
+/// let batch = RecordBatch::try_from_iter(vec![
+///     ("frame", Arc::new(Int64Array::from(vec![7, 8])) as ArrayRef),
+///     ("scratch", Arc::new(Float32Array::from(vec![0.0, 0.0])) as _),
+///     ("top_label", Arc::new(StringArray::from(vec!["tabby", "bicycle"])) as _),
+/// ])
+/// .unwrap();
+/// let config = serde_json::json!({
+///     "columns": ["top_label", "frame"],
+///     "rename": { "top_label": "label" },
+/// });
+/// let mut stage = Select::new(serde_json::from_value(config).unwrap()).unwrap();
+/// let out = stage.process_batch(&batch).unwrap().records;
+///
+/// let names: Vec<_> = out.schema().fields().iter().map(|f| f.name().clone()).collect();
+/// assert_eq!(names, ["label", "frame"]);
+/// assert_eq!(out.column(0), batch.column(2)); // same values, new name
+/// ```
 #[derive(Debug)]
 pub struct Select {
     config: SelectConfig,

@@ -62,6 +62,38 @@ fn default_true() -> bool {
 }
 
 /// The `topk` stage.
+///
+/// Turns a classifier's raw per-class scores into the few answers worth keeping: the `k` best
+/// classes of each row, with softmax probabilities and labels when a labels file is given.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::cast::AsArray;
+/// use arrow_array::types::{Float32Type, Int32Type};
+/// use arrow_array::{RecordBatch, StringArray};
+/// use arrow_schema::{DataType, Schema};
+/// use riffle_dataflow::tensor::{tensor_column, tensor_field};
+/// use riffle_dataflow::Stage;
+/// use riffle_operators::topk::TopK;
+///
+/// // Two rows of logits over 3 classes.
+/// let field = tensor_field("logits", DataType::Float32, &[3]);
+/// let logits = tensor_column::<Float32Type>(&field, vec![0.1, 2.0, 1.0, 3.0, 0.0, 0.0]).unwrap();
+/// let batch = RecordBatch::try_new(Arc::new(Schema::new(vec![field])), vec![logits]).unwrap();
+/// let config = serde_json::json!({ "k": 2, "softmax": false });
+/// let mut stage = TopK::new(serde_json::from_value(config).unwrap()).unwrap();
+/// let out = stage.process_batch(&batch).unwrap().records;
+///
+/// // Without a labels file, a class's label is its id as text.
+/// let labels = out.column_by_name("top_label").unwrap();
+/// assert_eq!(labels.as_string::<i32>(), &StringArray::from(vec!["1", "0"]));
+/// let scores = out.column_by_name("top_score").unwrap();
+/// assert_eq!(scores.as_primitive::<Float32Type>().values().as_ref(), [2.0, 3.0]);
+/// // Row 0's two best classes, best first.
+/// let top = out.column_by_name("top").unwrap().as_list::<i32>().value(0);
+/// assert_eq!(top.as_struct().column(0).as_primitive::<Int32Type>().values().as_ref(), [1, 2]);
+/// ```
 #[derive(Debug)]
 pub struct TopK {
     config: TopKConfig,

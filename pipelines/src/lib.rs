@@ -9,7 +9,7 @@
 //! - [`validate`]: everything that can be checked before data flows (files, model signatures,
 //!   column types through every stage), each error naming the file, line and field.
 //! - [`plan`]: the per-worker operator chain built from a validated pipeline.
-//! - [`run`]: executes a pipeline on threads and processes, feeding sources under flow control.
+//! - [`run()`]: executes a pipeline on threads and processes, feeding sources under flow control.
 
 pub mod checkpointing;
 pub mod error;
