@@ -278,51 +278,14 @@ impl Model {
                 "batch.max_size must be at least 1".into(),
             ));
         }
-        let gpu =
-            crate::gpu::resolve(&config.device, worker, gpu_map).map_err(DataflowError::Config)?;
-        let table_devices = config
-            .embedding_devices
-            .iter()
-            .map(|d| match d {
-                Device::Cuda(n) => crate::gpu::resolve(d, worker, gpu_map)
-                    .map_err(|e| DataflowError::Config(format!("embedding_devices: {e}")))
-                    .map(|_| *n),
-                other => Err(DataflowError::Config(format!(
-                    "embedding_devices: expected `cuda:N` entries, found {other:?}"
-                ))),
-            })
-            .collect::<DataflowResult<Vec<usize>>>()?;
-        // Reading the graph is cheap; only needed when the dense executor may run it.
-        let wants_dense = config.executor == Executor::Dense
-            || (config.executor == Executor::Auto && gpu.is_some());
-        let graph = if wants_dense {
-            Some(DenseGraph::load(&config.path))
-        } else {
-            None
-        };
-        let dense = match &graph {
-            Some(Ok(_)) => Ok(()),
-            Some(Err(e)) => Err(e.to_string()),
-            None => Err("not considered".to_string()),
-        };
-        let engine = choose_engine(
-            config.executor,
-            &config.device,
-            gpu,
-            crate::onnx::cuda_provider_installed(),
-            &dense,
-        )
-        .map_err(DataflowError::Config)?;
-        log_engine(&config, engine, gpu, &dense);
-        if !table_devices.is_empty() && !matches!(engine, Engine::DenseCuda(_)) {
-            return Err(DataflowError::Config(format!(
-                "embedding_devices: tables are split over GPUs by the dense executor on a GPU; \
-                 this stage runs as {engine:?}"
-            )));
-        }
+        let Decision {
+            engine,
+            graph,
+            table_devices,
+        } = decide(&config, worker, gpu_map)?;
         let threads = config.intra_op_threads.unwrap_or(default_threads).max(1);
         let (backend, inputs, outputs) = match (engine, graph) {
-            (Engine::DenseCpu | Engine::DenseCuda(_), Some(Ok(graph))) => {
+            (Engine::DenseCpu | Engine::DenseCuda(_), Some(graph)) => {
                 let (inputs, outputs) =
                     (graph.input_specs().to_vec(), graph.output_specs().to_vec());
                 let backend = match engine {
@@ -390,6 +353,80 @@ impl Model {
     }
 }
 
+/// The engine a model stage gets on a worker, with what was read to decide.
+struct Decision {
+    engine: Engine,
+    /// The graph, when the dense executor runs it.
+    graph: Option<DenseGraph>,
+    table_devices: Vec<usize>,
+}
+
+fn decide(config: &ModelConfig, worker: usize, gpu_map: &[usize]) -> DataflowResult<Decision> {
+    let gpu =
+        crate::gpu::resolve(&config.device, worker, gpu_map).map_err(DataflowError::Config)?;
+    let table_devices = config
+        .embedding_devices
+        .iter()
+        .map(|d| match d {
+            Device::Cuda(n) => crate::gpu::resolve(d, worker, gpu_map)
+                .map_err(|e| DataflowError::Config(format!("embedding_devices: {e}")))
+                .map(|_| *n),
+            other => Err(DataflowError::Config(format!(
+                "embedding_devices: expected `cuda:N` entries, found {other:?}"
+            ))),
+        })
+        .collect::<DataflowResult<Vec<usize>>>()?;
+    // Reading the graph is cheap; only needed when the dense executor may run it.
+    let wants_dense =
+        config.executor == Executor::Dense || (config.executor == Executor::Auto && gpu.is_some());
+    let (graph, dense) = match wants_dense.then(|| DenseGraph::load(&config.path)) {
+        Some(Ok(graph)) => (Some(graph), Ok(())),
+        Some(Err(e)) => (None, Err(e.to_string())),
+        None => (None, Err("not considered".to_string())),
+    };
+    let engine = choose_engine(
+        config.executor,
+        &config.device,
+        gpu,
+        crate::onnx::cuda_provider_installed(),
+        &dense,
+    )
+    .map_err(DataflowError::Config)?;
+    log_engine(config, engine, gpu, &dense);
+    if !table_devices.is_empty() && !matches!(engine, Engine::DenseCuda(_)) {
+        return Err(DataflowError::Config(format!(
+            "embedding_devices: tables are split over GPUs by the dense executor on a GPU; \
+             this stage runs as {engine}"
+        )));
+    }
+    Ok(Decision {
+        engine,
+        graph: graph.filter(|_| matches!(engine, Engine::DenseCpu | Engine::DenseCuda(_))),
+        table_devices,
+    })
+}
+
+/// The engine `config` would run on for `worker` here, without loading the model into it
+/// (`riffle plan`).
+pub fn planned_engine(
+    config: &ModelConfig,
+    worker: usize,
+    gpu_map: &[usize],
+) -> DataflowResult<Engine> {
+    decide(config, worker, gpu_map).map(|d| d.engine)
+}
+
+impl std::fmt::Display for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Engine::OrtCpu => write!(f, "ONNX Runtime on CPU"),
+            Engine::OrtCuda(n) => write!(f, "ONNX Runtime's CUDA provider on cuda:{n}"),
+            Engine::DenseCpu => write!(f, "the dense executor on CPU"),
+            Engine::DenseCuda(n) => write!(f, "the dense executor (cuBLAS + NVRTC) on cuda:{n}"),
+        }
+    }
+}
+
 /// One line per process saying where a model runs when that was a choice (`auto` without a
 /// GPU is said by [`crate::gpu::resolve`]).
 fn log_engine(
@@ -410,7 +447,7 @@ fn log_engine(
                  provider is not installed and the dense executor cannot run it ({})",
                 dense.as_ref().err().map_or("", String::as_str)
             ),
-            (engine, _) => tracing::info!("model {path}: runs as {engine:?}"),
+            (engine, _) => tracing::info!("model {path}: runs on {engine}"),
         }
     });
 }

@@ -403,9 +403,11 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
     {
         let detail = match &stage.value {
             StageSpec::Model(m) => format!(
-                "device {:?}, executor {:?}, {}, batch ≤ {} rows / {} ms, {} ORT thread(s)",
-                m.device,
-                m.executor,
+                "{}, {}, batch ≤ {} rows / {} ms, {} ORT thread(s)",
+                match riffle_operators::model::planned_engine(m, 0, &runtime.gpus) {
+                    Ok(engine) => format!("runs on {engine} (worker 0)"),
+                    Err(e) => format!("cannot run here: {e}"),
+                },
                 m.path
                     .file_name()
                     .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
