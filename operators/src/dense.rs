@@ -302,17 +302,39 @@ impl RowShards {
         let rows = self.rows();
         let mut routes = vec![ShardRoute::default(); self.parts()];
         for (position, &i) in indices.iter().enumerate() {
-            let row = if i < 0 { i + rows as i64 } else { i };
-            let row = usize::try_from(row)
-                .ok()
-                .filter(|r| *r < rows)
-                .ok_or_else(|| err(format!("Gather: index {i} out of range (rows: {rows})")))?;
+            let row = gather_row(i, rows)?;
             let part = self.starts.partition_point(|s| *s <= row) - 1;
             routes[part].positions.push(position);
             routes[part].local.push((row - self.starts[part]) as i64);
         }
         Ok(routes)
     }
+}
+
+/// The row index `i` of a Gather names in a table of `rows` rows (negative counts from the end,
+/// as ONNX says), or an error when there is no such row.
+fn gather_row(i: i64, rows: usize) -> DataflowResult<usize> {
+    let row = if i < 0 { i + rows as i64 } else { i };
+    usize::try_from(row)
+        .ok()
+        .filter(|r| *r < rows)
+        .ok_or_else(|| err(format!("Gather: index {i} out of range (rows: {rows})")))
+}
+
+/// The table rows a Gather node reads: its indices checked against the table's shape and
+/// wrapped. The CPU and GPU executors both read rows through this, so neither reads outside.
+pub(crate) fn gather_rows_of(
+    node: &proto::NodeProto,
+    table_shape: &[usize],
+    indices: &[i64],
+) -> DataflowResult<Vec<usize>> {
+    if attr_i(node, "axis", 0) != 0 {
+        return Err(err("Gather: only axis 0 is supported"));
+    }
+    let rows = *table_shape
+        .first()
+        .ok_or_else(|| err("Gather of a scalar"))?;
+    indices.iter().map(|&i| gather_row(i, rows)).collect()
 }
 
 /// Writes each part's gathered rows (`width` values each) to their positions in `out`.
@@ -538,30 +560,10 @@ fn run_node<'a>(
         "Identity" => get(0)?.clone(),
         "Gather" => {
             let (data, indices) = (get(0)?, get(1)?);
-            if attr_i(node, "axis", 0) != 0 {
-                return Err(err("Gather: only axis 0 is supported"));
-            }
-            let rows = *data
-                .shape
-                .first()
-                .ok_or_else(|| err("Gather of a scalar"))?;
+            let idx = gather_rows_of(node, &data.shape, indices.as_i64()?)?;
             let width: usize = data.shape[1..].iter().product();
-            let idx = indices.as_i64()?;
             let mut shape = indices.shape.clone();
             shape.extend_from_slice(&data.shape[1..]);
-            let rows_i = rows as i64;
-            let idx: Vec<usize> = idx
-                .iter()
-                .map(|&i| {
-                    let i = if i < 0 { i + rows_i } else { i };
-                    usize::try_from(i)
-                        .ok()
-                        .filter(|i| *i < rows)
-                        .ok_or_else(|| {
-                            err(format!("Gather: index {i} out of range (rows: {rows})"))
-                        })
-                })
-                .collect::<DataflowResult<_>>()?;
             match &data.data {
                 Data::F32(v) => Tensor::f32(
                     shape,

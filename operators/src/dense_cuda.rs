@@ -17,7 +17,8 @@ use riffle_dataflow::DataflowResult;
 
 use crate::cuda_device::{check_gpu, Arg, CudaDevice, Device, Kernels, Stream};
 use crate::dense::{
-    attr, attr_f, attr_i, axes, err, scatter_rows, shapes, Data, DenseGraph, RowShards, Tensor,
+    attr, attr_f, attr_i, axes, err, gather_rows_of, scatter_rows, shapes, Data, DenseGraph,
+    RowShards, Tensor,
 };
 
 const KERNELS: &str = r#"
@@ -395,26 +396,17 @@ impl<D: Device> Dense<D> {
             "Identity" => get(0)?.clone(),
             "Gather" => {
                 let (data, indices) = (get(0)?, get(1)?);
-                if attr_i(node, "axis", 0) != 0 {
-                    return Err(err("Gather: only axis 0 is supported"));
-                }
-                let rows = *data
-                    .shape
-                    .first()
-                    .ok_or_else(|| err("Gather of a scalar"))?;
-                // Indices are checked and negative ones wrapped (as ONNX says) on the host: the
-                // kernel must never read outside the table. They are graph inputs, so already
-                // there, except when the graph computes them.
+                // Indices are checked and negative ones wrapped on the host: the kernel must
+                // never read outside the table. They are graph inputs, so already there, except
+                // when the graph computes them.
                 let host_idx = match host_get(1) {
                     Ok(t) => t.clone(),
                     Err(_) => download(device, indices)?,
                 };
-                let wrapped = RowShards::split(rows, 1).route(host_idx.as_i64()?)?;
-                let local = wrapped
+                let local: Vec<i64> = gather_rows_of(node, &data.shape, host_idx.as_i64()?)?
                     .into_iter()
-                    .next()
-                    .map(|r| r.local)
-                    .unwrap_or_default();
+                    .map(|r| r as i64)
+                    .collect();
                 let width: usize = data.shape[1..].iter().product();
                 let total = indices.len() * width;
                 let out = if total > 0 {
