@@ -26,6 +26,15 @@ pub enum DataflowError {
     Stage { stage: String, message: String },
     #[error("cluster: {0}")]
     Cluster(String),
+    /// An error at a key of a stage's (or source's, sink's) configuration, as a dotted path
+    /// relative to that block (`batch.max_size`, `inputs."image_tensor:0"`): validation names
+    /// the file, line and field from it, never from the message text.
+    #[error("{source}")]
+    At {
+        key: String,
+        #[source]
+        source: Box<DataflowError>,
+    },
 }
 
 impl DataflowError {
@@ -45,6 +54,30 @@ impl DataflowError {
             column: column.into(),
             expected: expected.into(),
             found: found.into(),
+        }
+    }
+
+    /// This error, located at `key` of the configuration block (an outer key is prepended to
+    /// an inner one: `batch` + `max_size` → `batch.max_size`).
+    pub fn at(self, key: impl Into<String>) -> Self {
+        let key = key.into();
+        match self {
+            DataflowError::At { key: inner, source } => DataflowError::At {
+                key: format!("{key}.{inner}"),
+                source,
+            },
+            other => DataflowError::At {
+                key,
+                source: Box::new(other),
+            },
+        }
+    }
+
+    /// The configuration key this error is located at, if any, and the error itself.
+    pub fn located(&self) -> (Option<&str>, &DataflowError) {
+        match self {
+            DataflowError::At { key, source } => (Some(key), source.located().1),
+            other => (None, other),
         }
     }
 
