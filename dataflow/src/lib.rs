@@ -7,6 +7,8 @@
 //! - [`operators`]: timely extension traits that run those traits on sharded workers.
 //! - [`cluster`]: how many workers, threads and processes, turned into a timely configuration.
 //! - [`metrics`]: per-stage counters and latency histograms, exported to Prometheus.
+//! - [`runtime`]: the run loop: a [`runtime::Job`] on workers, with epochs, flow control,
+//!   checkpoints and liveness.
 //! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
 
@@ -18,6 +20,7 @@ pub mod dead_letter;
 pub mod error;
 pub mod metrics;
 pub mod operators;
+pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod stage;

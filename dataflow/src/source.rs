@@ -61,6 +61,15 @@ pub trait SourceFactory: Send + Sync {
         None
     }
 
+    /// The same source starting at checkpointed positions (partition → next offset); `None` for
+    /// sources that cannot seek. Called by the runtime when it resumes from a checkpoint.
+    fn resume(
+        &self,
+        _offsets: &std::collections::BTreeMap<i32, i64>,
+    ) -> DataflowResult<Option<std::sync::Arc<dyn SourceFactory>>> {
+        Ok(None)
+    }
+
     /// Registers the source's own metrics (lag, bytes) once per process.
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())

@@ -212,6 +212,24 @@ fn decode_jpeg_into(
     Ok((w, h))
 }
 
+impl crate::StageKind for DecodeConfig {
+    fn kind(&self) -> &'static str {
+        "decode"
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // Building this stage is cheap (no engine): its own check is the one rule.
+        Decode::new(self.clone()).output_schema(input)
+    }
+
+    fn build(
+        &self,
+        _ctx: &crate::StageContext<'_>,
+    ) -> DataflowResult<riffle_dataflow::runtime::Step> {
+        Ok(crate::kind::apply(Decode::new(self.clone())))
+    }
+}
+
 impl Stage for Decode {
     fn name(&self) -> &str {
         STAGE

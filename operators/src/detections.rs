@@ -409,6 +409,24 @@ fn entry_fields() -> Fields {
     ])
 }
 
+impl crate::StageKind for DetectionsConfig {
+    fn kind(&self) -> &'static str {
+        "detections"
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // Building this stage is cheap (no engine): its own check is the one rule.
+        Detections::new(self.clone())?.output_schema(input)
+    }
+
+    fn build(
+        &self,
+        _ctx: &crate::StageContext<'_>,
+    ) -> DataflowResult<riffle_dataflow::runtime::Step> {
+        Ok(crate::kind::apply(Detections::new(self.clone())?))
+    }
+}
+
 impl Stage for Detections {
     fn name(&self) -> &str {
         NAME

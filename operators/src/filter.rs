@@ -272,6 +272,24 @@ fn non_empty(column: &dyn Array) -> BooleanArray {
     }
 }
 
+impl crate::StageKind for FilterConfig {
+    fn kind(&self) -> &'static str {
+        "filter"
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // Building this stage is cheap (no engine): its own check is the one rule.
+        Filter::new(self.clone())?.output_schema(input)
+    }
+
+    fn build(
+        &self,
+        _ctx: &crate::StageContext<'_>,
+    ) -> DataflowResult<riffle_dataflow::runtime::Step> {
+        Ok(crate::kind::apply(Filter::new(self.clone())?))
+    }
+}
+
 impl Stage for Filter {
     fn name(&self) -> &str {
         NAME

@@ -22,6 +22,8 @@ use crate::dense::{Data as DenseData, DenseGraph, Tensor as DenseTensor};
 use crate::dense_cuda::CudaDense;
 use crate::onnx::{self, TensorSpec};
 
+mod kind;
+
 /// `model:` — an ONNX model whose inputs and outputs are Arrow columns.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

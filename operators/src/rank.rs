@@ -251,6 +251,24 @@ fn keep_best(candidates: &mut Vec<Candidate>, k: usize) {
     candidates.sort_unstable_by(rank_order);
 }
 
+impl crate::StageKind for RankConfig {
+    fn kind(&self) -> &'static str {
+        "rank"
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // Building this stage is cheap (no engine): its own check is the one rule.
+        Rank::new(self.clone())?.output_schema(input)
+    }
+
+    fn build(
+        &self,
+        _ctx: &crate::StageContext<'_>,
+    ) -> DataflowResult<riffle_dataflow::runtime::Step> {
+        Ok(crate::kind::apply(Rank::new(self.clone())?))
+    }
+}
+
 impl Stage for Rank {
     fn name(&self) -> &str {
         NAME

@@ -24,6 +24,8 @@ use crate::decode::{is_binary, Payloads, HEIGHT_COLUMN, WIDTH_COLUMN};
 use crate::model::Device;
 use crate::resize_cuda::CudaResize;
 
+mod kind;
+
 const STAGE: &str = "resize";
 
 /// Order of a tensor's axes per row.

@@ -104,6 +104,24 @@ impl Select {
     }
 }
 
+impl crate::StageKind for SelectConfig {
+    fn kind(&self) -> &'static str {
+        "select"
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // Building this stage is cheap (no engine): its own check is the one rule.
+        Select::new(self.clone())?.output_schema(input)
+    }
+
+    fn build(
+        &self,
+        _ctx: &crate::StageContext<'_>,
+    ) -> DataflowResult<riffle_dataflow::runtime::Step> {
+        Ok(crate::kind::apply(Select::new(self.clone())?))
+    }
+}
+
 impl Stage for Select {
     fn name(&self) -> &str {
         NAME

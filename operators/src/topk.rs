@@ -230,6 +230,35 @@ fn collision(column: &str) -> DataflowError {
     )
 }
 
+impl crate::StageKind for TopKConfig {
+    fn kind(&self) -> &'static str {
+        "topk"
+    }
+
+    fn files_mut(&mut self) -> Vec<crate::ConfigFile<'_>> {
+        self.labels
+            .iter_mut()
+            .map(|path| crate::ConfigFile {
+                key: "labels",
+                path,
+                expected: "a text file, one class name per line",
+            })
+            .collect()
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // Building this stage is cheap (no engine): its own check is the one rule.
+        TopK::new(self.clone())?.output_schema(input)
+    }
+
+    fn build(
+        &self,
+        _ctx: &crate::StageContext<'_>,
+    ) -> DataflowResult<riffle_dataflow::runtime::Step> {
+        Ok(crate::kind::apply(TopK::new(self.clone())?))
+    }
+}
+
 impl Stage for TopK {
     fn name(&self) -> &str {
         NAME

@@ -1,19 +1,21 @@
 //! Declarative pipelines: the YAML spec, its validation, and running it on timely workers.
 //!
 //! ```text
-//! pipeline.yaml ──parse──▶ PipelineSpec ──validate──▶ Pipeline ──run──▶ timely workers
-//!                 (spec)                 (validate)              (run)
+//! pipeline.yaml ──parse──▶ PipelineSpec ──validate──▶ Pipeline ──plan──▶ Job ──▶ runtime::run
+//!                 (spec)                 (validate)            (plan)        (riffle-dataflow)
 //! ```
 //! - [`spec`]: the structs the YAML maps onto, one-to-one (stage configs live beside their
 //!   operators in `riffle-operators`, connector configs in `riffle-connectors`).
 //! - [`validate`]: everything that can be checked before data flows (files, model signatures,
 //!   column types through every stage), each error naming the file, line and field.
-//! - [`plan`]: the per-worker operator chain built from a validated pipeline.
-//! - [`run()`]: executes a pipeline on threads and processes, feeding sources under flow control.
+//! - [`plan`]: the runtime's [`riffle_dataflow::runtime::Job`] made of a validated pipeline
+//!   (each stage kind builds itself per worker), and the plan `riffle plan` prints.
+//! - [`run()`]: a thin adapter: plan, then the runtime's run loop.
+//!
+//! No stage kind is listed here except in [`spec`]'s one registration line per kind.
 
-pub mod checkpointing;
 pub mod error;
-pub mod liveness;
+mod locate;
 pub mod plan;
 pub mod run;
 pub mod spec;

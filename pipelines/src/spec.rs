@@ -11,6 +11,7 @@ use riffle_operators::recs::CandidatesConfig;
 use riffle_operators::resize::ResizeConfig;
 use riffle_operators::select::SelectConfig;
 use riffle_operators::topk::TopKConfig;
+use riffle_operators::StageKind;
 use serde::Deserialize;
 use serde_saphyr::Spanned;
 
@@ -33,10 +34,40 @@ pub struct PipelineSpec {
     pub runtime: Option<Spanned<RuntimeConfig>>,
 }
 
-/// One stage; the YAML key names the kind.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum StageSpec {
+/// Registers the stage kinds: each line is a YAML key's variant and its configuration type,
+/// which implements [`StageKind`] (everything validation, planning and running need).
+macro_rules! stage_kinds {
+    ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
+        /// One stage; the YAML key names the kind.
+        #[derive(Clone, Debug, Deserialize)]
+        #[serde(rename_all = "snake_case", deny_unknown_fields)]
+        pub enum StageSpec {
+            $($(#[$doc])* $variant($config),)*
+            /// Re-shards rows across workers by a key column (e.g. `camera_id`), or places the
+            /// next stages: a move between workers, not a stage.
+            Exchange(ExchangeConfig),
+        }
+
+        impl StageSpec {
+            /// The stage kind, or `None` for an exchange.
+            pub fn stage(&self) -> Option<&dyn StageKind> {
+                match self {
+                    $(StageSpec::$variant(c) => Some(c),)*
+                    StageSpec::Exchange(_) => None,
+                }
+            }
+
+            pub fn stage_mut(&mut self) -> Option<&mut dyn StageKind> {
+                match self {
+                    $(StageSpec::$variant(c) => Some(c),)*
+                    StageSpec::Exchange(_) => None,
+                }
+            }
+        }
+    };
+}
+
+stage_kinds! {
     Decode(DecodeConfig),
     Resize(ResizeConfig),
     Model(ModelConfig),
@@ -44,8 +75,6 @@ pub enum StageSpec {
     Detections(DetectionsConfig),
     Filter(FilterConfig),
     Select(SelectConfig),
-    /// Re-shards rows across workers by a key column (e.g. `camera_id`).
-    Exchange(ExchangeConfig),
     /// Recommendation candidates for each click from incrementally maintained features.
     Candidates(CandidatesConfig),
     /// Per-request top-k of scored candidates.
@@ -53,19 +82,9 @@ pub enum StageSpec {
 }
 
 impl StageSpec {
+    /// The YAML key.
     pub fn kind(&self) -> &'static str {
-        match self {
-            StageSpec::Decode(_) => "decode",
-            StageSpec::Resize(_) => "resize",
-            StageSpec::Model(_) => "model",
-            StageSpec::Topk(_) => "topk",
-            StageSpec::Detections(_) => "detections",
-            StageSpec::Filter(_) => "filter",
-            StageSpec::Select(_) => "select",
-            StageSpec::Exchange(_) => "exchange",
-            StageSpec::Candidates(_) => "candidates",
-            StageSpec::Rank(_) => "rank",
-        }
+        self.stage().map_or("exchange", |s| s.kind())
     }
 }
 
@@ -105,45 +124,31 @@ pub enum Workers {
 
 /// `runtime:` — how the pipeline runs. Command-line flags override these.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// Worker threads per process.
-    #[serde(default = "one")]
     pub workers: usize,
     /// ONNX Runtime threads inside each model run (per worker).
-    #[serde(default = "one")]
     pub intra_op_threads: usize,
     /// Records each source worker puts in one epoch (the unit of progress tracking).
-    #[serde(default = "default_epoch_records")]
     pub epoch_records: usize,
     /// Epochs a source may run ahead of the sink before it waits (bounds memory).
-    #[serde(default = "default_max_epochs_in_flight")]
     pub max_epochs_in_flight: u64,
     /// Adds a column of this name to every result: its end-to-end latency in milliseconds,
     /// from the source reading it to the sink writing it.
-    #[serde(default)]
     pub latency_column: Option<String>,
     /// Checkpoint source positions as epochs complete, and resume from the newest on start.
-    #[serde(default)]
     pub checkpoint: Option<CheckpointConfig>,
     /// Named groups of workers for `exchange: { workers: NAME }` (e.g. `gpu: [1]`).
-    #[serde(default)]
     pub placement: std::collections::BTreeMap<String, Vec<usize>>,
     /// Worker → GPU map for stages with `device: auto`: worker `i` uses GPU
     /// `gpus[i mod len]` (default: GPU `i mod` the number of GPUs).
-    #[serde(default)]
     pub gpus: Vec<usize>,
     /// Testing and demos: makes one worker's model stages slower by a fixed delay per batch.
-    #[serde(default)]
     pub slow_worker: Option<SlowWorker>,
     /// A peer worker silent this long (its process died or its host dropped off the network)
     /// fails the run, so that supervisors restart the cluster from its last checkpoint.
-    #[serde(default = "default_peer_timeout_ms")]
     pub peer_timeout_ms: u64,
-}
-
-fn default_peer_timeout_ms() -> u64 {
-    30_000
 }
 
 /// `runtime.slow_worker: { worker, delay_ms }`.
@@ -174,29 +179,19 @@ fn default_keep() -> usize {
     3
 }
 
-fn one() -> usize {
-    1
-}
-fn default_epoch_records() -> usize {
-    32
-}
-fn default_max_epochs_in_flight() -> u64 {
-    4
-}
-
 impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
-            workers: one(),
-            intra_op_threads: one(),
-            epoch_records: default_epoch_records(),
-            max_epochs_in_flight: default_max_epochs_in_flight(),
+            workers: 1,
+            intra_op_threads: 1,
+            epoch_records: 32,
+            max_epochs_in_flight: 4,
             latency_column: None,
             checkpoint: None,
             placement: Default::default(),
             gpus: Vec::new(),
             slow_worker: None,
-            peer_timeout_ms: default_peer_timeout_ms(),
+            peer_timeout_ms: 30_000,
         }
     }
 }

@@ -10,9 +10,11 @@ use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
 use serde_saphyr::Spanned;
 
+use riffle_operators::StageContext;
+
 use crate::error::PipelineError;
-use crate::plan::build_stage;
-use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec};
+use crate::locate::{parser_message, Locator};
+use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec, Workers};
 
 /// A validated pipeline, ready to run.
 pub struct Pipeline {
@@ -75,131 +77,6 @@ pub fn parse(file: &Path, text: &str) -> Result<PipelineSpec, PipelineError> {
             field,
             message: parser_message(&e.to_string()),
         }
-    })
-}
-
-/// The parser's message without its own location prefix and source snippet (we print ours).
-fn parser_message(text: &str) -> String {
-    let first = text.lines().next().unwrap_or(text).trim();
-    let rest = first.strip_prefix("error:").unwrap_or(first).trim();
-    match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
-        Some((_, message)) => message.to_string(),
-        None => rest.to_string(),
-    }
-}
-
-/// Locates fields inside the pipeline text for error messages.
-struct Locator<'a> {
-    file: &'a Path,
-    lines: Vec<&'a str>,
-}
-
-impl Locator<'_> {
-    /// An error at `line`, or at the line of `key:` within the block that starts there.
-    fn error(
-        &self,
-        start: Option<u64>,
-        key: Option<&str>,
-        field: String,
-        message: String,
-    ) -> PipelineError {
-        let line = match (start, key) {
-            (Some(start), Some(key)) => Some(self.find_key(start, key).unwrap_or(start)),
-            (start, _) => start,
-        };
-        PipelineError {
-            file: self.file.to_path_buf(),
-            line,
-            field,
-            message,
-        }
-    }
-
-    /// First line at or after `start` holding `key:` before the block ends (a line indented
-    /// no deeper than the block's first line that starts a new entry).
-    fn find_key(&self, start: u64, key: &str) -> Option<u64> {
-        let first = (start as usize).checked_sub(1)?;
-        let indent = |l: &str| l.len() - l.trim_start().len();
-        let base = indent(self.lines.get(first)?);
-        let needle = format!("{key}:");
-        for (i, line) in self.lines.iter().enumerate().skip(first) {
-            let trimmed = line.trim_start();
-            if i > first && !trimmed.is_empty() && !trimmed.starts_with('#') && indent(line) <= base
-            {
-                break;
-            }
-            if contains_key(line, &needle) {
-                return Some(i as u64 + 1);
-            }
-        }
-        None
-    }
-}
-
-impl Locator<'_> {
-    /// Line and key of the first `key: value` entry in the block at `start` whose value is `value`.
-    fn find_value(&self, start: u64, value: &str) -> Option<(u64, String)> {
-        let first = (start as usize).checked_sub(1)?;
-        let indent = |l: &str| l.len() - l.trim_start().len();
-        let base = indent(self.lines.get(first)?);
-        for (i, line) in self.lines.iter().enumerate().skip(first) {
-            let trimmed = line.trim_start();
-            if i > first && !trimmed.is_empty() && !trimmed.starts_with('#') && indent(line) <= base
-            {
-                break;
-            }
-            let mut path: Vec<String> = Vec::new();
-            for entry in line.split([',', '{', '}']) {
-                let Some((k, v)) = entry.split_once(": ") else {
-                    continue;
-                };
-                let k = k
-                    .trim()
-                    .trim_start_matches('-')
-                    .trim()
-                    .trim_matches(['"', '\'']);
-                if v.trim().trim_matches(['"', '\'']) == value {
-                    path.push(k.to_string());
-                    // Block-style parents: the nearest less-indented keys above, up to the stage.
-                    let mut depth = indent(line);
-                    for above in self.lines[(first + 1).min(i)..i].iter().rev() {
-                        if indent(above) < depth && !above.trim().is_empty() {
-                            if let Some((pk, _)) = above.split_once(':') {
-                                path.insert(0, pk.trim().trim_matches(['"', '\'']).to_string());
-                            }
-                            depth = indent(above);
-                        }
-                    }
-                    return Some((i as u64 + 1, quote_keys(&path)));
-                }
-                // `inputs: { name: column }` on one line: `inputs` is the parent (but not the
-                // stage's own `- kind:` key, which the field name already starts with).
-                if v.trim().is_empty() && !(i == first && entry.trim_start().starts_with('-')) {
-                    path.push(k.to_string());
-                }
-            }
-        }
-        None
-    }
-}
-
-/// `a.b."image_tensor:0"`: keys that are not plain identifiers are quoted.
-fn quote_keys(path: &[String]) -> String {
-    path.iter()
-        .map(|k| {
-            if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                k.clone()
-            } else {
-                format!("\"{k}\"")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
-fn contains_key(line: &str, needle: &str) -> bool {
-    line.match_indices(needle).any(|(at, _)| {
-        at == 0 || matches!(line.as_bytes()[at - 1], b' ' | b'{' | b',' | b'-' | b'\t')
     })
 }
 
@@ -281,8 +158,17 @@ fn validate(
         .schema()
         .map_err(|e| at.error(source_line, None, "source".into(), e.to_string()))?;
 
-    // Stages: files exist, configs build, and the columns fit from one stage to the next.
+    // Stages: files exist, what they need of this machine is here, and the columns fit from
+    // one stage to the next. No stage is built: no model session, no GPU context.
     let mut schemas = vec![source_schema];
+    // Whether the stages here run on some workers only (after `exchange: { workers }`).
+    let mut placed = false;
+    let context = StageContext {
+        worker: 0,
+        peers: 1,
+        intra_op_threads: runtime.intra_op_threads,
+        gpus: &runtime.gpus,
+    };
     for (i, stage) in spec.stages.iter_mut().enumerate() {
         let line = line_of(stage);
         let kind = stage.value.kind();
@@ -293,127 +179,50 @@ fn validate(
                 format!("stages[{i}].{kind}.{sub}")
             }
         };
-        match &mut stage.value {
-            StageSpec::Model(model) => {
-                resolve(&mut model.path);
-                if !model.path.is_file() {
-                    return Err(at.error(
-                        line,
-                        Some("path"),
-                        field("path"),
-                        format!(
-                            "model file `{}` not found (expected an .onnx file)",
-                            model.path.display()
-                        ),
-                    ));
-                }
-                if model.batch.max_size == 0 {
-                    return Err(at.error(
-                        line,
-                        Some("max_size"),
-                        field("batch.max_size"),
-                        "expected a number ≥ 1, found 0".into(),
-                    ));
-                }
-            }
-            StageSpec::Topk(topk) => {
-                if let Some(labels) = topk.labels.as_mut() {
-                    resolve(labels);
-                    if !labels.is_file() {
-                        return Err(at.error(
-                            line,
-                            Some("labels"),
-                            field("labels"),
-                            format!("labels file `{}` not found (expected a text file, one class name per line)", labels.display()),
-                        ));
-                    }
-                }
-            }
-            _ => {}
-        }
         let previous = schemas
             .last()
             .cloned()
             .unwrap_or_else(|| Arc::new(arrow_schema::Schema::empty()));
-        let next = match &stage.value {
-            StageSpec::Exchange(e) if e.key.is_some() && e.workers.is_some() => {
-                return Err(at.error(
-                    line,
-                    Some("workers"),
-                    field("workers"),
-                    "give `key` (re-shard rows) or `workers` (place the next stages), not both"
-                        .into(),
-                ))
-            }
-            StageSpec::Exchange(e) if e.key.is_some() && e.balance => {
-                return Err(at.error(
-                    line,
-                    Some("balance"),
-                    field("balance"),
-                    "`key` routes every row by hash; `balance` cannot apply (use `ordered_by` to keep a key's rows in order)"
-                        .into(),
-                ))
-            }
-            StageSpec::Exchange(e)
-                if e
-                    .ordered_by
-                    .as_ref()
-                    .is_some_and(|k| previous.field_with_name(k).is_err()) =>
-            {
-                return Err(at.error(
-                    line,
-                    Some("ordered_by"),
-                    field("ordered_by"),
-                    format!(
-                        "no column `{}` here; columns are: {}",
-                        e.ordered_by.clone().unwrap_or_default(),
-                        column_list(&previous)
-                    ),
-                ))
-            }
-            StageSpec::Exchange(e) if e.key.is_none() => {
-                if let Err(err) = crate::plan::placed_on(e, &runtime) {
-                    return Err(at.error(line, Some("workers"), field("workers"), err.to_string()));
-                }
+        let next = match &mut stage.value {
+            StageSpec::Exchange(e) => {
+                placed = e.key.is_none() && e.workers.is_some();
+                check_exchange(e, &runtime, &previous)
+                    .map_err(|(key, message)| at.error(line, Some(key), field(key), message))?;
                 previous.clone()
             }
-            StageSpec::Exchange(ExchangeConfig { key: Some(key), .. }) => {
-                let key_type = previous.field_with_name(key).map(|f| f.data_type().clone());
-                match key_type {
-                    Ok(t) if riffle_dataflow::operators::is_key_type(&t) => previous.clone(),
-                    Ok(t) => {
-                        return Err(at.error(
-                            line,
-                            Some("key"),
-                            field("key"),
-                            format!("column `{key}` is {t}; expected a string or integer column"),
-                        ))
-                    }
-                    Err(_) => {
-                        return Err(at.error(
-                            line,
-                            Some("key"),
-                            field("key"),
-                            format!(
-                                "no column `{key}` here; columns are: {}",
-                                column_list(&previous)
-                            ),
-                        ))
-                    }
-                }
-            }
-            StageSpec::Candidates(c) => c
-                .output_schema(&previous)
-                .map_err(|e| stage_error(&at, line, &field, with_columns(e, &previous)))?,
             other => {
-                let built =
-                    build_stage(other, &runtime, 0).map_err(|e| stage_error(&at, line, &field, e))?;
-                match built {
-                    Some(stage) => stage
-                        .output_schema(&previous)
-                        .map_err(|e| stage_error(&at, line, &field, with_columns(e, &previous)))?,
-                    None => previous.clone(),
+                let Some(stage) = other.stage_mut() else {
+                    continue;
+                };
+                for file in stage.files_mut() {
+                    resolve(file.path);
+                    if !file.path.is_file() {
+                        return Err(at.error(
+                            line,
+                            Some(file.key),
+                            field(file.key),
+                            format!(
+                                "`{}` not found (expected {})",
+                                file.path.display(),
+                                file.expected
+                            ),
+                        ));
+                    }
                 }
+                if placed && stage.stateful() {
+                    return Err(at.error(
+                        line,
+                        None,
+                        field(""),
+                        "shards its input itself and keeps state on every worker: it cannot \
+                         follow `exchange: { workers }`"
+                            .into(),
+                    ));
+                }
+                stage
+                    .check(&context)
+                    .and_then(|()| stage.output_schema(&previous))
+                    .map_err(|e| stage_error(&at, line, &field, with_columns(e, &previous)))?
             }
         };
         schemas.push(next);
@@ -522,21 +331,85 @@ fn stage_error(
     field: &dyn Fn(&str) -> String,
     e: DataflowError,
 ) -> PipelineError {
-    // Point at the config entry naming the offending column when there is one.
-    let key = match (&e, line) {
-        (DataflowError::Schema { column, .. }, Some(start)) => at.find_value(start, column),
-        (DataflowError::Config(message), Some(start)) => {
-            ["device", "executor", "embedding_devices"]
-                .into_iter()
-                .find(|k| {
-                    message.starts_with(&format!("{k} `")) || message.starts_with(&format!("{k}:"))
-                })
-                .and_then(|k| at.find_key(start, k).map(|l| (l, k.to_string())))
+    // The stage says which of its keys the error is about; without one, a column error points
+    // at the entry naming the column.
+    let key = match (e.located(), line) {
+        ((Some(key), _), Some(start)) => {
+            Some((at.find_path(start, key).unwrap_or(start), key.to_string()))
         }
+        ((None, DataflowError::Schema { column, .. }), Some(start)) => at.find_value(start, column),
         _ => None,
     };
     match key {
         Some((line, key)) => at.error(Some(line), None, field(&key), e.to_string()),
         None => at.error(line, None, field(""), e.to_string()),
     }
+}
+
+/// An exchange's settings against each other, the placement groups and the columns here:
+/// the offending key and what was expected.
+fn check_exchange(
+    e: &ExchangeConfig,
+    runtime: &RuntimeConfig,
+    schema: &SchemaRef,
+) -> Result<(), (&'static str, String)> {
+    if e.key.is_some() && e.workers.is_some() {
+        return Err((
+            "workers",
+            "give `key` (re-shard rows) or `workers` (place the next stages), not both".into(),
+        ));
+    }
+    if e.key.is_some() && e.balance {
+        return Err((
+            "balance",
+            "`key` routes every row by hash; `balance` cannot apply (use `ordered_by` to keep a \
+             key's rows in order)"
+                .into(),
+        ));
+    }
+    if let Some(k) = &e.ordered_by {
+        if schema.field_with_name(k).is_err() {
+            return Err((
+                "ordered_by",
+                format!("no column `{k}` here; columns are: {}", column_list(schema)),
+            ));
+        }
+    }
+    if let Some(Workers::Named(name)) = &e.workers {
+        if !runtime.placement.contains_key(name) {
+            return Err((
+                "workers",
+                format!(
+                    "no placement `{name}` in runtime.placement (it has: {})",
+                    runtime
+                        .placement
+                        .keys()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
+    if let Some(key) = &e.key {
+        match schema.field_with_name(key).map(|f| f.data_type().clone()) {
+            Ok(t) if riffle_dataflow::operators::is_key_type(&t) => {}
+            Ok(t) => {
+                return Err((
+                    "key",
+                    format!("column `{key}` is {t}; expected a string or integer column"),
+                ))
+            }
+            Err(_) => {
+                return Err((
+                    "key",
+                    format!(
+                        "no column `{key}` here; columns are: {}",
+                        column_list(schema)
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(())
 }

@@ -14,17 +14,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riffle_dataflow::checkpoint::{Checkpoint, CheckpointStore};
-use riffle_dataflow::operators::StateUpdates;
-use riffle_dataflow::{Committer, DataflowError, DataflowResult, Epoch, SourceFactory};
+use crate::checkpoint::{Checkpoint, CheckpointStore};
+use crate::operators::StateUpdates;
+use crate::{Committer, DataflowError, DataflowResult, Epoch, SourceFactory};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Exchange;
 use timely::dataflow::operators::vec::Map;
 use timely::dataflow::operators::{Concatenate, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle, Scope};
 
-use crate::plan::Restored;
-use crate::validate::Pipeline;
+use super::chain::Restored;
+use super::Job;
 
 /// Partition → next offset.
 pub type Offsets = BTreeMap<i32, i64>;
@@ -54,11 +54,11 @@ fn new_generation() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Opens the pipeline's checkpoint store, if any, and resumes from its newest checkpoint.
-pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
-    let Some(config) = &pipeline.runtime.checkpoint else {
+/// Opens the job's checkpoint store, if any, and resumes from its newest checkpoint.
+pub fn start(job: &Job) -> DataflowResult<Start> {
+    let Some(config) = &job.checkpoint else {
         return Ok(Start {
-            source: pipeline.source.clone(),
+            source: job.source.clone(),
             first_epoch: 0,
             store: None,
             resumed: Offsets::new(),
@@ -68,10 +68,10 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             previous: None,
         });
     };
-    let Some(id) = pipeline.source.checkpoint_id() else {
+    let Some(id) = job.source.checkpoint_id() else {
         return Err(DataflowError::Config(format!(
             "{}: runtime.checkpoint needs a source that can resume from offsets (kafka)",
-            pipeline.file.display()
+            job.name
         )));
     };
     let store = CheckpointStore::open(&config.dir, config.keep)?;
@@ -81,7 +81,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
             config.dir.display()
         );
         return Ok(Start {
-            source: pipeline.source.clone(),
+            source: job.source.clone(),
             first_epoch: 0,
             store: Some(store),
             resumed: Offsets::new(),
@@ -92,14 +92,9 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
         });
     };
     let offsets = checkpoint.sources.get(&id).cloned().unwrap_or_default();
-    let resumed = pipeline
-        .spec
-        .source
-        .value
-        .resumed(&offsets)
-        .ok_or_else(|| {
-            DataflowError::Config(format!("source `{id}` cannot resume from offsets"))
-        })?;
+    let resumed = job.source.resume(&offsets)?.ok_or_else(|| {
+        DataflowError::Config(format!("source `{id}` cannot resume from offsets"))
+    })?;
     tracing::info!(
         "resuming from checkpoint epoch {} in {} ({} partition offsets)",
         checkpoint.epoch,
@@ -107,7 +102,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
         offsets.len()
     );
     Ok(Start {
-        source: Arc::from(resumed.build()?),
+        source: resumed,
         first_epoch: checkpoint.epoch + 1,
         store: Some(store),
         resumed: offsets,

@@ -4,11 +4,11 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::batch::now_ns;
+use crate::metrics::StageMetrics;
+use crate::operators::{run_stage, BatchStream};
+use crate::{Batch, BatchKind, Epoch, Stage};
 use arrow_select::concat::concat_batches;
-use riffle_dataflow::batch::now_ns;
-use riffle_dataflow::metrics::StageMetrics;
-use riffle_dataflow::operators::{run_stage, BatchStream};
-use riffle_dataflow::{Batch, BatchKind, Epoch, Stage};
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::{Capability, Operator};
 
@@ -39,7 +39,7 @@ pub trait DynamicBatch<'scope> {
     /// use arrow_schema::SchemaRef;
     /// use riffle_dataflow::{Batch, DataflowResult, Stage, StageOutput};
     /// use riffle_dataflow::metrics::Metrics;
-    /// use riffle_operators::batching::{BatchPolicy, DynamicBatch};
+    /// use riffle_dataflow::operators::{BatchPolicy, DynamicBatch};
     /// use timely::dataflow::operators::{Inspect, ToStream};
     ///
     /// struct Double;

@@ -1,0 +1,172 @@
+//! From a job's steps to the operators one worker runs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use timely::dataflow::channels::pact::Pipeline as Local;
+use timely::dataflow::operators::feedback::Handle;
+use timely::dataflow::operators::vec::Map;
+use timely::dataflow::operators::{ConnectLoop, Feedback, Operator};
+
+use super::step::{Instrumented, JobStep, Route, Step, StepKind};
+use super::SlowWorker;
+use crate::metrics::Metrics;
+use crate::operators::{
+    ApplyStage, Balance, BatchStream, DynamicBatch, ExchangeByKey, Place, Rebalance, ServiceCell,
+    StateUpdates,
+};
+use crate::{Compression, DataflowError, DataflowResult, Epoch};
+
+/// One step as this worker runs it.
+pub(crate) enum WorkerStep {
+    Run(Step),
+    Exchange(Route, Compression),
+    /// A stage placed on other workers: batches never reach it here, so nothing is built.
+    Elsewhere,
+}
+
+/// Checkpointed operator state by step name: the records and their counts.
+pub type Restored = BTreeMap<String, Vec<(String, isize)>>;
+
+/// The steps worker `worker` (of `peers`) runs: its own stage instances, except for stages
+/// placed on other workers.
+pub(crate) fn worker_steps(
+    steps: &[JobStep],
+    worker: usize,
+    peers: usize,
+    slow: Option<&SlowWorker>,
+) -> DataflowResult<Vec<(String, WorkerStep)>> {
+    let mut out = Vec::new();
+    let mut here = true;
+    for step in steps {
+        let built = match &step.kind {
+            StepKind::Exchange(route, compression) => {
+                let placed = match route {
+                    Route::Workers(list) | Route::Balance(list, _) => list.as_slice(),
+                    Route::Key(_) | Route::All => &[],
+                };
+                if let Some(missing) = placed.iter().find(|w| **w >= peers) {
+                    return Err(DataflowError::Config(format!(
+                        "{}.workers: worker {missing} does not exist (the cluster has {peers} \
+                         worker(s), 0..{})",
+                        step.at,
+                        peers.saturating_sub(1)
+                    )));
+                }
+                here = match route {
+                    Route::Workers(list) => list.contains(&worker),
+                    _ => true,
+                };
+                WorkerStep::Exchange(route.clone(), *compression)
+            }
+            StepKind::Stage(_) if !here => WorkerStep::Elsewhere,
+            StepKind::Stage(build) => match build.build(worker, peers)? {
+                Step::Batched(stage, policy) => match slow {
+                    Some(slow) if slow.worker == worker => Step::Batched(
+                        Box::new(Instrumented {
+                            inner: stage,
+                            delay: slow.delay,
+                            service: None,
+                        }),
+                        policy,
+                    ),
+                    _ => Step::Batched(stage, policy),
+                },
+                other => other,
+            }
+            .into(),
+        };
+        out.push((step.name.clone(), built));
+    }
+    Ok(out)
+}
+
+impl From<Step> for WorkerStep {
+    fn from(step: Step) -> Self {
+        WorkerStep::Run(step)
+    }
+}
+
+/// The open end of a balanced exchange's feedback loop of load reports.
+type LoadLoop<'scope> = Handle<'scope, Epoch, Vec<(usize, f64, u64)>>;
+
+/// Appends the steps to `stream`. Stateful steps start from `restored` (before
+/// `first_epoch`) and report the updates of their state, by step name, to checkpoint.
+pub(crate) fn build_chain<'scope>(
+    mut stream: BatchStream<'scope>,
+    steps: Vec<(String, WorkerStep)>,
+    metrics: &Arc<Metrics>,
+    restored: &Restored,
+    first_epoch: Epoch,
+) -> DataflowResult<(BatchStream<'scope>, Vec<(String, StateUpdates<'scope>)>)> {
+    let mut states = Vec::new();
+    // A balanced exchange learns each worker's delay from the end of the stages after it.
+    let mut feedback: Option<(LoadLoop<'scope>, ServiceCell)> = None;
+    for (name, mut step) in steps {
+        if matches!(step, WorkerStep::Exchange(..)) {
+            if let Some((handle, service)) = feedback.take() {
+                stream.clone().report_delays(service).connect_loop(handle);
+            }
+        }
+        // Stages after a balanced exchange time their work for its load reports.
+        if let Some((_, service)) = &feedback {
+            step = match step {
+                WorkerStep::Run(Step::Apply(stage)) => {
+                    WorkerStep::Run(Step::Apply(Instrumented::timed(stage, service)))
+                }
+                WorkerStep::Run(Step::Batched(stage, policy)) => {
+                    WorkerStep::Run(Step::Batched(Instrumented::timed(stage, service), policy))
+                }
+                other => other,
+            };
+        }
+        stream = match step {
+            WorkerStep::Run(Step::Apply(stage)) => stream.apply_stage(stage, metrics.stage(&name)?),
+            WorkerStep::Run(Step::Batched(stage, policy)) => {
+                stream.dynamic_batch(stage, policy, metrics.stage(&name)?)
+            }
+            WorkerStep::Run(Step::Stateful(stage)) => {
+                let state = restored.get(&name).map_or(&[][..], Vec::as_slice);
+                let (out, updates) =
+                    stage.attach(stream, metrics.stage(&name)?, state, first_epoch);
+                states.push((name, updates));
+                out
+            }
+            WorkerStep::Exchange(route, compression) => {
+                // Encoded only if a batch crosses to another process; decoded on arrival.
+                let stream = if compression == Compression::None {
+                    stream
+                } else {
+                    stream.map_in_place(move |b| b.compression = compression)
+                };
+                let moved = match route {
+                    Route::Key(key) => stream.exchange_by_key(&key),
+                    Route::All => stream.rebalance(),
+                    Route::Workers(list) => stream.place(&list),
+                    Route::Balance(list, ordered_by) => {
+                        let (handle, reports) = stream.scope().feedback(1);
+                        let service = ServiceCell::default();
+                        feedback = Some((handle, service.clone()));
+                        stream.balance(&list, ordered_by, reports, service)
+                    }
+                };
+                if compression == Compression::None {
+                    moved
+                } else {
+                    moved.map_in_place(|b| b.compression = Compression::None)
+                }
+            }
+            // Every worker must build the same operators (timely numbers channels in build
+            // order), so a stage placed elsewhere is an idle pass-through here.
+            WorkerStep::Elsewhere => stream.unary(Local, "Elsewhere", |_, _| {
+                |input, output| {
+                    input.for_each(|cap, data| output.session(&cap).give_container(data));
+                }
+            }),
+        };
+    }
+    if let Some((handle, service)) = feedback {
+        stream.clone().report_delays(service).connect_loop(handle);
+    }
+    Ok((stream, states))
+}

@@ -1,0 +1,193 @@
+//! One worker's loop: read a batch, put it in the current epoch, close epochs, wait for the
+//! sink when too far ahead (flow control), write checkpoints (worker 0) and beat the heart.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use timely::dataflow::InputHandle;
+
+use super::chain::{build_chain, worker_steps};
+use super::checkpointing::{Checkpointer, OperatorState, Positions, SinkCommit, Start};
+use super::liveness::Liveness;
+use super::Job;
+use crate::batch::now_ns;
+use crate::dead_letter;
+use crate::metrics::Metrics;
+use crate::operators::{SinkOptions, WriteToSink};
+use crate::{Batch, DataflowError, Epoch};
+
+pub(crate) fn run_worker(
+    worker: &mut timely::worker::Worker,
+    job: &Job,
+    start: &Start,
+    metrics: &Arc<Metrics>,
+    errors: &Arc<Mutex<Vec<DataflowError>>>,
+) -> Result<(), DataflowError> {
+    let index = worker.index();
+    let peers = worker.peers();
+    // Built first, and by every worker, so the dataflows match across the cluster.
+    let mut liveness = Liveness::build(worker, job.peer_timeout);
+    let steps = worker_steps(&job.steps, index, peers, job.slow_worker.as_ref())?;
+    // Only worker 0 writes: the sink operator routes every batch there. After a restart the
+    // results sink continues from the checkpointed position.
+    let (results, dead) = if index == 0 {
+        let results = match start.sink_position {
+            Some(at) => job.sink.open_at(at)?,
+            None => job.sink.open()?,
+        };
+        (Some(results), Some(job.dead_letter.open()?))
+    } else {
+        (None, None)
+    };
+    let sink_positions = results
+        .as_ref()
+        .and_then(|r| r.position())
+        .map(|_| Rc::new(RefCell::new(BTreeMap::new())));
+    let durable = results.as_ref().and_then(|r| r.durable());
+    // Exactly-once into destinations that keep what a failed run wrote: first make final what
+    // the checkpoint we resume from covers, then void the rest of older runs' output.
+    let committer = match (index, start.generation) {
+        (0, Some(generation)) => match job.sink.committer()? {
+            Some(mut c) => {
+                if let Some((g, through)) = start.previous {
+                    c.commit(g, through)?;
+                }
+                c.fence(generation)?;
+                Some(c)
+            }
+            None => None,
+        },
+        _ => None,
+    };
+    let mut input: InputHandle<Epoch, timely::container::CapacityContainerBuilder<Vec<Batch>>> =
+        InputHandle::new();
+    let options = SinkOptions {
+        results,
+        dead_letters: dead,
+        latency_column: job.latency_column.clone(),
+        positions: sink_positions.clone(),
+        generation: start.generation,
+        errors: errors.clone(),
+    };
+    let mut positions: Option<Positions> = None;
+    let mut state: Option<OperatorState> = None;
+    let probe = worker.dataflow::<Epoch, _, _>(|scope| {
+        positions = Some(Positions::build(scope));
+        let stream = input.to_stream(scope);
+        let (stream, states) =
+            build_chain(stream, steps, metrics, &start.restored, start.first_epoch)?;
+        if !states.is_empty() {
+            state = Some(OperatorState::build(scope, states));
+        }
+        Ok::<_, DataflowError>(stream.write_to_sink(options, metrics.clone()))
+    })?;
+
+    let mut positions =
+        positions.ok_or_else(|| DataflowError::Cluster("dataflow not built".into()))?;
+    // Worker 0 writes the checkpoints.
+    let mut checkpointer = match (&start.store, start.source.checkpoint_id()) {
+        (Some(store), Some(id)) if index == 0 => Some(Checkpointer::new(
+            store.clone(),
+            id,
+            peers,
+            start,
+            SinkCommit {
+                positions: sink_positions,
+                durable,
+                committer,
+            },
+            job.checkpoint
+                .as_ref()
+                .map_or(Duration::ZERO, |c| c.interval),
+        )),
+        _ => None,
+    };
+    let source_metrics = metrics.stage("source")?;
+    let mut source = start.source.partition(index, peers)?;
+    let epoch_records = job.epochs.records;
+    let in_flight = job.epochs.max_in_flight;
+    let mut epoch: Epoch = start.first_epoch;
+    input.advance_to(epoch);
+    positions.input.advance_to(epoch);
+    let mut records_in_epoch = 0;
+    loop {
+        let read_started = Instant::now();
+        let Some(batch) = source.next_batch()? else {
+            break;
+        };
+        let rows = batch.records.num_rows();
+        source_metrics.record_batch(rows, rows, batch.rejected.len(), read_started.elapsed());
+        let ingest = now_ns();
+        for p in &batch.positions {
+            positions.input.send((p.partition, p.last_offset + 1));
+        }
+        if rows > 0 {
+            input.send(Batch::records(batch.records, ingest));
+        }
+        if !batch.rejected.is_empty() {
+            input.send(Batch::dead_letters(
+                dead_letter::to_batch(&batch.rejected)?,
+                ingest,
+            ));
+        }
+        let read = rows + batch.rejected.len();
+        records_in_epoch += read;
+        // An epoch closes when full, or when the source goes idle (an empty read from a
+        // stream), so results of a quiet stream still complete and get flushed.
+        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) {
+            records_in_epoch = 0;
+            epoch += 1;
+            input.advance_to(epoch);
+            positions.input.advance_to(epoch);
+            // Flow control: wait while the sink is more than `in_flight` epochs behind.
+            // Park rather than spin: on a small machine a spinning worker steals the core
+            // another worker's model is running on. Messages and timers unpark it.
+            while probe.less_than(&epoch.saturating_sub(in_flight)) && healthy(errors) {
+                worker.step_or_park(Some(Duration::from_millis(1)));
+                checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+                liveness.tick()?;
+            }
+        }
+        worker.step();
+        liveness.tick()?;
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+        if !healthy(errors) {
+            break;
+        }
+    }
+    input.close();
+    positions.close();
+    // A failed worker (any process) stops everyone: the others would wait for it forever.
+    let state_done = |s: &Option<OperatorState>| s.as_ref().is_none_or(|s| s.probe.done());
+    while (!probe.done() || !positions.probe.done() || !state_done(&state)) && healthy(errors) {
+        worker.step_or_park(Some(Duration::from_millis(1)));
+        liveness.tick()?;
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+    }
+    // Only a run that wrote all its results may record that it got this far.
+    if healthy(errors) {
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+    }
+    liveness.close();
+    Ok(())
+}
+
+fn checkpoint(
+    checkpointer: &mut Option<Checkpointer>,
+    positions: &Positions,
+    sink: &timely::dataflow::ProbeHandle<Epoch>,
+    state: Option<&mut OperatorState>,
+) -> Result<(), DataflowError> {
+    match checkpointer {
+        Some(c) => c.poll(positions, sink, state),
+        None => Ok(()),
+    }
+}
+
+/// No worker of this process has failed.
+pub(crate) fn healthy(errors: &Arc<Mutex<Vec<DataflowError>>>) -> bool {
+    errors.lock().map(|e| e.is_empty()).unwrap_or(false)
+}

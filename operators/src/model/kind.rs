@@ -1,0 +1,87 @@
+//! The `model` stage kind: what validation, planning and each worker ask of a model stage.
+
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use riffle_dataflow::operators::BatchPolicy;
+use riffle_dataflow::runtime::Step;
+use riffle_dataflow::{DataflowError, DataflowResult};
+
+use super::{planned_engine, Device, Model, ModelConfig};
+use crate::{ConfigFile, StageContext, StageKind};
+
+impl StageKind for ModelConfig {
+    fn kind(&self) -> &'static str {
+        "model"
+    }
+
+    fn files_mut(&mut self) -> Vec<ConfigFile<'_>> {
+        vec![ConfigFile {
+            key: "path",
+            path: &mut self.path,
+            expected: "an .onnx file",
+        }]
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        if self.batch.max_size == 0 {
+            return Err(
+                DataflowError::Config("expected a number ≥ 1, found 0".into()).at("batch.max_size"),
+            );
+        }
+        PENDING_SIGNATURE(self, input)
+    }
+
+    fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
+        planned_engine(self, ctx.worker, ctx.gpus).map(|_| ())
+    }
+
+    fn build(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
+        let model = Model::for_worker(self.clone(), ctx.intra_op_threads, ctx.worker, ctx.gpus)?;
+        Ok(Step::Batched(
+            Box::new(model),
+            self.batching().unwrap_or(POLICY),
+        ))
+    }
+
+    fn batching(&self) -> Option<BatchPolicy> {
+        Some(BatchPolicy {
+            max_size: self.batch.max_size,
+            max_delay: Duration::from_millis(self.batch.max_delay_ms),
+            late_after: self.batch.late_after_ms.map(Duration::from_millis),
+            drop_late: self.batch.drop_late,
+        })
+    }
+
+    fn describe(&self, ctx: &StageContext<'_>) -> String {
+        format!(
+            "{}, {}, {} ORT thread(s)",
+            match planned_engine(self, ctx.worker, ctx.gpus) {
+                Ok(engine) => format!("runs on {engine} (worker {})", ctx.worker),
+                Err(e) => format!("cannot run here: {e}"),
+            },
+            self.path
+                .file_name()
+                .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+            self.intra_op_threads.unwrap_or(ctx.intra_op_threads)
+        )
+    }
+
+    fn may_use_gpu(&self) -> bool {
+        self.device != Device::Cpu
+    }
+}
+
+const POLICY: BatchPolicy = BatchPolicy {
+    max_size: 1,
+    max_delay: Duration::ZERO,
+    late_after: None,
+    drop_late: false,
+};
+
+/// Until the signature is read from the ONNX file: the engine's own answer.
+#[allow(non_snake_case)]
+fn PENDING_SIGNATURE(config: &ModelConfig, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+    use riffle_dataflow::Stage;
+    Model::new(config.clone(), 1)?.output_schema(input)
+}
