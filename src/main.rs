@@ -92,9 +92,14 @@ fn plan_command(file: &std::path::Path, cluster: &cli::ClusterArgs) -> Result<()
         riffle_pipelines::plan::uses_gpus(&pipeline),
     )?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let gpus = match riffle_operators::gpu::discover() {
-        Ok(g) => format!("{} GPU(s)", g.len()),
-        Err(why) => format!("no GPU ({why})"),
+    // CUDA is only loaded for a pipeline that may use it.
+    let gpus = if !riffle_pipelines::plan::uses_gpus(&pipeline) {
+        "no stage asks for a GPU".to_string()
+    } else {
+        match riffle_operators::gpu::discover() {
+            Ok(g) => format!("{} GPU(s)", g.len()),
+            Err(why) => format!("no GPU ({why})"),
+        }
     };
     println!("machine: {cores} core(s), {gpus}");
     print!(

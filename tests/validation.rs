@@ -396,3 +396,38 @@ fn gpu_check_compares_gpu_and_cpu_paths_or_says_there_is_no_gpu() {
         }
     }
 }
+
+/// `validate` and `plan` build no engine: they succeed without ONNX Runtime's library and load
+/// no ONNX Runtime or CUDA library (glibc's loader reports every library it opens, `dlopen`
+/// included, under `LD_DEBUG=libs`).
+#[test]
+fn validate_and_plan_need_neither_onnx_runtime_nor_cuda() {
+    let file = repo().join("pipelines/camera-perception.yaml");
+    for command in ["validate", "plan"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args([command, file.to_str().unwrap()])
+            .env("RIFFLE_ORT_LIB", "/nonexistent/libonnxruntime.so")
+            .env("LD_DEBUG", "libs")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "riffle {command}: {stderr}");
+        // The loader's own lines: "find library=NAME" for each library asked for.
+        let asked: Vec<&str> = stderr
+            .lines()
+            .filter_map(|l| l.split("find library=").nth(1))
+            .collect();
+        assert!(
+            asked.iter().any(|l| l.starts_with("libc.so")),
+            "LD_DEBUG=libs reported nothing: {stderr}"
+        );
+        for lib in asked {
+            assert!(
+                !["libonnxruntime", "libcuda", "libnvrtc", "libcublas"]
+                    .iter()
+                    .any(|bad| lib.starts_with(bad)),
+                "riffle {command} loaded {lib}"
+            );
+        }
+    }
+}
