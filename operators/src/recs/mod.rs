@@ -8,6 +8,7 @@
 //! included), one output row per candidate, ready for a scoring model and a `rank` stage.
 
 mod candidates;
+mod step;
 mod window;
 
 pub use candidates::{Candidates, CandidatesConfig};
