@@ -65,4 +65,13 @@ pub trait SourceFactory: Send + Sync {
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())
     }
+
+    /// The same source starting at checkpointed positions (partition → next offset); `None` for
+    /// sources that cannot seek. Called by the runtime when it resumes from a checkpoint.
+    fn resume(
+        &self,
+        _offsets: &std::collections::BTreeMap<i32, i64>,
+    ) -> DataflowResult<Option<std::sync::Arc<dyn SourceFactory>>> {
+        Ok(None)
+    }
 }

@@ -92,14 +92,9 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
         });
     };
     let offsets = checkpoint.sources.get(&id).cloned().unwrap_or_default();
-    let resumed = pipeline
-        .spec
-        .source
-        .value
-        .resumed(&offsets)
-        .ok_or_else(|| {
-            DataflowError::Config(format!("source `{id}` cannot resume from offsets"))
-        })?;
+    let resumed = pipeline.source.resume(&offsets)?.ok_or_else(|| {
+        DataflowError::Config(format!("source `{id}` cannot resume from offsets"))
+    })?;
     tracing::info!(
         "resuming from checkpoint epoch {} in {} ({} partition offsets)",
         checkpoint.epoch,
@@ -107,7 +102,7 @@ pub fn start(pipeline: &Pipeline) -> DataflowResult<Start> {
         offsets.len()
     );
     Ok(Start {
-        source: Arc::from(resumed.build()?),
+        source: resumed,
         first_epoch: checkpoint.epoch + 1,
         store: Some(store),
         resumed: offsets,

@@ -4,6 +4,7 @@
 //! all processes) instead of joining a consumer group: offsets belong to Riffle's checkpoints,
 //! as in Flink and Arroyo, and are committed back to Kafka only as advisory, for lag tools.
 
+pub mod client;
 pub mod committed;
 mod config;
 mod metrics;
@@ -11,8 +12,7 @@ pub mod replay;
 mod sink;
 mod source;
 
-pub use config::{
-    ColumnType, KafkaSinkConfig, KafkaSourceConfig, MessageFormat, SinkFormat, StartAt,
-};
+pub use crate::formats::{ColumnType, MessageFormat};
+pub use config::{KafkaSinkConfig, KafkaSourceConfig, SinkFormat, StartAt};
 pub use sink::KafkaSinkFactory;
 pub use source::KafkaSourceFactory;
