@@ -1,17 +1,16 @@
-//! CSV source: a CSV file with a schema inferred from its first records.
+//! CSV source: a CSV file with a schema inferred from its first records. Inference and
+//! decoding are [`crate::formats::csv`]'s; this file reads and deals the records.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::RecordBatch;
-use arrow_csv::reader::Format;
-use arrow_csv::ReaderBuilder;
-use arrow_schema::{ArrowError, SchemaRef};
+use arrow_schema::SchemaRef;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 
-use crate::text::{check_batch_size, Framing, Record, RecordDecoder, TextPartition};
+use crate::formats::{self, Decoder, TextFormat};
+use crate::text::{check_batch_size, Framing, TextPartition};
 
 /// Records read to infer the column types.
 const INFER_RECORDS: usize = 1000;
@@ -78,19 +77,18 @@ impl CsvSource {
 fn infer_schema(path: &Path, has_header: bool, delimiter: u8) -> DataflowResult<SchemaRef> {
     let file = File::open(path)
         .map_err(|e| DataflowError::io(format!("opening {}", path.display()), e))?;
-    // Ragged rows must not stop inference: they are rejected one by one when decoded.
-    let format = Format::default()
-        .with_header(has_header)
-        .with_delimiter(delimiter)
-        .with_truncated_rows(true);
-    let (schema, _) = format
-        .infer_schema(std::io::BufReader::new(file), Some(INFER_RECORDS))
-        .map_err(|e| {
-            DataflowError::Config(format!(
-                "csv source: cannot infer a schema from {}: {e}",
-                path.display()
-            ))
-        })?;
+    let schema = formats::csv::infer_schema(
+        std::io::BufReader::new(file),
+        has_header,
+        delimiter,
+        INFER_RECORDS,
+    )
+    .map_err(|e| {
+        DataflowError::Config(format!(
+            "csv source: cannot infer a schema from {}: {e}",
+            path.display()
+        ))
+    })?;
     if schema.fields().is_empty() {
         return Err(DataflowError::Config(format!(
             "csv source: {} has no columns",
@@ -106,10 +104,13 @@ impl SourceFactory for CsvSource {
     }
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
-        let decoder = CsvDecoder {
-            schema: self.schema.clone(),
-            delimiter: self.delimiter,
-        };
+        let decoder = Decoder::new(
+            TextFormat::Csv {
+                delimiter: self.delimiter,
+            },
+            formats::Framing::FileRecord,
+            self.schema.clone(),
+        );
         let mut partition = TextPartition::new(
             &self.path,
             Framing::Csv {
@@ -117,7 +118,6 @@ impl SourceFactory for CsvSource {
                 quote: b'"',
             },
             decoder,
-            self.schema.clone(),
             self.batch_size,
             index,
             peers,
@@ -127,47 +127,5 @@ impl SourceFactory for CsvSource {
             partition.skip_records(1)?;
         }
         Ok(Box::new(partition))
-    }
-}
-
-struct CsvDecoder {
-    schema: SchemaRef,
-    delimiter: u8,
-}
-
-impl RecordDecoder for CsvDecoder {
-    fn decode(&self, records: &[Record]) -> Result<RecordBatch, ArrowError> {
-        let mut decoder = ReaderBuilder::new(self.schema.clone())
-            .with_header(false)
-            .with_delimiter(self.delimiter)
-            .with_batch_size(records.len().max(1))
-            .build_decoder();
-        let mut batches = Vec::with_capacity(1);
-        for record in records {
-            let mut buf = record.bytes.as_slice();
-            while !buf.is_empty() {
-                let n = decoder.decode(buf)?;
-                buf = &buf[n..];
-                if decoder.capacity() == 0 {
-                    batches.extend(decoder.flush()?);
-                } else if n == 0 {
-                    break;
-                }
-            }
-        }
-        // An empty buffer tells the parser the input has ended.
-        decoder.decode(&[])?;
-        batches.extend(decoder.flush()?);
-        arrow_select::concat::concat_batches(&self.schema, &batches)
-    }
-
-    fn reason(&self, error: &ArrowError, record: &Record) -> String {
-        // The record was parsed alone, so the parser numbers it line 0 (values) or 1 (fields);
-        // name the line in the file instead.
-        let line = record.line;
-        error
-            .to_string()
-            .replace(" at line 0.", &format!(" at line {line}."))
-            .replace(" for line 1,", &format!(" for line {line},"))
     }
 }

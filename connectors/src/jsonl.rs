@@ -1,4 +1,5 @@
-//! JSON lines: a source reading one JSON object per line, and a sink writing one per row.
+//! JSON lines: a source reading one JSON object per line (decoded by
+//! [`crate::formats::json`]), and a sink writing one per row.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -12,9 +13,9 @@ use arrow_schema::{ArrowError, DataType, SchemaRef};
 use riffle_dataflow::sink::{Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
-use serde_json::Value;
 
-use crate::text::{check_batch_size, Framing, Record, RecordDecoder, RecordReader, TextPartition};
+use crate::formats::{self, Decoder, TextFormat};
+use crate::text::{check_batch_size, Framing, RecordReader, TextPartition};
 
 /// Lines read to infer the schema.
 const INFER_RECORDS: usize = 1000;
@@ -56,32 +57,8 @@ impl JsonlSource {
 
 fn infer_schema(path: &Path) -> DataflowResult<SchemaRef> {
     let mut reader = RecordReader::open(path, Framing::Lines)?;
-    // Lines that are not JSON objects are skipped here and rejected when read.
-    let sample: Vec<Value> = reader
-        .next_chunk(INFER_RECORDS)?
-        .into_iter()
-        .filter_map(|r| serde_json::from_slice::<Value>(&r.bytes).ok())
-        .filter(Value::is_object)
-        .collect();
-    let infer = |values: &[&Value]| {
-        arrow_json::reader::infer_json_schema_from_iterator(values.iter().map(|v| Ok(*v)))
-    };
-    let all: Vec<&Value> = sample.iter().collect();
-    let schema = match infer(&all) {
-        Ok(schema) => schema,
-        // A line whose types conflict with earlier ones: infer from the lines that agree,
-        // leaving the others to be rejected.
-        Err(_) => {
-            let mut agreeing: Vec<&Value> = Vec::with_capacity(sample.len());
-            for value in &sample {
-                agreeing.push(value);
-                if infer(&agreeing).is_err() {
-                    agreeing.pop();
-                }
-            }
-            infer(&agreeing)?
-        }
-    };
+    let sample = reader.next_chunk(INFER_RECORDS)?;
+    let schema = formats::json::infer_schema(sample.iter().map(|r| r.bytes.as_slice()))?;
     if schema.fields().is_empty() {
         return Err(DataflowError::Config(format!(
             "jsonl source: no JSON object with fields in the first {INFER_RECORDS} lines of {}",
@@ -100,55 +77,15 @@ impl SourceFactory for JsonlSource {
         Ok(Box::new(TextPartition::new(
             &self.path,
             Framing::Lines,
-            JsonDecoder {
-                schema: self.schema.clone(),
-            },
-            self.schema.clone(),
+            Decoder::new(
+                TextFormat::Json,
+                formats::Framing::FileRecord,
+                self.schema.clone(),
+            ),
             self.batch_size,
             index,
             peers,
         )?))
-    }
-}
-
-struct JsonDecoder {
-    schema: SchemaRef,
-}
-
-impl RecordDecoder for JsonDecoder {
-    fn decode(&self, records: &[Record]) -> Result<RecordBatch, ArrowError> {
-        let mut decoder = arrow_json::ReaderBuilder::new(self.schema.clone())
-            .with_batch_size(records.len().max(1))
-            .build_decoder()?;
-        let mut batches = Vec::with_capacity(1);
-        for record in records {
-            let mut buf = record.bytes.as_slice();
-            while !buf.is_empty() {
-                let n = decoder.decode(buf)?;
-                buf = &buf[n..];
-                // The decoder stops early only when its batch is full.
-                if !buf.is_empty() {
-                    match decoder.flush()? {
-                        Some(batch) => batches.push(batch),
-                        None if n == 0 => {
-                            return Err(ArrowError::JsonError(
-                                "JSON decoder made no progress".to_string(),
-                            ))
-                        }
-                        None => {}
-                    }
-                }
-            }
-            // Each line must hold whole records: a value left open is a bad line, not the
-            // start of a multi-line record.
-            if decoder.has_partial_record() {
-                return Err(ArrowError::JsonError(
-                    "incomplete JSON value on the line".to_string(),
-                ));
-            }
-        }
-        batches.extend(decoder.flush()?);
-        arrow_select::concat::concat_batches(&self.schema, &batches)
     }
 }
 

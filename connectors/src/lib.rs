@@ -5,6 +5,11 @@
 //! - [`ipc`]: an Arrow IPC file, whole batches per worker.
 //! - [`csv`] and [`jsonl`]: text files, chunks of lines per worker; malformed lines become
 //!   dead letters instead of failing the run.
+//! - [`kafka`]: a topic's partitions, messages decoded as JSON, CSV, raw bytes or JPEG.
+//!
+//! Decoding of payloads (JSON, CSV, raw bytes, JPEG) into Arrow batches, schema inference and
+//! per-record rejection live in one place, [`formats`], shared by the file and Kafka sources.
+//! Kafka clients are configured in one place too: [`kafka::client`].
 //!
 //! Sinks: [`jsonl`] (a JSON-lines file), [`stdout`] (JSON lines on standard output) and
 //! [`ipc`] (an Arrow IPC file).
@@ -12,6 +17,7 @@
 //! [`SourceConfig`] and [`SinkConfig`] are the `source:` and `sink:` blocks of a pipeline file.
 
 pub mod csv;
+pub mod formats;
 pub mod images;
 pub mod ipc;
 pub mod jsonl;
@@ -53,19 +59,6 @@ impl SourceConfig {
             SourceConfig::Jsonl(c) => Box::new(JsonlSource::new(c)?),
             SourceConfig::Kafka(c) => Box::new(kafka::KafkaSourceFactory::new(c)?),
         })
-    }
-
-    /// The same source starting at checkpointed positions (partition → next offset), for the
-    /// sources that can seek.
-    pub fn resumed(&self, offsets: &std::collections::BTreeMap<i32, i64>) -> Option<SourceConfig> {
-        match self {
-            SourceConfig::Kafka(c) => {
-                let mut c = c.clone();
-                c.start = kafka::StartAt::Offsets(offsets.clone());
-                Some(SourceConfig::Kafka(c))
-            }
-            _ => None,
-        }
     }
 
     /// Files or directories the source reads.

@@ -1,15 +1,16 @@
-//! What the CSV and JSON-lines sources share: splitting a text file into records, dealing
-//! chunks of records to workers, and turning undecodable records into dead letters.
+//! What the CSV and JSON-lines sources share: splitting a text file into records and dealing
+//! chunks of records to workers. Records are decoded by [`crate::formats`], which turns
+//! undecodable ones into dead letters.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use arrow_array::RecordBatch;
-use arrow_schema::{ArrowError, SchemaRef};
 use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::source::SourceBatch;
 use riffle_dataflow::{DataflowError, DataflowResult, Source};
+
+use crate::formats::Decoder;
 
 /// One record of a text file: its bytes (ending in `\n`) and the 1-based line it starts on.
 #[derive(Clone, Debug)]
@@ -157,23 +158,11 @@ fn scan_csv(bytes: &[u8], mut state: CsvState, delimiter: u8, quote: u8) -> CsvS
     state
 }
 
-/// Decodes a run of records of one format into a batch of the source's schema.
-pub(crate) trait RecordDecoder: Send {
-    /// All of `records` as one batch, or the first error if any record is bad.
-    fn decode(&self, records: &[Record]) -> Result<RecordBatch, ArrowError>;
-
-    /// Makes a parser error read well next to the record's real line number.
-    fn reason(&self, error: &ArrowError, _record: &Record) -> String {
-        error.to_string()
-    }
-}
-
 /// The chunks of a text file that one worker reads: chunk `c` (of `batch_size` records)
 /// belongs to worker `c % peers`.
-pub(crate) struct TextPartition<D> {
+pub(crate) struct TextPartition {
     reader: RecordReader,
-    decoder: D,
-    schema: SchemaRef,
+    decoder: Decoder,
     path: PathBuf,
     batch_size: usize,
     index: usize,
@@ -181,12 +170,11 @@ pub(crate) struct TextPartition<D> {
     next_chunk: usize,
 }
 
-impl<D: RecordDecoder> TextPartition<D> {
+impl TextPartition {
     pub fn new(
         path: &Path,
         framing: Framing,
-        decoder: D,
-        schema: SchemaRef,
+        decoder: Decoder,
         batch_size: usize,
         index: usize,
         peers: usize,
@@ -195,7 +183,6 @@ impl<D: RecordDecoder> TextPartition<D> {
         Ok(TextPartition {
             reader: RecordReader::open(path, framing)?,
             decoder,
-            schema,
             path: path.to_path_buf(),
             batch_size,
             index,
@@ -209,34 +196,26 @@ impl<D: RecordDecoder> TextPartition<D> {
         self.reader.skip_records(n).map(|_| ())
     }
 
-    /// Decodes a chunk; if it fails, decodes record by record so that only the bad records
-    /// are rejected.
+    /// Decodes a chunk, rejecting only its bad records.
     fn decode_chunk(&self, records: &[Record]) -> DataflowResult<SourceBatch> {
-        if let Ok(batch) = self.decoder.decode(records) {
-            return Ok(SourceBatch::new(batch, Vec::new()));
-        }
-        let mut good = Vec::with_capacity(records.len());
-        let mut rejected = Vec::new();
-        for record in records {
-            match self.decoder.decode(std::slice::from_ref(record)) {
-                Ok(batch) => good.push(batch),
-                Err(e) => rejected.push(DeadLetter {
-                    stage: "source".to_string(),
-                    reason: self.decoder.reason(&e, record),
-                    record: serde_json::json!({
-                        "path": self.path.to_string_lossy(),
-                        "line": record.line,
-                    })
-                    .to_string(),
-                }),
+        let payloads: Vec<&[u8]> = records.iter().map(|r| r.bytes.as_slice()).collect();
+        let decoded = self.decoder.decode_or_reject(&payloads, |i, e| {
+            let line = records[i].line;
+            DeadLetter {
+                stage: "source".to_string(),
+                reason: self.decoder.reason(e, Some(line)),
+                record: serde_json::json!({
+                    "path": self.path.to_string_lossy(),
+                    "line": line,
+                })
+                .to_string(),
             }
-        }
-        let records = arrow_select::concat::concat_batches(&self.schema, &good)?;
-        Ok(SourceBatch::new(records, rejected))
+        })?;
+        Ok(SourceBatch::new(decoded.batch, decoded.rejected))
     }
 }
 
-impl<D: RecordDecoder> Source for TextPartition<D> {
+impl Source for TextPartition {
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
         // Other workers' chunks are scanned (to count records) but not kept or decoded.
         while self.next_chunk % self.peers != self.index {

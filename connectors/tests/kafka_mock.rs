@@ -283,6 +283,50 @@ fn start_offsets_and_latest() {
 }
 
 #[test]
+fn resume_starts_at_checkpointed_offsets_with_the_same_columns() {
+    let topic = "resumes";
+    let (_cluster, brokers) = cluster(topic, 2);
+    let values: Vec<String> = (0..10).map(|i| json!({"id": i}).to_string()).collect();
+    let messages: Vec<Msg> = (0..10)
+        .map(|i| Msg {
+            partition: i as i32 % 2,
+            value: Some(values[i].as_bytes()),
+            ..Msg::default()
+        })
+        .collect();
+    produce(&brokers, topic, &messages);
+    let factory = KafkaSourceFactory::new(&source_config(json!({
+        "brokers": brokers, "topic": topic, "format": "json", "stop_at_end": true,
+    })))
+    .unwrap();
+
+    // Partition 0 (ids 0,2,4,6,8) from offset 3, partition 1 (ids 1,3,...) from offset 4.
+    let resumed = factory
+        .resume(&BTreeMap::from([(0, 3), (1, 4)]))
+        .unwrap()
+        .expect("a Kafka source resumes");
+    assert_eq!(resumed.schema().unwrap(), factory.schema().unwrap());
+    assert_eq!(resumed.checkpoint_id(), factory.checkpoint_id());
+    let mut source = resumed.partition(0, 1).unwrap();
+    let mut batches = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Some(batch) = source.next_batch().unwrap() {
+        batches.push(batch);
+        assert!(Instant::now() < deadline, "source did not reach its end");
+    }
+    let mut ids: Vec<i64> = ints(&concat(&batches), "id")
+        .into_iter()
+        .flatten()
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [6, 8, 9]);
+
+    // Offsets of partitions the topic does not have are a configuration error.
+    assert!(factory.resume(&BTreeMap::from([(7, 0)])).is_err());
+    assert!(factory.resume(&BTreeMap::from([(0, -1)])).is_err());
+}
+
+#[test]
 fn empty_topic_needs_a_schema_but_ends_when_declared() {
     let topic = "empty";
     let (_cluster, brokers) = cluster(topic, 2);

@@ -6,11 +6,21 @@
 //! a restarted run writes `riffle.fence: G'` (results of generations before `G'` that are not
 //! committed yet are void: the new run produces them again). Messages without these headers
 //! (runs without checkpoints, other producers) pass straight through.
+//!
+//! [`Committed`] is the view itself; [`read_to_end`] reads a whole topic through it
+//! (`riffle consume`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
-use riffle_dataflow::Epoch;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message as _};
+use rdkafka::{Offset, TopicPartitionList};
+use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 
+use super::client::{client_config, Role};
+use super::replay::kafka_error;
 use super::sink::{COMMIT_HEADER, EPOCH_HEADER, FENCE_HEADER, GENERATION_HEADER};
 
 /// What one message is, from its headers.
@@ -163,6 +173,120 @@ impl<T> Committed<T> {
             .map(Vec::len)
             .sum()
     }
+}
+
+/// What [`read_to_end`] read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadSummary {
+    /// Messages read, markers included.
+    pub messages: u64,
+    /// Values passed on.
+    pub shown: u64,
+    /// Results seen but never committed, held back (0 when reading raw).
+    pub uncommitted: usize,
+}
+
+/// Longest wait for metadata and watermarks.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Reading gives up after this long without a message or an end of partition.
+const STALL_LIMIT: Duration = Duration::from_secs(120);
+
+/// Reads every partition of `topic` from the beginning to the end it has now, and passes each
+/// visible value to `show`, in order per partition: through the committed view, or with `raw`
+/// every message but the commit and fence markers.
+pub fn read_to_end(
+    brokers: &str,
+    topic: &str,
+    raw: bool,
+    mut show: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> DataflowResult<ReadSummary> {
+    let error = |e| kafka_error(brokers, topic, e);
+    let consumer: BaseConsumer = client_config(brokers, &BTreeMap::new(), Role::ResultsReader)
+        .create()
+        .map_err(error)?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .map_err(error)?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(DataflowError::Config(format!(
+            "topic `{topic}` has no partitions on {brokers}"
+        )));
+    }
+    let mut ends = BTreeMap::new();
+    let mut list = TopicPartitionList::new();
+    for p in &partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, *p, METADATA_TIMEOUT)
+            .map_err(error)?;
+        ends.insert(*p, high);
+        list.add_partition_offset(topic, *p, Offset::Beginning)
+            .map_err(error)?;
+    }
+    consumer.assign(&list).map_err(error)?;
+    let mut next: BTreeMap<i32, i64> = partitions.iter().map(|p| (*p, 0)).collect();
+    let mut view = Committed::default();
+    let mut summary = ReadSummary::default();
+    let mut last_progress = Instant::now();
+    while next
+        .iter()
+        .any(|(p, n)| ends.get(p).is_some_and(|end| n < end))
+    {
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            if last_progress.elapsed() > STALL_LIMIT {
+                return Err(DataflowError::stage(
+                    "consume",
+                    format!(
+                        "no progress for {} s reading `{topic}`: at {next:?} of {ends:?}",
+                        STALL_LIMIT.as_secs()
+                    ),
+                ));
+            }
+            continue;
+        };
+        let message = match message {
+            Ok(m) => m,
+            // The broker says a partition ends here (its high watermark may be read differently
+            // by list-offsets and fetch): take that as its end.
+            Err(KafkaError::PartitionEOF(p)) => {
+                if let Some(end) = ends.get(&p).copied() {
+                    next.insert(p, end);
+                }
+                last_progress = Instant::now();
+                continue;
+            }
+            // Transient (a broker restarting): librdkafka retries itself.
+            Err(e) => {
+                tracing::warn!("consume: {e}");
+                continue;
+            }
+        };
+        last_progress = Instant::now();
+        next.insert(message.partition(), message.offset() + 1);
+        summary.messages += 1;
+        let kind = message.headers().map_or(Message::Plain, |h| {
+            Message::from_headers(h.iter().map(|h| (h.key, h.value.unwrap_or_default())))
+        });
+        let payload = message.payload().unwrap_or_default().to_vec();
+        let visible = if raw {
+            match kind {
+                Message::Commit { .. } | Message::Fence { .. } => Vec::new(),
+                _ => vec![payload],
+            }
+        } else {
+            view.push(message.partition(), kind, payload)
+        };
+        for value in visible {
+            show(&value).map_err(|e| DataflowError::io("writing a result", e))?;
+            summary.shown += 1;
+        }
+    }
+    summary.uncommitted = view.uncommitted();
+    Ok(summary)
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use crate::formats::{ColumnType, MessageFormat};
+
 /// `source: { kafka: {...} }`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -49,20 +51,6 @@ fn default_linger_ms() -> u64 {
     20
 }
 
-/// Message value formats.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum MessageFormat {
-    /// One JSON object per message (arrow-json).
-    Json,
-    /// One CSV record per message, no header (arrow-csv).
-    Csv,
-    /// An encoded image: the value lands in a `bytes` column for `decode`.
-    Jpeg,
-    /// Any payload, as a `bytes` column.
-    Raw,
-}
-
 /// Where a source starts reading.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -74,16 +62,6 @@ pub enum StartAt {
     TimestampMs(i64),
     /// Given offsets per partition (partitions not listed start at the earliest).
     Offsets(BTreeMap<i32, i64>),
-}
-
-/// Types for declared columns.
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum ColumnType {
-    String,
-    Int64,
-    Float64,
-    Bool,
 }
 
 /// `sink: { kafka: {...} }`.

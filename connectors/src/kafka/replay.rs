@@ -10,15 +10,22 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use rdkafka::ClientConfig;
 use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
+
+use super::client::{client_config, Role};
+
+/// `riffle produce` and topic creation take no librdkafka options (the sink creates its topic
+/// with the brokers alone, as before).
+fn no_options() -> std::collections::BTreeMap<String, String> {
+    std::collections::BTreeMap::new()
+}
 
 /// Creates `topic` with `partitions` partitions unless it exists.
 pub fn ensure_topic(brokers: &str, topic: &str, partitions: i32) -> DataflowResult<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(|e| kafka_error(brokers, topic, e))?;
+    let admin: AdminClient<DefaultClientContext> =
+        client_config(brokers, &no_options(), Role::Admin)
+            .create()
+            .map_err(|e| kafka_error(brokers, topic, e))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -84,10 +91,7 @@ pub fn replay(
         partitions,
         known: Default::default(),
     };
-    let producer: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("linger.ms", "5")
+    let producer: BaseProducer = client_config(brokers, &no_options(), Role::ReplayProducer)
         .create()
         .map_err(|e| kafka_error(brokers, topic, e))?;
     let mut reader = source.partition(0, 1)?;
@@ -207,8 +211,7 @@ fn arrow_cast_to_strings(column: &dyn arrow_array::Array) -> DataflowResult<Vec<
 
 fn partition_count(brokers: &str, topic: &str) -> DataflowResult<i32> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = client_config(brokers, &no_options(), Role::Admin)
         .create()
         .map_err(|e| kafka_error(brokers, topic, e))?;
     let metadata = consumer

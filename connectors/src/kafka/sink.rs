@@ -20,6 +20,7 @@ use riffle_dataflow::sink::{Committer, Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult};
 use tracing::warn;
 
+use super::client::Role;
 use super::config::{KafkaSinkConfig, SinkFormat};
 use super::metrics::{self, kafka_metrics};
 
@@ -165,15 +166,7 @@ fn sink_error(config: &KafkaSinkConfig, message: impl std::fmt::Display) -> Data
 }
 
 fn client_config(config: &KafkaSinkConfig) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &config.brokers)
-        // No duplicates or reordering on retries, and a write counts once all replicas have it.
-        .set("enable.idempotence", "true")
-        .set("acks", "all");
-    for (key, value) in &config.options {
-        c.set(key, value);
-    }
-    c
+    super::client::client_config(&config.brokers, &config.options, Role::SinkProducer)
 }
 
 /// Delivery outcomes, written by librdkafka's callbacks and read by the sink.

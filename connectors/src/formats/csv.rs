@@ -1,0 +1,149 @@
+//! CSV payloads: one record per payload (arrow-csv), columns inferred from sample records or
+//! a file's first records.
+
+use std::io::{Cursor, Read};
+
+use arrow_array::RecordBatch;
+use arrow_csv::reader::Format;
+use arrow_schema::{ArrowError, Schema, SchemaRef};
+
+use super::{trim_line_end, Framing};
+
+/// Infers columns from the first `max_records` records of CSV text. Ragged records do not stop
+/// inference: they are rejected one by one when decoded.
+pub fn infer_schema(
+    text: impl Read,
+    has_header: bool,
+    delimiter: u8,
+    max_records: usize,
+) -> Result<Schema, ArrowError> {
+    let format = Format::default()
+        .with_header(has_header)
+        .with_delimiter(delimiter)
+        .with_truncated_rows(true);
+    format
+        .infer_schema(text, Some(max_records))
+        .map(|(schema, _)| schema)
+}
+
+/// Infers columns from sample payloads of one record each (no header, `,`-separated; columns
+/// are named `column_1`, `column_2`, ...). Empty payloads are skipped.
+pub fn infer_schema_from_payloads<'a>(
+    payloads: impl IntoIterator<Item = &'a [u8]>,
+    max_records: usize,
+) -> Result<Schema, ArrowError> {
+    let mut text = Vec::new();
+    for payload in payloads {
+        let record = trim_line_end(payload);
+        if !record.is_empty() {
+            text.extend_from_slice(record);
+            text.push(b'\n');
+        }
+    }
+    infer_schema(Cursor::new(text), false, b',', max_records)
+}
+
+pub(super) fn decode(
+    schema: &SchemaRef,
+    delimiter: u8,
+    framing: Framing,
+    payloads: &[&[u8]],
+) -> Result<RecordBatch, ArrowError> {
+    match framing {
+        Framing::Message => decode_messages(schema, delimiter, payloads),
+        Framing::FileRecord => decode_records(schema, delimiter, payloads),
+    }
+}
+
+/// The parser numbers a record decoded alone line 0 (values) or 1 (fields); `line` names the
+/// record's line in its file instead.
+pub(super) fn reason_at_line(error: &ArrowError, line: u64) -> String {
+    error
+        .to_string()
+        .replace(" at line 0.", &format!(" at line {line}."))
+        .replace(" for line 1,", &format!(" for line {line},"))
+}
+
+/// One CSV record (no header) per message; fails if any message holds anything else.
+fn decode_messages(
+    schema: &SchemaRef,
+    delimiter: u8,
+    values: &[&[u8]],
+) -> Result<RecordBatch, ArrowError> {
+    let capacity = values.len() + 1;
+    let mut decoder = arrow_csv::ReaderBuilder::new(schema.clone())
+        .with_header(false)
+        .with_delimiter(delimiter)
+        .with_batch_size(capacity)
+        .build_decoder();
+    for (i, value) in values.iter().enumerate() {
+        let record = trim_line_end(value);
+        if record.is_empty() {
+            return Err(ArrowError::CsvError(
+                "the message holds no CSV record".to_string(),
+            ));
+        }
+        feed(&mut decoder, record)?;
+        feed(&mut decoder, b"\n")?;
+        let rows = capacity - decoder.capacity();
+        if rows <= i {
+            return Err(ArrowError::CsvError(
+                "the message's CSV record does not end (unbalanced quote?)".to_string(),
+            ));
+        }
+        if rows > i + 1 {
+            return Err(ArrowError::CsvError(
+                "the message holds more than one CSV record".to_string(),
+            ));
+        }
+    }
+    // An empty buffer tells the parser the input has ended.
+    decoder.decode(&[])?;
+    Ok(decoder
+        .flush()?
+        .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
+}
+
+fn feed(decoder: &mut arrow_csv::reader::Decoder, mut buf: &[u8]) -> Result<(), ArrowError> {
+    while !buf.is_empty() {
+        let n = decoder.decode(buf)?;
+        if n == 0 {
+            // Only a full batch stops the parser: more records than messages.
+            return Err(ArrowError::CsvError(
+                "the message holds more than one CSV record".to_string(),
+            ));
+        }
+        buf = &buf[n..];
+    }
+    Ok(())
+}
+
+/// Records of a CSV file, as its framing cut them (a quoted field may span lines).
+fn decode_records(
+    schema: &SchemaRef,
+    delimiter: u8,
+    records: &[&[u8]],
+) -> Result<RecordBatch, ArrowError> {
+    let mut decoder = arrow_csv::ReaderBuilder::new(schema.clone())
+        .with_header(false)
+        .with_delimiter(delimiter)
+        .with_batch_size(records.len().max(1))
+        .build_decoder();
+    let mut batches = Vec::with_capacity(1);
+    for record in records {
+        let mut buf = *record;
+        while !buf.is_empty() {
+            let n = decoder.decode(buf)?;
+            buf = &buf[n..];
+            if decoder.capacity() == 0 {
+                batches.extend(decoder.flush()?);
+            } else if n == 0 {
+                break;
+            }
+        }
+    }
+    // An empty buffer tells the parser the input has ended.
+    decoder.decode(&[])?;
+    batches.extend(decoder.flush()?);
+    arrow_select::concat::concat_batches(schema, &batches)
+}

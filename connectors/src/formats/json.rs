@@ -1,0 +1,114 @@
+//! JSON payloads: one object per record (arrow-json), schema inferred from sample records.
+
+use arrow_array::RecordBatch;
+use arrow_schema::{ArrowError, Schema, SchemaRef};
+use serde_json::Value;
+
+use super::Framing;
+
+/// Infers columns from sample payloads. Payloads that are not JSON objects are skipped (they
+/// are rejected when read); when types conflict, the schema comes from the payloads that agree
+/// with the earlier ones, leaving the others to be rejected.
+pub fn infer_schema<'a>(
+    payloads: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<Schema, ArrowError> {
+    let objects: Vec<Value> = payloads
+        .into_iter()
+        .filter_map(|v| serde_json::from_slice::<Value>(v).ok())
+        .filter(Value::is_object)
+        .collect();
+    let infer = |values: &[&Value]| {
+        arrow_json::reader::infer_json_schema_from_iterator(values.iter().map(|v| Ok(*v)))
+    };
+    let all: Vec<&Value> = objects.iter().collect();
+    match infer(&all) {
+        Ok(schema) => Ok(schema),
+        Err(_) => {
+            let mut agreeing: Vec<&Value> = Vec::with_capacity(objects.len());
+            for value in &objects {
+                agreeing.push(value);
+                if infer(&agreeing).is_err() {
+                    agreeing.pop();
+                }
+            }
+            infer(&agreeing)
+        }
+    }
+}
+
+pub(super) fn decode(
+    schema: &SchemaRef,
+    framing: Framing,
+    payloads: &[&[u8]],
+) -> Result<RecordBatch, ArrowError> {
+    match framing {
+        Framing::Message => decode_messages(schema, payloads),
+        Framing::FileRecord => decode_lines(schema, payloads),
+    }
+}
+
+/// One JSON object per message; fails if any message holds anything else.
+fn decode_messages(schema: &SchemaRef, values: &[&[u8]]) -> Result<RecordBatch, ArrowError> {
+    // One spare row, so a second value in the last message is seen rather than left unread.
+    let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
+        .with_batch_size(values.len() + 1)
+        .build_decoder()?;
+    for (i, value) in values.iter().enumerate() {
+        let read = decoder.decode(value)?;
+        if decoder.has_partial_record() {
+            return Err(ArrowError::JsonError(
+                "incomplete JSON value in the message".to_string(),
+            ));
+        }
+        let rows = decoder.len();
+        if rows <= i {
+            return Err(ArrowError::JsonError(
+                "the message holds no JSON value".to_string(),
+            ));
+        }
+        if rows > i + 1 || read < value.len() {
+            return Err(ArrowError::JsonError(
+                "the message holds more than one JSON value".to_string(),
+            ));
+        }
+    }
+    Ok(decoder
+        .flush()?
+        .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
+}
+
+/// Lines of a JSON-lines file, each holding whole values (usually one object).
+fn decode_lines(schema: &SchemaRef, lines: &[&[u8]]) -> Result<RecordBatch, ArrowError> {
+    let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
+        .with_batch_size(lines.len().max(1))
+        .build_decoder()?;
+    let mut batches = Vec::with_capacity(1);
+    for line in lines {
+        let mut buf = *line;
+        while !buf.is_empty() {
+            let n = decoder.decode(buf)?;
+            buf = &buf[n..];
+            // The decoder stops early only when its batch is full.
+            if !buf.is_empty() {
+                match decoder.flush()? {
+                    Some(batch) => batches.push(batch),
+                    None if n == 0 => {
+                        return Err(ArrowError::JsonError(
+                            "JSON decoder made no progress".to_string(),
+                        ))
+                    }
+                    None => {}
+                }
+            }
+        }
+        // Each line must hold whole records: a value left open is a bad line, not the start
+        // of a multi-line record.
+        if decoder.has_partial_record() {
+            return Err(ArrowError::JsonError(
+                "incomplete JSON value on the line".to_string(),
+            ));
+        }
+    }
+    batches.extend(decoder.flush()?);
+    arrow_select::concat::concat_batches(schema, &batches)
+}

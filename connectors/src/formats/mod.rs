@@ -1,0 +1,175 @@
+//! Payload formats: how the bytes of a record (a line or CSV record of a file, the value of a
+//! Kafka message) become rows of an Arrow [`RecordBatch`]. Every source that decodes payloads
+//! uses this module: the `csv` and `jsonl` file sources and the Kafka source.
+//!
+//! - [`json`]: one JSON object per record; schema inferred from sample records.
+//! - [`csv`]: one CSV record per record; schema inferred from sample records.
+//! - [`raw`]: `raw` and `jpeg` payloads, kept whole in a `bytes` column.
+//! - [`ColumnType`] and [`declared_schema`]: columns declared in the pipeline file instead of
+//!   inferred.
+//!
+//! Decoding never fails the run on bad data: [`Decoder::decode_or_reject`] decodes a chunk of
+//! records at once and, if any record is bad, decodes them one by one so that each bad record
+//! becomes a [`DeadLetter`] with its reason while the others are kept.
+
+pub mod csv;
+pub mod json;
+pub mod raw;
+mod schema;
+
+#[cfg(test)]
+mod tests;
+
+use arrow_array::RecordBatch;
+use arrow_schema::{ArrowError, SchemaRef};
+use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::DataflowResult;
+use serde::Deserialize;
+
+pub use schema::{declared_schema, ColumnType};
+
+/// Message value formats of the Kafka source (`format:`).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum MessageFormat {
+    /// One JSON object per message (arrow-json).
+    Json,
+    /// One CSV record per message, no header (arrow-csv).
+    Csv,
+    /// An encoded image: the value lands in a `bytes` column for `decode`.
+    Jpeg,
+    /// Any payload, as a `bytes` column.
+    Raw,
+}
+
+impl MessageFormat {
+    /// The text format that decodes into columns, or `None` for payloads kept whole.
+    pub fn text(self) -> Option<TextFormat> {
+        match self {
+            MessageFormat::Json => Some(TextFormat::Json),
+            MessageFormat::Csv => Some(TextFormat::Csv { delimiter: b',' }),
+            MessageFormat::Jpeg | MessageFormat::Raw => None,
+        }
+    }
+}
+
+/// Formats whose records decode into columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextFormat {
+    Json,
+    Csv { delimiter: u8 },
+}
+
+impl TextFormat {
+    /// The format's name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            TextFormat::Json => "json",
+            TextFormat::Csv { .. } => "csv",
+        }
+    }
+}
+
+/// What one payload holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// Exactly one record (a Kafka message): anything more or less is rejected.
+    Message,
+    /// A record as a file's framing cut it (a JSON line, which may hold several objects; a CSV
+    /// record, which may span lines).
+    FileRecord,
+}
+
+/// Decodes payloads of one format into batches of one schema.
+#[derive(Clone, Debug)]
+pub struct Decoder {
+    format: TextFormat,
+    framing: Framing,
+    schema: SchemaRef,
+}
+
+/// The rows of the payloads that decoded, which payloads those were, and dead letters for the
+/// others.
+#[derive(Debug)]
+pub struct Decoded {
+    pub batch: RecordBatch,
+    /// Indices of the payloads behind the rows of `batch`, ascending.
+    pub kept: Vec<usize>,
+    pub rejected: Vec<DeadLetter>,
+}
+
+impl Decoder {
+    pub fn new(format: TextFormat, framing: Framing, schema: SchemaRef) -> Self {
+        Decoder {
+            format,
+            framing,
+            schema,
+        }
+    }
+
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// All of `payloads` as one batch, or the first error if any payload is bad.
+    pub fn decode(&self, payloads: &[&[u8]]) -> Result<RecordBatch, ArrowError> {
+        match self.format {
+            TextFormat::Json => json::decode(&self.schema, self.framing, payloads),
+            TextFormat::Csv { delimiter } => {
+                csv::decode(&self.schema, delimiter, self.framing, payloads)
+            }
+        }
+    }
+
+    /// Decodes `payloads` at once; if that fails, payload by payload, so that only the bad
+    /// ones are rejected. `dead_letter(i, reason)` describes bad payload `i`.
+    pub fn decode_or_reject(
+        &self,
+        payloads: &[&[u8]],
+        mut dead_letter: impl FnMut(usize, &ArrowError) -> DeadLetter,
+    ) -> DataflowResult<Decoded> {
+        if let Ok(batch) = self.decode(payloads) {
+            return Ok(Decoded {
+                batch,
+                kept: (0..payloads.len()).collect(),
+                rejected: Vec::new(),
+            });
+        }
+        let mut good = Vec::with_capacity(payloads.len());
+        let mut kept = Vec::with_capacity(payloads.len());
+        let mut rejected = Vec::new();
+        for (i, payload) in payloads.iter().enumerate() {
+            match self.decode(std::slice::from_ref(payload)) {
+                Ok(batch) => {
+                    good.push(batch);
+                    kept.push(i);
+                }
+                Err(e) => rejected.push(dead_letter(i, &e)),
+            }
+        }
+        let batch = arrow_select::concat::concat_batches(&self.schema, &good)?;
+        Ok(Decoded {
+            batch,
+            kept,
+            rejected,
+        })
+    }
+
+    /// A decoding error as a dead letter's reason, naming `line` of the file the record starts
+    /// on where the parser would name its own numbering.
+    pub fn reason(&self, error: &ArrowError, line: Option<u64>) -> String {
+        match (self.format, line) {
+            (TextFormat::Csv { .. }, Some(line)) => csv::reason_at_line(error, line),
+            _ => error.to_string(),
+        }
+    }
+}
+
+/// The payload without trailing line ends.
+pub(crate) fn trim_line_end(value: &[u8]) -> &[u8] {
+    let end = value
+        .iter()
+        .rposition(|&b| b != b'\n' && b != b'\r')
+        .map_or(0, |i| i + 1);
+    &value[..end]
+}

@@ -1,0 +1,158 @@
+//! Messages copied out of librdkafka's buffers, and the batch they become: value columns
+//! decoded by [`crate::formats`] (or the whole value as `bytes`), then the key, message and
+//! header columns.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::DataflowResult;
+use serde_json::Value;
+
+use super::reader::KafkaReader;
+use crate::formats::{raw, ColumnType};
+
+/// Value columns (`None` when values are kept whole), the messages behind their rows, and dead
+/// letters for the messages that did not decode.
+type Decoded = (Option<RecordBatch>, Vec<usize>, Vec<DeadLetter>);
+
+impl KafkaReader {
+    /// The value columns of the messages that decode, with the indices of those messages and
+    /// dead letters for the others.
+    pub(super) fn decode(&self, pending: &Pending) -> DataflowResult<Decoded> {
+        let Some(decoder) = &self.decoder else {
+            return Ok((None, (0..pending.messages.len()).collect(), Vec::new()));
+        };
+        let values: Vec<&[u8]> = pending.messages.iter().map(|m| pending.value(m)).collect();
+        let decoded = decoder.decode_or_reject(&values, |i, e| {
+            let m = &pending.messages[i];
+            DeadLetter {
+                stage: "source".to_string(),
+                reason: e.to_string(),
+                record: serde_json::json!({
+                    "topic": self.config.topic,
+                    "partition": m.partition,
+                    "offset": m.offset,
+                })
+                .to_string(),
+            }
+        })?;
+        Ok((Some(decoded.batch), decoded.kept, decoded.rejected))
+    }
+
+    /// The output batch: value columns (or `bytes` and the message fields) and the key and
+    /// header columns of messages `rows`.
+    pub(super) fn assemble(
+        &self,
+        pending: &Pending,
+        values: Option<RecordBatch>,
+        rows: &[usize],
+    ) -> DataflowResult<RecordBatch> {
+        let messages: Vec<&Received> = rows.iter().map(|&i| &pending.messages[i]).collect();
+        let raw = values.is_none();
+        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        match values {
+            Some(values) => columns.extend(values.columns().iter().cloned()),
+            None => columns.push(raw::bytes_column(
+                messages.iter().map(|m| pending.value(m)),
+                pending.values.len(),
+            )),
+        }
+        if self.config.key.is_some() {
+            columns.push(Arc::new(StringArray::from_iter(
+                messages.iter().map(|m| m.key.as_deref()),
+            )));
+        }
+        if raw {
+            columns.push(Arc::new(Int32Array::from_iter_values(
+                messages.iter().map(|m| m.partition),
+            )));
+            columns.push(Arc::new(Int64Array::from_iter_values(
+                messages.iter().map(|m| m.offset),
+            )));
+            columns.push(Arc::new(Int64Array::from_iter(
+                messages.iter().map(|m| m.timestamp),
+            )));
+            columns.push(Arc::new(StringArray::from_iter(
+                messages.iter().map(|m| m.headers_json.as_deref()),
+            )));
+        }
+        for (i, (_, t)) in self.header_columns.iter().enumerate() {
+            let texts = messages.iter().map(|m| m.header_values[i].as_deref());
+            columns.push(t.parse_column(texts));
+        }
+        Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
+    }
+}
+
+/// A message copied out of librdkafka's buffers.
+pub(super) struct Received {
+    pub(super) partition: i32,
+    pub(super) offset: i64,
+    pub(super) timestamp: Option<i64>,
+    pub(super) key: Option<String>,
+    /// Where the value lies in [`Pending::values`].
+    pub(super) value: Range<usize>,
+    /// Key and value bytes, for the byte counter.
+    pub(super) size: usize,
+    pub(super) headers_json: Option<String>,
+    /// The text of each configured header column's header (last one of that name).
+    pub(super) header_values: Vec<Option<String>>,
+}
+
+/// The messages of the batch being filled; values are stored back to back.
+#[derive(Default)]
+pub(super) struct Pending {
+    pub(super) messages: Vec<Received>,
+    pub(super) values: Vec<u8>,
+}
+
+impl Pending {
+    pub(super) fn push(
+        &mut self,
+        message: &BorrowedMessage<'_>,
+        header_columns: &[(String, ColumnType)],
+        keep_headers_json: bool,
+    ) {
+        let payload = message.payload().unwrap_or_default();
+        let key = message.key();
+        let start = self.values.len();
+        self.values.extend_from_slice(payload);
+        let mut header_values = vec![None; header_columns.len()];
+        let mut json = keep_headers_json.then(serde_json::Map::new);
+        if let Some(headers) = message.headers() {
+            for header in headers.iter() {
+                let text = header
+                    .value
+                    .map(|v| String::from_utf8_lossy(v).into_owned());
+                if let Some(i) = header_columns.iter().position(|(n, _)| n == header.key) {
+                    header_values[i] = text.clone();
+                }
+                if let Some(map) = json.as_mut() {
+                    map.insert(
+                        header.key.to_string(),
+                        text.map_or(Value::Null, Value::String),
+                    );
+                }
+            }
+        }
+        self.messages.push(Received {
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp: message.timestamp().to_millis(),
+            key: key.map(|k| String::from_utf8_lossy(k).into_owned()),
+            value: start..self.values.len(),
+            size: payload.len() + key.map_or(0, <[u8]>::len),
+            headers_json: json
+                .filter(|m| !m.is_empty())
+                .map(|m| Value::Object(m).to_string()),
+            header_values,
+        });
+    }
+
+    pub(super) fn value(&self, message: &Received) -> &[u8] {
+        &self.values[message.value.clone()]
+    }
+}

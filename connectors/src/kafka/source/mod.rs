@@ -1,0 +1,188 @@
+//! Kafka source: each worker reads a fixed share of the topic's partitions with its own
+//! consumer (no group membership), and messages become rows of the configured format.
+//!
+//! - [`assignment`]: the topic's partitions and where reading starts in each.
+//! - [`schema`]: the output columns, declared or inferred from sampled messages.
+//! - [`reader`]: one worker's consumer, filling batches and keeping lag metrics.
+//! - [`messages`]: messages copied out of librdkafka and turned into columns; value decoding
+//!   is [`crate::formats`]'s, shared with the file sources.
+//!
+//! Columns:
+//! - `json`/`csv`: the value columns, then the key column (when `key` is set), then one column
+//!   per `header_columns` entry.
+//! - `jpeg`/`raw`: `bytes` (the value), the key column (when set), `partition`, `offset`,
+//!   `timestamp` (ms), `headers` (JSON object of all headers), then the `header_columns`.
+//!
+//! A `json`/`csv` message that does not decode as exactly one record of the schema becomes a
+//! dead letter naming its topic, partition and offset; the other messages of its batch are kept.
+
+mod assignment;
+mod messages;
+mod reader;
+mod schema;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_schema::SchemaRef;
+use rdkafka::consumer::BaseConsumer;
+use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
+
+use super::client::{client_config, Role};
+use super::config::{KafkaSourceConfig, StartAt};
+use super::metrics;
+use crate::formats::{self, Decoder};
+
+/// Longest wait for metadata, watermarks and offset look-ups.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest single poll, so the batch deadline and end-of-partition checks stay responsive.
+const POLL_SLICE: Duration = Duration::from_millis(50);
+
+/// A configured Kafka source: the topic's partitions and the schema are fixed at creation.
+pub struct KafkaSourceFactory {
+    config: KafkaSourceConfig,
+    /// Partition ids, sorted; worker `i` of `n` reads those at positions `p % n == i`.
+    partitions: Vec<i32>,
+    /// Decodes the values of `json`/`csv` messages (`None` for `jpeg`/`raw`).
+    decoder: Option<Decoder>,
+    schema: SchemaRef,
+}
+
+impl std::fmt::Debug for KafkaSourceFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSourceFactory")
+            .field("brokers", &self.config.brokers)
+            .field("topic", &self.config.topic)
+            .field("partitions", &self.partitions)
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+impl KafkaSourceFactory {
+    /// Reads the topic's metadata and fixes the schema (declared, or inferred from the first
+    /// messages for `json`/`csv`), so an unreachable broker or a missing topic is reported
+    /// before the dataflow starts.
+    pub fn new(config: &KafkaSourceConfig) -> DataflowResult<Self> {
+        validate(config)?;
+        let consumer: BaseConsumer = consumer_config(config, false, false)
+            .create()
+            .map_err(|e| config_error(config, format!("creating a consumer: {e}")))?;
+        let partitions = assignment::fetch_partitions(&consumer, config)?;
+        let decoder = match config.format.text() {
+            None => None,
+            Some(format) => Some(Decoder::new(
+                format,
+                formats::Framing::Message,
+                schema::value_schema(config, format, &partitions)?,
+            )),
+        };
+        let schema = schema::output_schema(config, decoder.as_ref().map(Decoder::schema))?;
+        Ok(KafkaSourceFactory {
+            config: config.clone(),
+            partitions,
+            decoder,
+            schema,
+        })
+    }
+
+    /// The topic's partition ids, sorted.
+    pub fn partitions(&self) -> &[i32] {
+        &self.partitions
+    }
+}
+
+impl SourceFactory for KafkaSourceFactory {
+    fn schema(&self) -> DataflowResult<SchemaRef> {
+        Ok(self.schema.clone())
+    }
+
+    fn checkpoint_id(&self) -> Option<String> {
+        Some(format!("kafka:{}", self.config.topic))
+    }
+
+    fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
+        crate::check_partition(index, peers)?;
+        let mine: Vec<i32> = self
+            .partitions
+            .iter()
+            .enumerate()
+            .filter(|(pos, _)| pos % peers == index)
+            .map(|(_, &p)| p)
+            .collect();
+        Ok(Box::new(reader::KafkaReader::open(self, &mine)?))
+    }
+
+    fn attach_metrics(&self, metrics: &Metrics) -> DataflowResult<()> {
+        metrics::attach(metrics)
+    }
+
+    /// The same topic, partitions and columns, reading from `offsets` (partitions not listed
+    /// start at the earliest).
+    fn resume(
+        &self,
+        offsets: &BTreeMap<i32, i64>,
+    ) -> DataflowResult<Option<Arc<dyn SourceFactory>>> {
+        let mut config = self.config.clone();
+        config.start = StartAt::Offsets(offsets.clone());
+        validate(&config)?;
+        assignment::check_start_offsets(&config, &self.partitions)?;
+        Ok(Some(Arc::new(KafkaSourceFactory {
+            config,
+            partitions: self.partitions.clone(),
+            decoder: self.decoder.clone(),
+            schema: self.schema.clone(),
+        })))
+    }
+}
+
+fn validate(config: &KafkaSourceConfig) -> DataflowResult<()> {
+    if config.batch_size == 0 {
+        return Err(config_error(config, "batch_size must be at least 1"));
+    }
+    if let StartAt::Offsets(offsets) = &config.start {
+        if let Some((p, o)) = offsets.iter().find(|(_, &o)| o < 0) {
+            return Err(config_error(
+                config,
+                format!("start offset {o} for partition {p} is negative"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A consumer of the source's topic, with the source's `options:`.
+fn consumer_config(
+    config: &KafkaSourceConfig,
+    partition_eof: bool,
+    statistics: bool,
+) -> rdkafka::ClientConfig {
+    client_config(
+        &config.brokers,
+        &config.options,
+        Role::SourceConsumer {
+            topic: &config.topic,
+            partition_eof,
+            statistics,
+        },
+    )
+}
+
+fn config_error(config: &KafkaSourceConfig, message: impl std::fmt::Display) -> DataflowError {
+    DataflowError::Config(format!(
+        "kafka source (topic `{}` on {}): {message}",
+        config.topic, config.brokers
+    ))
+}
+
+fn read_error(config: &KafkaSourceConfig, message: impl std::fmt::Display) -> DataflowError {
+    DataflowError::stage(
+        "source",
+        format!(
+            "kafka topic `{}` on {}: {message}",
+            config.topic, config.brokers
+        ),
+    )
+}

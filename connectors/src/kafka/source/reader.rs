@@ -1,0 +1,332 @@
+//! One worker's share of the topic: its consumer, the state of each of its partitions, and
+//! the loop that fills a batch.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use prometheus::{IntCounter, IntGauge};
+use rdkafka::client::ClientContext;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use riffle_dataflow::{DataflowResult, Source, SourceBatch, SourcePosition};
+use serde_json::Value;
+use tracing::{debug, warn};
+
+use super::assignment::{start_offsets, watermarks};
+use super::messages::Pending;
+use super::{consumer_config, read_error, KafkaSourceFactory, POLL_SLICE};
+use crate::formats::{ColumnType, Decoder};
+use crate::kafka::config::KafkaSourceConfig;
+use crate::kafka::metrics::kafka_metrics;
+
+/// Keeps the high watermarks that librdkafka reports in its statistics.
+struct SourceContext {
+    topic: String,
+    high_watermarks: Mutex<HashMap<i32, i64>>,
+}
+
+impl ClientContext for SourceContext {
+    fn stats_raw(&self, statistics: &[u8]) {
+        // Only the watermarks are needed: skip parsing the whole statistics tree into types.
+        let Ok(stats) = serde_json::from_slice::<Value>(statistics) else {
+            return;
+        };
+        let Some(partitions) = stats
+            .get("topics")
+            .and_then(|t| t.get(&self.topic))
+            .and_then(|t| t.get("partitions"))
+            .and_then(Value::as_object)
+        else {
+            return;
+        };
+        let mut hw = lock(&self.high_watermarks);
+        for (id, p) in partitions {
+            let hi = p.get("hi_offset").and_then(Value::as_i64);
+            // Partition -1 is librdkafka's internal "unassigned" entry.
+            if let (Ok(id), Some(hi)) = (id.parse::<i32>(), hi) {
+                if id >= 0 && hi >= 0 {
+                    hw.insert(id, hi);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for SourceContext {}
+
+// A poisoned lock only means another thread panicked mid-update; the values are still usable.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+struct PartitionState {
+    /// The next offset to read, once known.
+    next: Option<i64>,
+    /// With `stop_at_end`: the high watermark at start, where reading ends.
+    end: Option<i64>,
+    finished: bool,
+    lag: IntGauge,
+}
+
+/// One worker's share of the topic.
+pub(super) struct KafkaReader {
+    pub(super) config: KafkaSourceConfig,
+    /// `None` when this worker has no partitions (more workers than partitions).
+    consumer: Option<BaseConsumer<SourceContext>>,
+    /// Decodes `json`/`csv` values (`None`: values are kept whole).
+    pub(super) decoder: Option<Decoder>,
+    pub(super) schema: SchemaRef,
+    pub(super) header_columns: Vec<(String, ColumnType)>,
+    linger: Duration,
+    partitions: BTreeMap<i32, PartitionState>,
+    records_in: IntCounter,
+    bytes_in: IntCounter,
+    /// When pacing: the first read, and the messages read since.
+    paced: Option<(Instant, u64)>,
+}
+
+impl KafkaReader {
+    pub(super) fn open(factory: &KafkaSourceFactory, mine: &[i32]) -> DataflowResult<Self> {
+        let config = &factory.config;
+        let m = kafka_metrics()?;
+        let mut reader = KafkaReader {
+            config: config.clone(),
+            consumer: None,
+            decoder: factory.decoder.clone(),
+            schema: factory.schema.clone(),
+            header_columns: config
+                .header_columns
+                .iter()
+                .map(|(name, t)| (name.clone(), *t))
+                .collect(),
+            linger: Duration::from_millis(config.linger_ms),
+            partitions: BTreeMap::new(),
+            records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
+            bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
+            paced: None,
+        };
+        if mine.is_empty() {
+            return Ok(reader);
+        }
+        let context = SourceContext {
+            topic: config.topic.clone(),
+            high_watermarks: Mutex::new(HashMap::new()),
+        };
+        // The statistics carry each partition's high watermark: consumer lag for free.
+        let consumer: BaseConsumer<SourceContext> =
+            consumer_config(config, config.stop_at_end, true)
+                .create_with_context(context)
+                .map_err(|e| read_error(config, format!("creating a consumer: {e}")))?;
+        let mut assignment = TopicPartitionList::new();
+        for (p, start) in start_offsets(&consumer, config, mine)? {
+            let mut state = PartitionState {
+                next: match start {
+                    Offset::Offset(n) => Some(n),
+                    _ => None,
+                },
+                end: None,
+                finished: false,
+                lag: m
+                    .consumer_lag
+                    .with_label_values(&[config.topic.as_str(), p.to_string().as_str()]),
+            };
+            if config.stop_at_end {
+                let (low, high) = watermarks(&consumer, config, p)?;
+                state.end = Some(high);
+                state.finished = match start {
+                    Offset::Offset(n) => n >= high,
+                    Offset::End => true,
+                    _ => high <= low,
+                };
+            }
+            if !state.finished {
+                assignment
+                    .add_partition_offset(&config.topic, p, start)
+                    .map_err(|e| read_error(config, format!("partition {p}: {e}")))?;
+            }
+            reader.partitions.insert(p, state);
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| read_error(config, format!("assigning partitions {mine:?}: {e}")))?;
+        reader.consumer = Some(consumer);
+        Ok(reader)
+    }
+
+    fn all_finished(&self) -> bool {
+        self.partitions.values().all(|s| s.finished)
+    }
+
+    fn empty_batch(&self) -> SourceBatch {
+        SourceBatch::new(RecordBatch::new_empty(self.schema.clone()), Vec::new())
+    }
+
+    /// Polls until a batch is full, the linger time has passed, or (with `stop_at_end`) every
+    /// partition is done.
+    fn fill(&mut self, consumer: &BaseConsumer<SourceContext>) -> Pending {
+        let mut pending = Pending::default();
+        let keep_headers_json = self.decoder.is_none();
+        let deadline = Instant::now() + self.linger;
+        while pending.messages.len() < self.config.batch_size {
+            if self.config.stop_at_end && self.all_finished() {
+                break;
+            }
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            match consumer.poll(remaining.min(POLL_SLICE)) {
+                None => {}
+                Some(Ok(message)) => {
+                    let Some(state) = self.partitions.get_mut(&message.partition()) else {
+                        continue;
+                    };
+                    if state.finished {
+                        continue;
+                    }
+                    let offset = message.offset();
+                    if let Some(end) = state.end {
+                        // Written after the run started: beyond this run's end.
+                        if offset >= end {
+                            state.finished = true;
+                            pause(consumer, &self.config, message.partition());
+                            continue;
+                        }
+                    }
+                    state.next = Some(offset + 1);
+                    if state.end.is_some_and(|end| offset + 1 >= end) {
+                        state.finished = true;
+                    }
+                    pending.push(&message, &self.header_columns, keep_headers_json);
+                }
+                // Only a run that stops at the end cares; otherwise more messages may come.
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    let stop_at_end = self.config.stop_at_end;
+                    if let Some(state) = self.partitions.get_mut(&p).filter(|_| stop_at_end) {
+                        state.finished = true;
+                    }
+                }
+                // Transient (a broker restarting, a leader moving): librdkafka retries itself.
+                Some(Err(e)) => warn!(
+                    topic = %self.config.topic,
+                    brokers = %self.config.brokers,
+                    "kafka source: {e}"
+                ),
+            }
+        }
+        pending
+    }
+}
+
+impl KafkaReader {
+    /// Advisory bookkeeping after a batch: lag gauges and an asynchronous commit of the next
+    /// offsets (for lag tools only; Riffle's checkpoints own the offsets).
+    fn after_batch(&self, consumer: &BaseConsumer<SourceContext>, touched: &[i32]) {
+        let high_watermarks = lock(&consumer.context().high_watermarks).clone();
+        for (p, state) in &self.partitions {
+            let hw = high_watermarks.get(p).copied().max(state.end);
+            if let (Some(hw), Some(next)) = (hw, state.next) {
+                state.lag.set((hw - next).max(0));
+            }
+        }
+        let mut commit = TopicPartitionList::new();
+        for p in touched {
+            if let Some(next) = self.partitions.get(p).and_then(|s| s.next) {
+                if let Err(e) =
+                    commit.add_partition_offset(&self.config.topic, *p, Offset::Offset(next))
+                {
+                    debug!(topic = %self.config.topic, partition = p, "kafka source: commit list: {e}");
+                }
+            }
+        }
+        if commit.count() > 0 {
+            if let Err(e) = consumer.commit(&commit, CommitMode::Async) {
+                debug!(topic = %self.config.topic, "kafka source: advisory commit failed: {e}");
+            }
+        }
+    }
+}
+
+fn pause(consumer: &BaseConsumer<SourceContext>, config: &KafkaSourceConfig, partition: i32) {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&config.topic, partition);
+    // Only saves fetching messages this run will not read; failing is harmless.
+    if let Err(e) = consumer.pause(&tpl) {
+        debug!(topic = %config.topic, partition, "kafka source: pausing: {e}");
+    }
+}
+
+impl Source for KafkaReader {
+    fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
+        let Some(consumer) = self.consumer.take() else {
+            if self.config.stop_at_end {
+                return Ok(None);
+            }
+            // Nothing to read, ever: pace the worker loop instead of spinning.
+            std::thread::sleep(self.linger.max(Duration::from_millis(10)));
+            return Ok(Some(self.empty_batch()));
+        };
+        // The consumer is taken out while filling so that partition state can be updated.
+        let result = self.next_from(&consumer);
+        self.consumer = Some(consumer);
+        if let (Some(rate), Ok(Some(batch))) = (self.config.max_records_per_second, &result) {
+            let (since, read) = self.paced.get_or_insert_with(|| (Instant::now(), 0));
+            *read += (batch.records.num_rows() + batch.rejected.len()) as u64;
+            let due = Duration::from_secs_f64(*read as f64 / rate.max(f64::MIN_POSITIVE));
+            if let Some(wait) = due.checked_sub(since.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        result
+    }
+}
+
+impl KafkaReader {
+    fn next_from(
+        &mut self,
+        consumer: &BaseConsumer<SourceContext>,
+    ) -> DataflowResult<Option<SourceBatch>> {
+        if self.config.stop_at_end && self.all_finished() {
+            return Ok(None);
+        }
+        let pending = self.fill(consumer);
+        if pending.messages.is_empty() {
+            if self.config.stop_at_end && self.all_finished() {
+                return Ok(None);
+            }
+            return Ok(Some(self.empty_batch()));
+        }
+        let (values, rows, rejected) = self.decode(&pending)?;
+        let records = self.assemble(&pending, values, &rows)?;
+
+        let mut ranges: BTreeMap<i32, (i64, i64)> = BTreeMap::new();
+        let mut bytes = 0u64;
+        for m in &pending.messages {
+            let range = ranges.entry(m.partition).or_insert((m.offset, m.offset));
+            range.0 = range.0.min(m.offset);
+            range.1 = range.1.max(m.offset);
+            bytes += m.size as u64;
+        }
+        self.records_in.inc_by(pending.messages.len() as u64);
+        self.bytes_in.inc_by(bytes);
+        let touched: Vec<i32> = ranges.keys().copied().collect();
+        self.after_batch(consumer, &touched);
+        Ok(Some(SourceBatch {
+            records,
+            rejected,
+            positions: ranges
+                .into_iter()
+                .map(|(partition, (first_offset, last_offset))| SourcePosition {
+                    partition,
+                    first_offset,
+                    last_offset,
+                })
+                .collect(),
+        }))
+    }
+}
