@@ -11,13 +11,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::error::{GpuError, GpuResult};
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
     ValidAsZeroBits,
 };
 use cudarc::nvrtc::Ptx;
-use crate::error::{GpuError, GpuResult};
 
 /// An element type of device buffers, one the kernels' pointers point to: `f32`, `i32`, `i64`
 /// or `u8`. (With the `emulator` feature, also one the kernel emulator holds.)
@@ -301,4 +301,3 @@ impl GpuDevice for CudaDevice {
         unsafe { blas.gemm(cfg, a, b, c) }.map_err(|e| self.cuda(e))
     }
 }
-

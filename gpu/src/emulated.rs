@@ -67,11 +67,7 @@ impl GpuDevice for Emulated<'_> {
         Ok(self.memory().htod(values))
     }
 
-    fn upload_into<T: Elem>(
-        &self,
-        values: &[T],
-        buf: &mut emulator::Buf,
-    ) -> GpuResult<()> {
+    fn upload_into<T: Elem>(&self, values: &[T], buf: &mut emulator::Buf) -> GpuResult<()> {
         let mut memory = self.synchronized()?;
         let len = memory.len(*buf);
         if values.len() > len {
@@ -84,11 +80,7 @@ impl GpuDevice for Emulated<'_> {
         Ok(())
     }
 
-    fn download<T: Elem>(
-        &self,
-        buf: &emulator::Buf,
-        n: usize,
-    ) -> GpuResult<Vec<T>> {
+    fn download<T: Elem>(&self, buf: &emulator::Buf, n: usize) -> GpuResult<Vec<T>> {
         let mut values = self.synchronized()?.dtoh(*buf);
         if n > values.len() {
             return Err(self.err(format!("{n} values asked of a buffer of {}", values.len())));

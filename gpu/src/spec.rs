@@ -56,6 +56,9 @@ mod tests {
             assert_eq!(spec.to_string(), text);
         }
         let e = serde_json::from_value::<DeviceSpec>(serde_json::json!("gpu")).unwrap_err();
-        assert!(e.to_string().contains("expected `cpu`, `auto` or `cuda:N`"), "{e}");
+        assert!(
+            e.to_string().contains("expected `cpu`, `auto` or `cuda:N`"),
+            "{e}"
+        );
     }
 }

@@ -3,22 +3,37 @@
 //! Every stage is one module with a serde config (mirroring its YAML block one-to-one) and a
 //! type implementing [`riffle_dataflow::Stage`]. Stages read and write named Arrow columns, so
 //! they compose in any order the schemas allow; `output_schema` checks that at validation.
+//! Errors about a config key are located at it ([`DataflowError::at`]), for validation to
+//! point at the field.
+//!
+//! The model and resize stages also have their schema rules as functions
+//! ([`model::output_schema`] over a [`model::Signature`] read from the ONNX file,
+//! [`resize::output_schema`]), which load no engine, library or GPU. GPUs themselves (discovery,
+//! placement, the device abstraction, the CUDA kernels) are the `riffle-gpu` crate;
+//! [`gpu_check`] is `riffle gpu-check`'s library side.
 
 pub mod batching;
-mod cuda_device;
 pub mod decode;
 pub mod dense;
-pub mod dense_cuda;
 pub mod detections;
 pub mod filter;
-pub mod gpu;
-#[cfg(test)]
-mod kernel_emulation;
+pub mod gpu_check;
 pub mod model;
 pub mod onnx;
 pub mod rank;
 pub mod recs;
 pub mod resize;
-pub mod resize_cuda;
 pub mod select;
 pub mod topk;
+
+use riffle_dataflow::DataflowError;
+use riffle_gpu::GpuError;
+
+/// A GPU error as the stages report it: an unusable GPU is a configuration error, a failed
+/// CUDA call the stage's. (riffle-gpu does not know the engine's error type.)
+pub(crate) fn gpu_error(e: GpuError) -> DataflowError {
+    match e {
+        GpuError::Unusable(message) => DataflowError::Config(message),
+        GpuError::Cuda { stage, message } => DataflowError::Stage { stage, message },
+    }
+}

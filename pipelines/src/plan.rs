@@ -87,7 +87,7 @@ pub fn build_stage(
     Ok(Some(match spec {
         StageSpec::Decode(c) => Box::new(Decode::new(c.clone())),
         StageSpec::Resize(c) => {
-            match riffle_operators::gpu::resolve(&c.device, worker, &runtime.gpus)
+            match riffle_gpu::resolve(&c.device, worker, &runtime.gpus)
                 .map_err(DataflowError::Config)?
             {
                 Some(gpu) => Box::new(Resize::on_gpu(c.clone(), gpu)?),
@@ -360,7 +360,7 @@ pub fn auto_workers(
 
 /// Whether any model or resize stage may run on a GPU (`device: auto` or `cuda:N`).
 pub fn uses_gpus(pipeline: &Pipeline) -> bool {
-    use riffle_operators::model::Device;
+    use riffle_operators::model::DeviceSpec as Device;
     pipeline.spec.stages.iter().any(|s| match &s.value {
         StageSpec::Model(m) => m.device != Device::Cpu,
         StageSpec::Resize(r) => r.device != Device::Cpu,

@@ -523,7 +523,8 @@ fn stage_error(
     e: DataflowError,
 ) -> PipelineError {
     // Point at the config entry naming the offending column when there is one.
-    let key = match (&e, line) {
+    // Still read from the error: `located()` sees through the key operators now attach.
+    let key = match (e.located().1, line) {
         (DataflowError::Schema { column, .. }, Some(start)) => at.find_value(start, column),
         (DataflowError::Config(message), Some(start)) => {
             ["device", "executor", "embedding_devices"]

@@ -275,4 +275,3 @@ impl LaunchArgs<'_, '_> {
         });
     }
 }
-

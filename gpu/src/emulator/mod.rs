@@ -66,7 +66,6 @@ const SHIM: &str = include_str!("shim.h");
 /// Appended after the kernel source and the generated dispatcher's declaration.
 const DRIVER: &str = include_str!("driver.cpp");
 
-
 /// Sanitizers: memory errors and undefined behaviour (a signed index overflowing, say) stop
 /// the run. Tried first; without g++'s sanitizer libraries the guard bytes remain.
 const SANITIZE: &[&str] = &[
@@ -263,4 +262,3 @@ impl Drop for Emulator {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
-
