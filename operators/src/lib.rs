@@ -37,3 +37,12 @@ pub(crate) fn gpu_error(e: GpuError) -> DataflowError {
         GpuError::Cuda { stage, message } => DataflowError::Stage { stage, message },
     }
 }
+
+/// The error without the config key it is located at (tests match on the kind of error).
+#[cfg(test)]
+pub(crate) fn unlocated(e: DataflowError) -> DataflowError {
+    match e {
+        DataflowError::At { source, .. } => unlocated(*source),
+        other => other,
+    }
+}

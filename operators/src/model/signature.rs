@@ -102,7 +102,7 @@ fn value_spec(v: &ValueInfoProto) -> Result<TensorSpec, String> {
 
 /// `key` as one segment of a config key path: quoted unless an identifier
 /// (`inputs."image_tensor:0"`).
-pub(crate) fn key_segment(key: &str) -> String {
+pub fn key_segment(key: &str) -> String {
     if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
         key.to_string()
     } else {

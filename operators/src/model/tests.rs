@@ -57,3 +57,63 @@ fn the_engine_follows_executor_device_and_what_is_installed() {
         "{e}"
     );
 }
+
+/// The signature read from the protobuf is what ONNX Runtime reports, on every bundled model.
+#[test]
+fn signatures_read_from_the_file_agree_with_onnx_runtime() {
+    let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models");
+    let Ok(env) = onnx::environment() else {
+        eprintln!("ONNX Runtime is not installed: only reading the signatures");
+        for name in ["ml100k_ncf_ctr.onnx", "ssdlite_person.onnx"] {
+            Signature::read(&models.join(name)).unwrap();
+        }
+        return;
+    };
+    let mut read = 0;
+    for entry in std::fs::read_dir(&models).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|x| x != "onnx") {
+            continue;
+        }
+        let signature = Signature::read(&path).unwrap();
+        let session = ort_io::open_session(&env, &path, 1, Engine::OrtCpu).unwrap();
+        let ort = Signature {
+            inputs: onnx::tensor_specs(session.inputs(), &path).unwrap(),
+            outputs: onnx::tensor_specs(session.outputs(), &path).unwrap(),
+        };
+        assert_eq!(signature, ort, "{}", path.display());
+        read += 1;
+    }
+    assert!(read >= 3, "{read} models");
+}
+
+/// The schema rule needs only the config and the signature; errors name their key.
+#[test]
+fn output_schema_from_the_signature_locates_errors_at_keys() {
+    use arrow_schema::Schema;
+    use riffle_dataflow::tensor::tensor_field;
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/ssdlite_person.onnx");
+    let signature = Signature::read(&path).unwrap();
+    let config = |column: &str| -> ModelConfig {
+        serde_json::from_value(serde_json::json!({
+            "path": path,
+            "inputs": { "image_tensor:0": column },
+            "outputs": { "num_detections:0": "n" },
+        }))
+        .unwrap()
+    };
+    let input: SchemaRef = std::sync::Arc::new(Schema::new(vec![
+        tensor_field("u8", DataType::UInt8, &[300, 300, 3]),
+        tensor_field("f32", DataType::Float32, &[300, 300, 3]),
+    ]));
+    let out = output_schema(&config("u8"), &signature, &input).unwrap();
+    assert!(out.field_with_name("n").is_ok() && out.field_with_name("u8").is_err());
+    let e = output_schema(&config("f32"), &signature, &input).unwrap_err();
+    assert_eq!(e.located().0, Some("inputs.\"image_tensor:0\""), "{e}");
+    assert!(e.to_string().contains("expected UInt8"), "{e}");
+    let mut bad_batch = config("u8");
+    bad_batch.batch.max_size = 0;
+    let e = Model::new(bad_batch, 1).err().expect("max_size 0");
+    assert_eq!(e.located().0, Some("batch.max_size"), "{e}");
+}

@@ -167,7 +167,7 @@ fn new_rejects_bad_configs() {
         ..config(2, 2)
     };
     assert!(matches!(
-        Resize::new(u8_with_mean),
+        Resize::new(u8_with_mean).map_err(crate::unlocated),
         Err(DataflowError::Config(_))
     ));
     assert!(Resize::new(config(0, 2)).is_err());
@@ -186,7 +186,7 @@ fn output_schema_names_missing_or_mistyped_columns() {
     let pixels = Field::new("pixels", DataType::Binary, false);
     let width = Field::new("width", DataType::UInt32, false);
     let height = Field::new("height", DataType::UInt32, false);
-    let column_of = |s: SchemaRef| match stage.output_schema(&s) {
+    let column_of = |s: SchemaRef| match stage.output_schema(&s).map_err(crate::unlocated) {
         Err(DataflowError::Schema { column, .. }) => column,
         other => panic!("expected a schema error, got {other:?}"),
     };

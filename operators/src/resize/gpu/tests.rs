@@ -219,13 +219,13 @@ fn resize_rgb8_checks_its_input() {
 fn on_gpu_fails_cleanly_without_that_gpu() {
     // No machine has GPU usize::MAX; without CUDA at all this must not panic either.
     let c = config(8, 8, Layout::Nchw, TensorDtype::F32);
-    match Resize::on_gpu(c.clone(), usize::MAX) {
+    match Resize::on_gpu(c.clone(), usize::MAX).map_err(crate::unlocated) {
         Err(DataflowError::Config(msg)) => assert!(msg.contains("cuda:"), "{msg}"),
         Err(other) => panic!("expected a config error, got {other}"),
         Ok(_) => panic!("a stage on a GPU that does not exist"),
     }
     assert!(matches!(
-        compare_on_gpu(&c, &[synthetic(4, 4, 0)], usize::MAX),
+        compare_on_gpu(&c, &[synthetic(4, 4, 0)], usize::MAX).map_err(crate::unlocated),
         Err(DataflowError::Config(_))
     ));
     assert!(matches!(
@@ -266,7 +266,7 @@ fn kernels_compile_where_nvrtc_is_present() {
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         // Without NVRTC the GPU stage must refuse to build, with a reason, not panic.
         let c = config(8, 8, Layout::Nchw, TensorDtype::F32);
-        match Resize::on_gpu(c, 0) {
+        match Resize::on_gpu(c, 0).map_err(crate::unlocated) {
             Err(DataflowError::Config(msg)) => {
                 assert!(msg.contains("cuda:0") || msg.contains("NVRTC"), "{msg}")
             }
@@ -288,7 +288,7 @@ fn kernels_compile_where_nvrtc_is_present() {
 fn gpu_matches_the_reference_when_a_gpu_is_present() {
     if let Err(why) = riffle_gpu::discover() {
         let c = config(8, 8, Layout::Nchw, TensorDtype::F32);
-        match Resize::on_gpu(c, 0) {
+        match Resize::on_gpu(c, 0).map_err(crate::unlocated) {
             Err(DataflowError::Config(msg)) => assert!(msg.contains(&why), "{msg}"),
             Err(other) => panic!("expected a config error, got {other}"),
             Ok(_) => panic!("a GPU resize stage without a GPU"),
