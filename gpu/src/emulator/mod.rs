@@ -59,8 +59,6 @@ const UNSUPPORTED: &[&str] = &[
 ];
 
 /// Prepended to the kernel source.
-
-/// Prepended to the kernel source.
 const SHIM: &str = include_str!("shim.h");
 
 /// Appended after the kernel source and the generated dispatcher's declaration.

@@ -202,8 +202,6 @@ pub(super) fn gather_split(table: &SplitTable, indices: &Tensor) -> DataflowResu
     Ok(Tensor::f32(shape, out))
 }
 
-/// An input or output of the graph as a [`TensorSpec`] (float32 and int64 only).
-
 pub(super) fn map(x: &Tensor, f: impl Fn(f32) -> f32) -> DataflowResult<Tensor> {
     Ok(Tensor::f32(
         x.shape.clone(),

@@ -419,6 +419,7 @@ impl DenseGraph {
     }
 }
 
+/// An input or output of the graph as a [`TensorSpec`] (float32 and int64 only).
 fn value_spec(v: &proto::ValueInfoProto, path: &Path) -> DataflowResult<TensorSpec> {
     let tensor = v.r#type.as_ref().and_then(|t| t.tensor_type.as_ref());
     let element = match tensor.map(|t| t.elem_type) {
