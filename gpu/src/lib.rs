@@ -6,8 +6,8 @@
 //! - [`GpuDevice`]: what the CUDA executors need of a GPU (buffers, copies, kernel launches,
 //!   cuBLAS's Sgemm on one stream), with [`CudaDevice`] mapping it onto cudarc.
 //! - [`kernels`]: the CUDA kernels, `.cu` files under `gpu/kernels/` compiled by NVRTC.
-//! - With the `emulator` feature (tests only): [`emulator`], which runs those kernels on the
-//!   CPU with g++, and [`emulated::Emulated`], a [`GpuDevice`] over it.
+//! - With the `emulator` feature (tests only): `emulator`, which runs those kernels on the
+//!   CPU with g++, and `emulated::Emulated`, a [`GpuDevice`] over it.
 //!
 //! Errors are [`GpuError`]; nothing here depends on the dataflow engine.
 

@@ -134,7 +134,7 @@ pub(crate) fn err(message: impl Into<String>) -> DataflowError {
 /// A dense graph read from an ONNX file.
 ///
 /// Runs CTR-style models without ONNX Runtime: [`DenseGraph::run_cpu`] here, and the CUDA
-/// executor ([`crate::dense_cuda`]) on a GPU, which is checked against it.
+/// executor ([`crate::dense::gpu`]) on a GPU, which is checked against it.
 ///
 /// # Examples
 /// ```

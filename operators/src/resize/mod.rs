@@ -4,8 +4,8 @@
 //! destination image, then scaled / normalised and laid out (NCHW or NHWC) straight into the
 //! batch's single value buffer, which becomes the tensor column without another copy.
 //!
-//! [`Resize::on_gpu`] runs the same stage as CUDA kernels ([`gpu`], kernels in riffle-gpu) that
-//! reproduce fast_image_resize's fixed-point arithmetic ([`reference`]), so both paths give the
+//! [`Resize::on_gpu`] runs the same stage as CUDA kernels (`gpu`, kernels in riffle-gpu) that
+//! reproduce fast_image_resize's fixed-point arithmetic ([`mod@reference`]), so both paths give the
 //! same tensor; [`check::compare_on_gpu`] measures that on a GPU host.
 //!
 //! [`output_schema`] is the stage's schema rule without a stage: validation calls it with no

@@ -86,9 +86,9 @@ fn kernels_compile_where_nvrtc_is_present() {
     }
 }
 
-// The kernels executed on the CPU (crate::kernel_emulation): `KERNELS` compiled by g++ and
+// The kernels executed on the CPU (riffle_gpu::emulator): `KERNELS` compiled by g++ and
 // launched by the executor itself (`Dense`, which `CudaDense` runs) on an emulated
-// `Device` (`crate::cuda_device::emulated`), with cuBLAS's part done on the host by
+// `Device` (`riffle_gpu::emulated`), with cuBLAS's part done on the host by
 // `sgemm_reference`; the results compared with the CPU executor's.
 
 use crate::dense::proto::{AttributeProto, NodeProto};

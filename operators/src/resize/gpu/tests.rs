@@ -331,7 +331,7 @@ fn gpu_matches_the_reference_when_a_gpu_is_present() {
     assert_eq!(g.records.column(2).to_data(), c.records.column(2).to_data());
 }
 
-// The kernels executed on the CPU (crate::kernel_emulation): `KERNEL_SET.source` compiled by g++ and
+// The kernels executed on the CPU (riffle_gpu::emulator): `KERNEL_SET.source` compiled by g++ and
 // launched by `CudaResize` itself on an emulated `GpuDevice` (`riffle_gpu::emulated`),
 // compared with `reference_tensor` (exactly).
 
