@@ -512,6 +512,11 @@ fn with_columns(e: DataflowError, schema: &SchemaRef) -> DataflowError {
             expected,
             found: format!("no such column (columns here: {})", column_list(schema)),
         },
+        // Operators locate errors at config keys: keep the key, complete the error inside.
+        DataflowError::At { key, source } => DataflowError::At {
+            key,
+            source: Box::new(with_columns(*source, schema)),
+        },
         other => other,
     }
 }
