@@ -29,6 +29,16 @@ pub mod topk;
 use riffle_dataflow::DataflowError;
 use riffle_gpu::GpuError;
 
+/// `key` as one segment of a config key path: quoted unless an identifier
+/// (`inputs."image_tensor:0"`).
+pub fn key_segment(key: &str) -> String {
+    if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        key.to_string()
+    } else {
+        format!("\"{key}\"")
+    }
+}
+
 /// A GPU error as the stages report it: an unusable GPU is a configuration error, a failed
 /// CUDA call the stage's. (riffle-gpu does not know the engine's error type.)
 pub(crate) fn gpu_error(e: GpuError) -> DataflowError {

@@ -67,7 +67,7 @@ impl Select {
             return Err(DataflowError::Config(format!(
                 "{NAME}: rename of `{extra}`, which is not in `columns`"
             ))
-            .at(format!("rename.{}", crate::model::key_segment(extra))));
+            .at(format!("rename.{}", crate::key_segment(extra))));
         }
         let mut seen = BTreeSet::new();
         for name in &config.columns {

@@ -32,7 +32,7 @@ mod signature;
 mod tests;
 
 pub use engine::{choose_engine, planned_engine, Engine};
-pub use signature::{key_segment, output_schema, Signature};
+pub use signature::{output_schema, Signature};
 
 use dense_io::{dense_inputs, push_dense_outputs};
 use engine::{decide, Decision};

@@ -100,19 +100,9 @@ fn value_spec(v: &ValueInfoProto) -> Result<TensorSpec, String> {
     })
 }
 
-/// `key` as one segment of a config key path: quoted unless an identifier
-/// (`inputs."image_tensor:0"`).
-pub fn key_segment(key: &str) -> String {
-    if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        key.to_string()
-    } else {
-        format!("\"{key}\"")
-    }
-}
-
 /// `map.name` as a config key path.
 fn entry(map: &str, name: &str) -> String {
-    format!("{map}.{}", key_segment(name))
+    format!("{map}.{}", crate::key_segment(name))
 }
 
 fn spec<'a>(
