@@ -162,7 +162,7 @@ impl ClusterArgs {
                     self.processes
                 };
                 let gpus = if gpu_models {
-                    riffle_operators::gpu::discover().map_or(0, |g| g.len())
+                    riffle_gpu::discover().map_or(0, |g| g.len())
                 } else {
                     0
                 };

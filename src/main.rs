@@ -96,7 +96,7 @@ fn plan_command(file: &std::path::Path, cluster: &cli::ClusterArgs) -> Result<()
     let gpus = if !riffle_pipelines::plan::uses_gpus(&pipeline) {
         "no stage asks for a GPU".to_string()
     } else {
-        match riffle_operators::gpu::discover() {
+        match riffle_gpu::discover() {
             Ok(g) => format!("{} GPU(s)", g.len()),
             Err(why) => format!("no GPU ({why})"),
         }
@@ -112,7 +112,7 @@ fn plan_command(file: &std::path::Path, cluster: &cli::ClusterArgs) -> Result<()
 fn devices_command() -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("cpu: {cores} core(s)");
-    match riffle_operators::gpu::discover() {
+    match riffle_gpu::discover() {
         Ok(gpus) => {
             for g in gpus {
                 println!(

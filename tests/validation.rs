@@ -378,7 +378,7 @@ fn gpu_check_compares_gpu_and_cpu_paths_or_says_there_is_no_gpu() {
     require_onnx_runtime();
     let out = riffle(&["gpu-check", "--pairs", "2000"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    match riffle_operators::gpu::discover() {
+    match riffle_gpu::discover() {
         Err(why) => {
             assert!(!out.status.success());
             assert!(

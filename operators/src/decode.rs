@@ -236,15 +236,16 @@ impl Stage for Decode {
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
-        let field = input
-            .field_with_name(&self.config.input)
-            .map_err(|_| DataflowError::schema(&self.config.input, "a binary column", "none"))?;
+        let field = input.field_with_name(&self.config.input).map_err(|_| {
+            DataflowError::schema(&self.config.input, "a binary column", "none").at("input")
+        })?;
         if !is_binary(field.data_type()) {
             return Err(DataflowError::schema(
                 &self.config.input,
                 "a binary column (Binary, LargeBinary or BinaryView)",
                 field.data_type().to_string(),
-            ));
+            )
+            .at("input"));
         }
         let mut fields: Vec<Field> = self
             .kept_columns(input)
@@ -254,11 +255,17 @@ impl Stage for Decode {
         for name in [self.config.output.as_str(), WIDTH_COLUMN, HEIGHT_COLUMN] {
             // Arrow allows duplicate names, but every later lookup by name would be ambiguous.
             if fields.iter().any(|f| f.name() == name) {
-                return Err(DataflowError::schema(
+                let e = DataflowError::schema(
                     name,
                     "no existing column (decode adds it)",
                     "a column of that name in the input",
-                ));
+                );
+                // `width` and `height` are fixed names, not keys of the config.
+                return Err(if name == self.config.output {
+                    e.at("output")
+                } else {
+                    e
+                });
             }
         }
         fields.push(Field::new(&self.config.output, DataType::Binary, false));
@@ -485,14 +492,14 @@ mod tests {
     fn output_schema_checks_input_column() {
         let stage = Decode::new(DecodeConfig::default());
         let missing = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
-        let err = stage.output_schema(&missing).unwrap_err();
+        let err = crate::unlocated(stage.output_schema(&missing).unwrap_err());
         assert!(matches!(err, DataflowError::Schema { ref column, .. } if column == "bytes"));
         let wrong = Arc::new(Schema::new(vec![Field::new(
             "bytes",
             DataType::Utf8,
             false,
         )]));
-        let err = stage.output_schema(&wrong).unwrap_err();
+        let err = crate::unlocated(stage.output_schema(&wrong).unwrap_err());
         assert!(matches!(err, DataflowError::Schema { ref column, .. } if column == "bytes"));
 
         let batch = RecordBatch::try_from_iter(vec![(

@@ -110,11 +110,13 @@ impl Filter {
             (true, None) => Err(DataflowError::Config(format!(
                 "{NAME}: op {:?} on `{}` needs a value",
                 config.op, config.column
-            ))),
+            ))
+            .at("op")),
             (false, Some(_)) => Err(DataflowError::Config(format!(
                 "{NAME}: op non_empty on `{}` takes no value",
                 config.column
-            ))),
+            ))
+            .at("value")),
             _ => Ok(Filter { config }),
         }
     }
@@ -302,8 +304,9 @@ impl Stage for Filter {
                 "a column to filter on",
                 "no such column",
             )
+            .at("column")
         })?;
-        self.check(field.data_type())?;
+        self.check(field.data_type()).map_err(|e| e.at("column"))?;
         Ok(input.clone())
     }
 
@@ -415,13 +418,16 @@ mod tests {
             value,
         };
         assert!(matches!(
-            Filter::new(cfg(FilterOp::Gt, "score", None)),
+            Filter::new(cfg(FilterOp::Gt, "score", None)).map_err(crate::unlocated),
             Err(DataflowError::Config(_))
         ));
         let schema = batch().schema();
         let wrong = Filter::new(cfg(FilterOp::Gt, "label", Some(FilterValue::Number(1.0))));
         assert!(matches!(
-            wrong.unwrap().output_schema(&schema),
+            wrong
+                .unwrap()
+                .output_schema(&schema)
+                .map_err(crate::unlocated),
             Err(DataflowError::Schema { .. })
         ));
         let empty_num = Filter::new(cfg(FilterOp::NonEmpty, "score", None)).unwrap();

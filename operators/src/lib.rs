@@ -4,25 +4,59 @@
 //! implements [`StageKind`] (schema without an engine, per-worker build, description), and a
 //! type implementing [`riffle_dataflow::Stage`] (`process_batch`). Stages read and write named
 //! Arrow columns, so they compose in any order the schemas allow; `output_schema` checks that
-//! at validation. Adding a kind: its module here, plus one line in `riffle_pipelines::spec`.
+//! at validation. Errors about a config key are located at it ([`DataflowError::at`]), for
+//! validation to point at the field. Adding a kind: its module here, plus one line in
+//! `riffle_pipelines::spec`.
+//!
+//! The model and resize stages also have their schema rules as functions
+//! ([`model::output_schema`] over a [`model::Signature`] read from the ONNX file,
+//! [`resize::output_schema`]), which load no engine, library or GPU. GPUs themselves (discovery,
+//! placement, the device abstraction, the CUDA kernels) are the `riffle-gpu` crate;
+//! [`gpu_check`] is `riffle gpu-check`'s library side.
 
-mod cuda_device;
 pub mod decode;
 pub mod dense;
-pub mod dense_cuda;
 pub mod detections;
 pub mod filter;
-pub mod gpu;
-#[cfg(test)]
-mod kernel_emulation;
+pub mod gpu_check;
 pub mod kind;
 pub mod model;
 pub mod onnx;
 pub mod rank;
 pub mod recs;
 pub mod resize;
-pub mod resize_cuda;
 pub mod select;
 pub mod topk;
 
 pub use kind::{ConfigFile, StageContext, StageKind};
+
+use riffle_dataflow::DataflowError;
+use riffle_gpu::GpuError;
+
+/// `key` as one segment of a config key path: quoted unless an identifier
+/// (`inputs."image_tensor:0"`).
+pub fn key_segment(key: &str) -> String {
+    if !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+        key.to_string()
+    } else {
+        format!("\"{key}\"")
+    }
+}
+
+/// A GPU error as the stages report it: an unusable GPU is a configuration error, a failed
+/// CUDA call the stage's. (riffle-gpu does not know the engine's error type.)
+pub(crate) fn gpu_error(e: GpuError) -> DataflowError {
+    match e {
+        GpuError::Unusable(message) => DataflowError::Config(message),
+        GpuError::Cuda { stage, message } => DataflowError::Stage { stage, message },
+    }
+}
+
+/// The error without the config key it is located at (tests match on the kind of error).
+#[cfg(test)]
+pub(crate) fn unlocated(e: DataflowError) -> DataflowError {
+    match e {
+        DataflowError::At { source, .. } => unlocated(*source),
+        other => other,
+    }
+}

@@ -60,12 +60,14 @@ impl Select {
         if config.columns.is_empty() {
             return Err(DataflowError::Config(format!(
                 "{NAME}: `columns` must list at least one column"
-            )));
+            ))
+            .at("columns"));
         }
         if let Some(extra) = config.rename.keys().find(|k| !config.columns.contains(k)) {
             return Err(DataflowError::Config(format!(
                 "{NAME}: rename of `{extra}`, which is not in `columns`"
-            )));
+            ))
+            .at(format!("rename.{}", crate::key_segment(extra))));
         }
         let mut seen = BTreeSet::new();
         for name in &config.columns {
@@ -73,7 +75,8 @@ impl Select {
             if !seen.insert(out) {
                 return Err(DataflowError::Config(format!(
                     "{NAME}: output column `{out}` would appear twice"
-                )));
+                ))
+                .at("rename"));
             }
         }
         Ok(Select { config })
@@ -83,7 +86,7 @@ impl Select {
     fn plan(&self, input: &Schema) -> DataflowResult<(Vec<usize>, Vec<FieldRef>)> {
         let mut indices = Vec::with_capacity(self.config.columns.len());
         let mut fields = Vec::with_capacity(self.config.columns.len());
-        for name in &self.config.columns {
+        for (i, name) in self.config.columns.iter().enumerate() {
             let (index, field) = input.column_with_name(name).ok_or_else(|| {
                 let available: Vec<&str> =
                     input.fields().iter().map(|f| f.name().as_str()).collect();
@@ -92,6 +95,7 @@ impl Select {
                     "a column to select",
                     format!("no such column (input has: {})", available.join(", ")),
                 )
+                .at(format!("columns[{i}]"))
             })?;
             indices.push(index);
             fields.push(match self.config.rename.get(name) {
@@ -204,7 +208,10 @@ mod tests {
             rename: BTreeMap::new(),
         })
         .unwrap();
-        match stage.output_schema(&batch().schema()) {
+        match stage
+            .output_schema(&batch().schema())
+            .map_err(crate::unlocated)
+        {
             Err(DataflowError::Schema { column, found, .. }) => {
                 assert_eq!(column, "score");
                 assert!(found.contains("id, path, logits"), "{found}");

@@ -109,10 +109,11 @@ impl TopK {
             return Err(DataflowError::Config(format!(
                 "{NAME}: k must be at least 1 (output `{}`)",
                 config.output
-            )));
+            ))
+            .at("k"));
         }
         let labels = match &config.labels {
-            Some(path) => load_labels(path)?,
+            Some(path) => load_labels(path).map_err(|e| e.at("labels"))?,
             None => Vec::new(),
         };
         Ok(TopK {
@@ -265,7 +266,7 @@ impl Stage for TopK {
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
-        self.classes(input)?;
+        self.classes(input).map_err(|e| e.at("input"))?;
         let mut fields: Vec<FieldRef> = input
             .fields()
             .iter()
@@ -279,7 +280,7 @@ impl Stage for TopK {
         ];
         for field in added {
             if fields.iter().any(|f| f.name() == field.name()) {
-                return Err(collision(field.name()));
+                return Err(collision(field.name()).at("output"));
             }
             fields.push(Arc::new(field));
         }
@@ -497,7 +498,8 @@ mod tests {
 
     #[test]
     fn schema_and_config_errors() {
-        let missing = TopK::new(config(5, Some(PathBuf::from("/no/such/labels.txt"))));
+        let missing = TopK::new(config(5, Some(PathBuf::from("/no/such/labels.txt"))))
+            .map_err(crate::unlocated);
         match missing {
             Err(DataflowError::Config(msg)) => assert!(msg.contains("/no/such/labels.txt")),
             other => panic!("expected a config error, got {other:?}"),
@@ -511,7 +513,7 @@ mod tests {
             false,
         )]));
         assert!(matches!(
-            stage.output_schema(&wrong),
+            stage.output_schema(&wrong).map_err(crate::unlocated),
             Err(DataflowError::Schema { .. })
         ));
         let absent = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));

@@ -312,6 +312,10 @@ fn column_list(schema: &SchemaRef) -> String {
 
 fn with_columns(e: DataflowError, schema: &SchemaRef) -> DataflowError {
     match e {
+        DataflowError::At { key, source } => DataflowError::At {
+            key,
+            source: Box::new(with_columns(*source, schema)),
+        },
         DataflowError::Schema {
             column,
             expected,

@@ -7,7 +7,7 @@ use riffle_dataflow::operators::BatchPolicy;
 use riffle_dataflow::runtime::Step;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
-use super::{planned_engine, Device, Model, ModelConfig};
+use super::{output_schema, planned_engine, DeviceSpec, Model, ModelConfig, Signature};
 use crate::{ConfigFile, StageContext, StageKind};
 
 impl StageKind for ModelConfig {
@@ -29,7 +29,7 @@ impl StageKind for ModelConfig {
                 DataflowError::Config("expected a number ≥ 1, found 0".into()).at("batch.max_size"),
             );
         }
-        PENDING_SIGNATURE(self, input)
+        output_schema(self, &Signature::read(&self.path)?, input)
     }
 
     fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
@@ -68,7 +68,7 @@ impl StageKind for ModelConfig {
     }
 
     fn may_use_gpu(&self) -> bool {
-        self.device != Device::Cpu
+        self.device != DeviceSpec::Cpu
     }
 }
 
@@ -78,10 +78,3 @@ const POLICY: BatchPolicy = BatchPolicy {
     late_after: None,
     drop_late: false,
 };
-
-/// Until the signature is read from the ONNX file: the engine's own answer.
-#[allow(non_snake_case)]
-fn PENDING_SIGNATURE(config: &ModelConfig, input: &SchemaRef) -> DataflowResult<SchemaRef> {
-    use riffle_dataflow::Stage;
-    Model::new(config.clone(), 1)?.output_schema(input)
-}

@@ -2,10 +2,11 @@
 
 use arrow_schema::SchemaRef;
 use riffle_dataflow::runtime::Step;
-use riffle_dataflow::{DataflowError, DataflowResult, Stage};
+use riffle_dataflow::{DataflowError, DataflowResult};
 
-use super::{Resize, ResizeConfig};
-use crate::model::Device;
+use riffle_gpu::DeviceSpec;
+
+use super::{output_schema, Resize, ResizeConfig};
 use crate::{StageContext, StageKind};
 
 impl StageKind for ResizeConfig {
@@ -14,8 +15,7 @@ impl StageKind for ResizeConfig {
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
-        // The CPU stage is cheap to make and computes the same schema as the GPU one.
-        Resize::new(self.clone())?.output_schema(input)
+        output_schema(self, input)
     }
 
     fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
@@ -32,32 +32,21 @@ impl StageKind for ResizeConfig {
     }
 
     fn describe(&self, _ctx: &StageContext<'_>) -> String {
-        match self.device {
-            Device::Cpu => "on the worker holding the batch".into(),
-            _ => format!(
-                "on the worker holding the batch, {} (GPU kernels)",
-                self.device_name()
-            ),
+        match &self.device {
+            DeviceSpec::Cpu => "on the worker holding the batch".into(),
+            device => format!("on the worker holding the batch, device {device} (GPU kernels)"),
         }
     }
 
     fn may_use_gpu(&self) -> bool {
-        self.device != Device::Cpu
+        self.device != DeviceSpec::Cpu
     }
 }
 
 impl ResizeConfig {
     /// The GPU this worker resizes on, if any.
     fn gpu(&self, ctx: &StageContext<'_>) -> DataflowResult<Option<usize>> {
-        crate::gpu::resolve(&self.device, ctx.worker, ctx.gpus)
+        riffle_gpu::resolve(&self.device, ctx.worker, ctx.gpus)
             .map_err(|e| DataflowError::Config(e).at("device"))
-    }
-
-    fn device_name(&self) -> String {
-        match self.device {
-            Device::Cpu => "cpu".into(),
-            Device::Auto => "device auto".into(),
-            Device::Cuda(n) => format!("cuda:{n}"),
-        }
     }
 }

@@ -1,11 +1,11 @@
-//! GPUs: discovery through the CUDA driver (loaded at run time, so the same binary runs on
+//! Discovery through the CUDA driver (loaded at run time, so the same binary runs on
 //! machines without CUDA) and the worker → GPU assignment.
 
 use std::sync::OnceLock;
 
 use cudarc::driver::CudaContext;
 
-use crate::model::Device;
+use crate::DeviceSpec;
 
 /// One CUDA device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,25 +61,29 @@ pub fn gpu_for_worker(worker: usize, gpus: usize, map: &[usize]) -> Option<usize
 /// The GPU a stage with `device` uses on `worker`: none for `cpu` and for `auto` without a
 /// usable GPU; `cuda:N` must name a GPU here. Errors start with "device `…`:" so validation
 /// can point at the key.
-pub fn resolve(device: &Device, worker: usize, map: &[usize]) -> Result<Option<usize>, String> {
+pub fn resolve(device: &DeviceSpec, worker: usize, map: &[usize]) -> Result<Option<usize>, String> {
+    // `cpu` loads no CUDA library.
+    if *device == DeviceSpec::Cpu {
+        return Ok(None);
+    }
     match (device, discover()) {
-        (Device::Cpu, _) => Ok(None),
-        (Device::Cuda(n), Err(why)) => Err(format!(
+        (DeviceSpec::Cpu, _) => Ok(None),
+        (DeviceSpec::Cuda(n), Err(why)) => Err(format!(
             "device `cuda:{n}`: no CUDA device is usable here ({why}); use `cpu`, or `auto` to take a GPU when there is one"
         )),
-        (Device::Cuda(n), Ok(gpus)) if *n >= gpus.len() => Err(format!(
+        (DeviceSpec::Cuda(n), Ok(gpus)) if *n >= gpus.len() => Err(format!(
             "device `cuda:{n}`: this machine has {} GPU(s), cuda:0..cuda:{}",
             gpus.len(),
             gpus.len().saturating_sub(1)
         )),
-        (Device::Cuda(n), Ok(_)) => Ok(Some(*n)),
-        (Device::Auto, Err(why)) => {
+        (DeviceSpec::Cuda(n), Ok(_)) => Ok(Some(*n)),
+        (DeviceSpec::Auto, Err(why)) => {
             // Once per process, not once per worker and stage.
             static SAID: std::sync::Once = std::sync::Once::new();
             SAID.call_once(|| tracing::info!("device `auto` runs on CPU: no CUDA device ({why})"));
             Ok(None)
         }
-        (Device::Auto, Ok(gpus)) => match gpu_for_worker(worker, gpus.len(), map) {
+        (DeviceSpec::Auto, Ok(gpus)) => match gpu_for_worker(worker, gpus.len(), map) {
             Some(g) if g >= gpus.len() => Err(format!(
                 "device `auto`: runtime.gpus maps worker {worker} to cuda:{g}, but this machine has {} GPU(s)",
                 gpus.len()
@@ -89,10 +93,12 @@ pub fn resolve(device: &Device, worker: usize, map: &[usize]) -> Result<Option<u
     }
 }
 
-/// Tests of CUDA kernels: with `RIFFLE_EXPECT_NVRTC=1` (scripts/test.sh sets it after
+/// For tests of CUDA kernels: with `RIFFLE_EXPECT_NVRTC=1` (scripts/test.sh sets it after
 /// fetching NVRTC) a missing NVRTC fails the test instead of leaving the kernels uncompiled.
-#[cfg(test)]
-pub(crate) fn expect_nvrtc_where_asked() {
+///
+/// # Panics
+/// When NVRTC was asked for and cannot be loaded: that is the point.
+pub fn expect_nvrtc_where_asked() {
     if std::env::var("RIFFLE_EXPECT_NVRTC").is_ok_and(|v| v == "1") {
         // SAFETY: only tries to dlopen the NVRTC library by its usual names.
         assert!(
@@ -118,20 +124,20 @@ mod tests {
 
     #[test]
     fn devices_resolve_to_a_gpu_or_to_none_with_a_reason() {
-        assert_eq!(resolve(&Device::Cpu, 3, &[]), Ok(None));
+        assert_eq!(resolve(&DeviceSpec::Cpu, 3, &[]), Ok(None));
         match discover() {
             Err(_) => {
                 // No GPU: `auto` is CPU and `cuda:N` an error naming the key.
-                assert_eq!(resolve(&Device::Auto, 1, &[0]), Ok(None));
-                let e = resolve(&Device::Cuda(0), 0, &[]).unwrap_err();
+                assert_eq!(resolve(&DeviceSpec::Auto, 1, &[0]), Ok(None));
+                let e = resolve(&DeviceSpec::Cuda(0), 0, &[]).unwrap_err();
                 assert!(e.starts_with("device `cuda:0`: no CUDA device"), "{e}");
             }
             Ok(gpus) => {
                 let n = gpus.len();
-                assert_eq!(resolve(&Device::Auto, n + 1, &[]), Ok(Some(1 % n)));
-                assert_eq!(resolve(&Device::Cuda(0), 5, &[]), Ok(Some(0)));
-                assert!(resolve(&Device::Cuda(n), 0, &[]).is_err());
-                assert!(resolve(&Device::Auto, 0, &[n]).is_err());
+                assert_eq!(resolve(&DeviceSpec::Auto, n + 1, &[]), Ok(Some(1 % n)));
+                assert_eq!(resolve(&DeviceSpec::Cuda(0), 5, &[]), Ok(Some(0)));
+                assert!(resolve(&DeviceSpec::Cuda(n), 0, &[]).is_err());
+                assert!(resolve(&DeviceSpec::Auto, 0, &[n]).is_err());
             }
         }
     }

@@ -4,8 +4,12 @@
 //! destination image, then scaled / normalised and laid out (NCHW or NHWC) straight into the
 //! batch's single value buffer, which becomes the tensor column without another copy.
 //!
-//! [`Resize::on_gpu`] runs the same stage as CUDA kernels ([`crate::resize_cuda`]) that reproduce
-//! fast_image_resize's fixed-point arithmetic, so both paths give the same tensor.
+//! [`Resize::on_gpu`] runs the same stage as CUDA kernels (`gpu`, kernels in riffle-gpu) that
+//! reproduce fast_image_resize's fixed-point arithmetic ([`mod@reference`]), so both paths give the
+//! same tensor; [`check::compare_on_gpu`] measures that on a GPU host.
+//!
+//! [`output_schema`] is the stage's schema rule without a stage: validation calls it with no
+//! kernels compiled and no GPU touched.
 
 use std::sync::Arc;
 
@@ -20,9 +24,19 @@ use riffle_dataflow::error::{DataflowError, DataflowResult};
 use riffle_dataflow::stage::{Stage, StageOutput};
 use riffle_dataflow::tensor::{tensor_column, tensor_field};
 
+use riffle_gpu::DeviceSpec;
+
 use crate::decode::{is_binary, Payloads, HEIGHT_COLUMN, WIDTH_COLUMN};
-use crate::model::Device;
-use crate::resize_cuda::CudaResize;
+use gpu::CudaResize;
+
+pub mod check;
+mod gpu;
+pub mod reference;
+#[cfg(test)]
+mod tests;
+
+pub use check::{compare_on_gpu, GpuResizeCheck};
+pub use reference::{reference_tensor, resize_rgb8, Taps};
 
 mod kind;
 
@@ -80,7 +94,7 @@ pub struct ResizeConfig {
     /// `cpu`, `auto` or `cuda:N`. Read by the planner, which picks the constructor
     /// ([`Resize::new`] or [`Resize::on_gpu`]); the stage itself does not look at it.
     #[serde(default)]
-    pub device: Device,
+    pub device: DeviceSpec,
 }
 
 fn default_input() -> String {
@@ -191,50 +205,125 @@ fn normalisation_lut(mean: [f32; 3], std: [f32; 3]) -> Lut {
     lut
 }
 
+/// What [`checked`] makes of a config.
+struct Checked {
+    /// The output tensor field (shape metadata included).
+    field: Field,
+    mean: [f32; 3],
+    std: [f32; 3],
+}
+
+/// The config checked, each error at its key, and the output field it gives.
+fn checked(config: &ResizeConfig) -> DataflowResult<Checked> {
+    let bad =
+        |key: &str, msg: String| Err(DataflowError::Config(format!("{STAGE}: {msg}")).at(key));
+    if config.width == 0 || config.height == 0 {
+        let key = if config.width == 0 { "width" } else { "height" };
+        return bad(
+            key,
+            format!(
+                "target size {}x{} must be non-zero",
+                config.width, config.height
+            ),
+        );
+    }
+    if config.dtype == TensorDtype::U8 && (config.mean.is_some() || config.std.is_some()) {
+        let key = if config.mean.is_some() { "mean" } else { "std" };
+        return bad(
+            key,
+            "mean/std normalisation needs dtype f32, not u8".to_string(),
+        );
+    }
+    let mean = config.mean.unwrap_or([0.0; 3]);
+    let std = config.std.unwrap_or([1.0; 3]);
+    if mean.iter().chain(&std).any(|v| !v.is_finite()) {
+        let key = if mean.iter().all(|v| v.is_finite()) {
+            "std"
+        } else {
+            "mean"
+        };
+        return bad(key, format!("mean {mean:?} and std {std:?} must be finite"));
+    }
+    if std.contains(&0.0) {
+        return bad("std", format!("std {std:?} has a zero"));
+    }
+    // The per-row size is a FixedSizeList length (i32).
+    let (w, h) = (config.width as usize, config.height as usize);
+    let elems = w.checked_mul(h).and_then(|p| p.checked_mul(3));
+    if elems.is_none_or(|n| i32::try_from(n).is_err()) {
+        return bad("width", format!("target size {w}x{h} is too large"));
+    }
+    let shape = match config.layout {
+        Layout::Nchw => [3, h, w],
+        Layout::Nhwc => [h, w, 3],
+    };
+    let element = match config.dtype {
+        TensorDtype::F32 => DataType::Float32,
+        TensorDtype::U8 => DataType::UInt8,
+    };
+    Ok(Checked {
+        field: tensor_field(&config.output, element, &shape),
+        mean,
+        std,
+    })
+}
+
+/// The schema the `resize` stage configured by `config` gives for `input`: the stage's own
+/// rule ([`Stage::output_schema`] calls it), without a stage, kernels or GPU. Errors about a
+/// config key are located at it (`DataflowError::at`).
+pub fn output_schema(config: &ResizeConfig, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+    let Checked { field, .. } = checked(config)?;
+    input_field(
+        input,
+        &config.input,
+        "a binary column of RGB8 pixels",
+        is_binary,
+    )
+    .map_err(|e| e.at("input"))?;
+    for name in [WIDTH_COLUMN, HEIGHT_COLUMN] {
+        input_field(input, name, "UInt32 (image size from decode)", |t| {
+            *t == DataType::UInt32
+        })?;
+    }
+    let mut fields: Vec<Field> = kept_columns(config, input)
+        .into_iter()
+        .map(|i| input.field(i).clone())
+        .collect();
+    if fields.iter().any(|f| f.name() == &config.output) {
+        return Err(DataflowError::schema(
+            &config.output,
+            "no existing column (resize adds it)",
+            "a column of that name in the input",
+        )
+        .at("output"));
+    }
+    fields.push(field);
+    Ok(Arc::new(Schema::new_with_metadata(
+        fields,
+        input.metadata().clone(),
+    )))
+}
+
+/// Indices of the input columns carried into the output.
+fn kept_columns(config: &ResizeConfig, input: &Schema) -> Vec<usize> {
+    (0..input.fields().len())
+        .filter(|&i| config.keep_input || input.field(i).name() != &config.input)
+        .collect()
+}
+
 impl Resize {
     /// The stage on GPU `ordinal`: same checks, schema and values as [`Resize::new`]'s.
     pub fn on_gpu(config: ResizeConfig, ordinal: usize) -> DataflowResult<Self> {
         let mut stage = Resize::new(config)?;
-        let gpu = CudaResize::new(&stage.config, &stage.lut, ordinal)?;
+        let gpu =
+            CudaResize::new(&stage.config, &stage.lut, ordinal).map_err(|e| e.at("device"))?;
         stage.engine = Engine::Gpu(Box::new(gpu));
         Ok(stage)
     }
 
     /// The stage on the CPU; `config.device` is not looked at.
     pub fn new(config: ResizeConfig) -> DataflowResult<Self> {
-        let bad = |msg: String| Err(DataflowError::Config(format!("{STAGE}: {msg}")));
-        if config.width == 0 || config.height == 0 {
-            return bad(format!(
-                "target size {}x{} must be non-zero",
-                config.width, config.height
-            ));
-        }
-        if config.dtype == TensorDtype::U8 && (config.mean.is_some() || config.std.is_some()) {
-            return bad("mean/std normalisation needs dtype f32, not u8".to_string());
-        }
-        let mean = config.mean.unwrap_or([0.0; 3]);
-        let std = config.std.unwrap_or([1.0; 3]);
-        if mean.iter().chain(&std).any(|v| !v.is_finite()) {
-            return bad(format!("mean {mean:?} and std {std:?} must be finite"));
-        }
-        if std.contains(&0.0) {
-            return bad(format!("std {std:?} has a zero"));
-        }
-        // The per-row size is a FixedSizeList length (i32).
-        let (w, h) = (config.width as usize, config.height as usize);
-        let elems = w.checked_mul(h).and_then(|p| p.checked_mul(3));
-        if elems.is_none_or(|n| i32::try_from(n).is_err()) {
-            return bad(format!("target size {w}x{h} is too large"));
-        }
-        let shape = match config.layout {
-            Layout::Nchw => [3, h, w],
-            Layout::Nhwc => [h, w, 3],
-        };
-        let element = match config.dtype {
-            TensorDtype::F32 => DataType::Float32,
-            TensorDtype::U8 => DataType::UInt8,
-        };
-        let field = tensor_field(&config.output, element, &shape);
+        let Checked { field, mean, std } = checked(&config)?;
         Ok(Resize {
             engine: Engine::Cpu(Box::new(CpuResizer {
                 dst: Image::new(config.width, config.height, PixelType::U8x3),
@@ -256,13 +345,6 @@ impl Resize {
     /// The normalisation table, built from a config `new` has checked.
     pub(crate) fn lut(&self) -> &Lut {
         &self.lut
-    }
-
-    /// Indices of the input columns carried into the output.
-    fn kept_columns(&self, input: &Schema) -> Vec<usize> {
-        (0..input.fields().len())
-            .filter(|&i| self.config.keep_input || input.field(i).name() != &self.config.input)
-            .collect()
     }
 }
 
@@ -337,34 +419,7 @@ impl Stage for Resize {
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
-        input_field(
-            input,
-            &self.config.input,
-            "a binary column of RGB8 pixels",
-            is_binary,
-        )?;
-        for name in [WIDTH_COLUMN, HEIGHT_COLUMN] {
-            input_field(input, name, "UInt32 (image size from decode)", |t| {
-                *t == DataType::UInt32
-            })?;
-        }
-        let mut fields: Vec<Field> = self
-            .kept_columns(input)
-            .into_iter()
-            .map(|i| input.field(i).clone())
-            .collect();
-        if fields.iter().any(|f| f.name() == &self.config.output) {
-            return Err(DataflowError::schema(
-                &self.config.output,
-                "no existing column (resize adds it)",
-                "a column of that name in the input",
-            ));
-        }
-        fields.push(self.field.clone());
-        Ok(Arc::new(Schema::new_with_metadata(
-            fields,
-            input.metadata().clone(),
-        )))
+        output_schema(&self.config, input)
     }
 
     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
@@ -434,7 +489,7 @@ impl Stage for Resize {
             Values::F32(v) => tensor_column::<Float32Type>(&self.field, v)?,
             Values::U8(v) => tensor_column::<UInt8Type>(&self.field, v)?,
         };
-        let kept = self.kept_columns(&input_schema);
+        let kept = kept_columns(&self.config, &input_schema);
         let mut columns: Vec<ArrayRef> = if rejected.is_empty() {
             kept.iter().map(|&i| batch.column(i).clone()).collect()
         } else {
@@ -447,239 +502,5 @@ impl Stage for Resize {
         columns.push(tensor);
         let records = RecordBatch::try_new(schema, columns)?;
         Ok(StageOutput { records, rejected })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use arrow_array::{BinaryArray, FixedSizeListArray, Int64Array};
-    use riffle_dataflow::tensor::{row_shape, tensor_values};
-
-    fn config(width: u32, height: u32) -> ResizeConfig {
-        ResizeConfig {
-            input: default_input(),
-            output: default_output(),
-            width,
-            height,
-            layout: Layout::default(),
-            dtype: TensorDtype::default(),
-            mean: None,
-            std: None,
-            keep_input: false,
-            device: Device::Cpu,
-        }
-    }
-
-    /// A batch of (frame id, RGB8 pixels, width, height) rows.
-    fn batch_of(rows: Vec<(Vec<u8>, u32, u32)>) -> RecordBatch {
-        let ids: Vec<i64> = (0..rows.len() as i64).collect();
-        let pixels: Vec<&[u8]> = rows.iter().map(|r| r.0.as_slice()).collect();
-        RecordBatch::try_from_iter(vec![
-            ("frame", Arc::new(Int64Array::from(ids)) as ArrayRef),
-            ("pixels", Arc::new(BinaryArray::from(pixels)) as ArrayRef),
-            (
-                "width",
-                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
-            ),
-            (
-                "height",
-                Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.2))) as ArrayRef,
-            ),
-        ])
-        .unwrap()
-    }
-
-    /// 4×2 image: R steps across columns (0,0,255,255), G steps down rows (40 then 80),
-    /// B is flat 128.
-    fn image_4x2() -> Vec<u8> {
-        let mut px = Vec::new();
-        for g in [40u8, 80] {
-            for r in [0u8, 0, 255, 255] {
-                px.extend([r, g, 128]);
-            }
-        }
-        px
-    }
-
-    #[test]
-    fn resizes_and_normalises_nchw_f32() {
-        let mean = [0.485, 0.456, 0.406];
-        let std = [0.229, 0.224, 0.225];
-        let mut stage = Resize::new(ResizeConfig {
-            mean: Some(mean),
-            std: Some(std),
-            ..config(2, 1)
-        })
-        .unwrap();
-        let batch = batch_of(vec![(image_4x2(), 4, 2)]);
-        let out = stage.process_batch(&batch).unwrap();
-        assert!(out.rejected.is_empty());
-        let schema = out.records.schema();
-        let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-        assert_eq!(names, ["frame", "width", "height", "tensor"]);
-        assert_eq!(row_shape(schema.field(3)).unwrap(), vec![3, 1, 2]);
-        let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
-
-        // Bilinear (triangle) convolution, 2× down: support 2 src px around each output
-        // centre. Output x=0 (centre 1.0) weighs src columns 0,1,2 by 0.75,0.75,0.25 (sum
-        // 1.75): R = 255*0.25/1.75 = 36.43 → 36; x=1 mirrors it: R = 255*1.5/1.75 = 218.57
-        // → 219. Vertically both rows weigh the same: G = (40+80)/2 = 60. B stays 128.
-        let pixel = [[36.43f32, 218.57], [60.0, 60.0], [128.0, 128.0]];
-        for c in 0..3 {
-            for x in 0..2 {
-                let want = (pixel[c][x] / 255.0 - mean[c]) / std[c];
-                let v = got[c * 2 + x];
-                // One u8 step of rounding in the resizer, normalised.
-                let tolerance = 1.0 / 255.0 / std[c];
-                assert!(
-                    (v - want).abs() <= tolerance,
-                    "channel {c} x {x}: got {v}, want {want}"
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn plain_f32_is_pixel_over_255_and_same_size_is_a_copy() {
-        let mut stage = Resize::new(config(4, 2)).unwrap();
-        let out = stage
-            .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
-            .unwrap();
-        let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
-        let src = image_4x2();
-        let want: Vec<f32> = (0..3)
-            .flat_map(|c| src.iter().skip(c).step_by(3).map(|&p| p as f32 / 255.0))
-            .collect();
-        assert_eq!(got, want.as_slice());
-    }
-
-    #[test]
-    fn nhwc_u8_shape_and_values() {
-        let mut stage = Resize::new(ResizeConfig {
-            layout: Layout::Nhwc,
-            dtype: TensorDtype::U8,
-            keep_input: true,
-            ..config(4, 3)
-        })
-        .unwrap();
-        let flat = [10u8, 20, 30].repeat(8 * 6);
-        let batch = batch_of(vec![(flat.clone(), 8, 6), (flat, 8, 6)]);
-        let out = stage.process_batch(&batch).unwrap();
-        let schema = out.records.schema();
-        let field = schema.field_with_name("tensor").unwrap();
-        assert_eq!(row_shape(field).unwrap(), vec![3, 4, 3]);
-        assert_eq!(
-            field.data_type(),
-            &DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::UInt8, false)), 36)
-        );
-        assert!(schema.field_with_name("pixels").is_ok());
-        let column = out.records.column_by_name("tensor").unwrap();
-        assert_eq!(
-            column
-                .as_any()
-                .downcast_ref::<FixedSizeListArray>()
-                .unwrap()
-                .len(),
-            2
-        );
-        let got = tensor_values::<UInt8Type>(column.as_ref()).unwrap();
-        assert_eq!(got, [10u8, 20, 30].repeat(2 * 12).as_slice());
-    }
-
-    #[test]
-    fn bad_rows_go_to_dead_letters() {
-        let mut stage = Resize::new(config(2, 1)).unwrap();
-        let batch = batch_of(vec![
-            (vec![1, 2, 3], 4, 2),
-            (image_4x2(), 4, 2),
-            (Vec::new(), 0, 0),
-        ]);
-        let out = stage.process_batch(&batch).unwrap();
-        assert_eq!(out.records.num_rows(), 1);
-        let frame = out
-            .records
-            .column(0)
-            .as_primitive::<arrow_array::types::Int64Type>();
-        assert_eq!(frame.value(0), 1);
-        assert_eq!(out.rejected.len(), 2);
-        assert_eq!(
-            out.rejected[0].record,
-            r#"{"frame":0,"width":4,"height":2}"#
-        );
-        assert!(out.rejected[0].reason.contains("expected 24"));
-        assert!(out.rejected[1].reason.contains("empty image"));
-        let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
-        assert_eq!(got.len(), 6);
-    }
-
-    #[test]
-    fn new_rejects_bad_configs() {
-        let u8_with_mean = ResizeConfig {
-            dtype: TensorDtype::U8,
-            mean: Some([0.5; 3]),
-            ..config(2, 2)
-        };
-        assert!(matches!(
-            Resize::new(u8_with_mean),
-            Err(DataflowError::Config(_))
-        ));
-        assert!(Resize::new(config(0, 2)).is_err());
-        assert!(Resize::new(ResizeConfig {
-            std: Some([0.2, 0.0, 0.2]),
-            ..config(2, 2)
-        })
-        .is_err());
-        assert!(Resize::new(config(2, 2)).is_ok());
-    }
-
-    #[test]
-    fn output_schema_names_missing_or_mistyped_columns() {
-        let stage = Resize::new(config(2, 2)).unwrap();
-        let schema = |fields: Vec<Field>| Arc::new(Schema::new(fields));
-        let pixels = Field::new("pixels", DataType::Binary, false);
-        let width = Field::new("width", DataType::UInt32, false);
-        let height = Field::new("height", DataType::UInt32, false);
-        let column_of = |s: SchemaRef| match stage.output_schema(&s) {
-            Err(DataflowError::Schema { column, .. }) => column,
-            other => panic!("expected a schema error, got {other:?}"),
-        };
-        assert_eq!(
-            column_of(schema(vec![width.clone(), height.clone()])),
-            "pixels"
-        );
-        assert_eq!(
-            column_of(schema(vec![pixels.clone(), height.clone()])),
-            "width"
-        );
-        assert_eq!(
-            column_of(schema(vec![
-                pixels.clone(),
-                width.clone(),
-                Field::new("height", DataType::Int64, false),
-            ])),
-            "height"
-        );
-        assert!(stage
-            .output_schema(&schema(vec![pixels, width, height]))
-            .is_ok());
-    }
-
-    #[test]
-    fn config_parses_lowercase_enums() {
-        use serde::de::value::{Error, MapDeserializer};
-        use serde::Deserialize;
-        let pairs = [("layout", "nhwc"), ("dtype", "u8")];
-        let de = MapDeserializer::<_, Error>::new(pairs.into_iter());
-        // width/height are required: the error names the first missing one.
-        let err = ResizeConfig::deserialize(de).unwrap_err().to_string();
-        assert!(err.contains("width"), "{err}");
-        let layout: Layout =
-            Layout::deserialize(serde::de::value::StrDeserializer::<Error>::new("nhwc")).unwrap();
-        assert_eq!(layout, Layout::Nhwc);
-        let dtype: TensorDtype =
-            TensorDtype::deserialize(serde::de::value::StrDeserializer::<Error>::new("f32"))
-                .unwrap();
-        assert_eq!(dtype, TensorDtype::F32);
     }
 }

@@ -1,0 +1,267 @@
+//! The CPU executor's ops: the reference the GPU kernels are checked against.
+
+use riffle_dataflow::DataflowResult;
+
+use super::{err, gather_rows_of, proto, scatter_rows, shapes, Data, SplitTable, Tensor};
+
+pub(crate) fn attr<'a>(
+    node: &'a proto::NodeProto,
+    name: &str,
+) -> Option<&'a proto::AttributeProto> {
+    node.attribute.iter().find(|a| a.name == name)
+}
+
+pub(crate) fn attr_i(node: &proto::NodeProto, name: &str, default: i64) -> i64 {
+    attr(node, name).map_or(default, |a| a.i)
+}
+
+pub(crate) fn attr_f(node: &proto::NodeProto, name: &str, default: f32) -> f32 {
+    attr(node, name).map_or(default, |a| a.f)
+}
+
+/// Axes from the node's second input (opset ≥ 13) or its `axes` attribute, made non-negative.
+pub(crate) fn axes<'a>(
+    node: &proto::NodeProto,
+    get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
+    rank: usize,
+) -> DataflowResult<Vec<usize>> {
+    let raw: Vec<i64> = if node.input.len() > 1 && !node.input[1].is_empty() {
+        get(1)?.as_i64()?.to_vec()
+    } else {
+        attr(node, "axes").map_or_else(Vec::new, |a| a.ints.clone())
+    };
+    raw.iter()
+        .map(|a| {
+            let a = if *a < 0 { *a + rank as i64 } else { *a };
+            usize::try_from(a)
+                .ok()
+                .filter(|a| *a < rank.max(1))
+                .ok_or_else(|| err(format!("{}: axis {a} out of range", node.op_type)))
+        })
+        .collect()
+}
+
+pub(super) fn run_node<'a>(
+    node: &proto::NodeProto,
+    get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
+) -> DataflowResult<Tensor> {
+    let op = node.op_type.as_str();
+    Ok(match op {
+        "Constant" => {
+            let t = attr(node, "value")
+                .and_then(|a| a.t.as_ref())
+                .ok_or_else(|| err("Constant without a tensor `value`"))?;
+            Tensor::from_proto(t)?
+        }
+        "Identity" => get(0)?.clone(),
+        "Gather" => {
+            let (data, indices) = (get(0)?, get(1)?);
+            let idx = gather_rows_of(node, &data.shape, indices.as_i64()?)?;
+            let width: usize = data.shape[1..].iter().product();
+            let mut shape = indices.shape.clone();
+            shape.extend_from_slice(&data.shape[1..]);
+            match &data.data {
+                Data::F32(v) => Tensor::f32(
+                    shape,
+                    idx.iter()
+                        .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
+                        .collect(),
+                ),
+                Data::I64(v) => Tensor::i64(
+                    shape,
+                    idx.iter()
+                        .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
+                        .collect(),
+                ),
+            }
+        }
+        "Add" | "Sub" | "Mul" | "Div" => {
+            let f: fn(f32, f32) -> f32 = match op {
+                "Add" => |a, b| a + b,
+                "Sub" => |a, b| a - b,
+                "Mul" => |a, b| a * b,
+                _ => |a, b| a / b,
+            };
+            broadcast(get(0)?, get(1)?, f)?
+        }
+        "Relu" => map(get(0)?, |x| x.max(0.0))?,
+        "Sigmoid" => map(get(0)?, |x| 1.0 / (1.0 + (-x).exp()))?,
+        "ReduceSum" => {
+            let x = get(0)?;
+            let rank = x.shape.len();
+            let mut reduce = axes(node, get, rank)?;
+            if reduce.is_empty() {
+                reduce = (0..rank).collect();
+            }
+            let keep = attr_i(node, "keepdims", 1) != 0;
+            reduce_sum(x, &reduce, keep)?
+        }
+        "Squeeze" => {
+            let x = get(0)?;
+            let drop = axes(node, get, x.shape.len())?;
+            Tensor {
+                shape: shapes::squeeze(&x.shape, &drop),
+                data: x.data.clone(),
+            }
+        }
+        "Unsqueeze" => {
+            let x = get(0)?;
+            let add = axes(node, get, x.shape.len() + 1)?;
+            Tensor {
+                shape: shapes::unsqueeze(&x.shape, add),
+                data: x.data.clone(),
+            }
+        }
+        "Flatten" => {
+            let x = get(0)?;
+            Tensor {
+                shape: shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
+                data: x.data.clone(),
+            }
+        }
+        "Concat" => {
+            let parts: Vec<&Tensor> = (0..node.input.len())
+                .map(get)
+                .collect::<DataflowResult<_>>()?;
+            let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
+            let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
+            let mut out = Vec::with_capacity(shape.iter().product());
+            for o in 0..outer {
+                for p in &parts {
+                    let chunk: usize = p.shape[axis..].iter().product();
+                    out.extend_from_slice(&p.as_f32()?[o * chunk..(o + 1) * chunk]);
+                }
+            }
+            Tensor::f32(shape, out)
+        }
+        "Gemm" | "MatMul" => {
+            let (a, b) = (get(0)?, get(1)?);
+            let (ta, tb) = if op == "Gemm" {
+                (
+                    attr_i(node, "transA", 0) != 0,
+                    attr_i(node, "transB", 0) != 0,
+                )
+            } else {
+                (false, false)
+            };
+            let (alpha, beta) = if op == "Gemm" {
+                (attr_f(node, "alpha", 1.0), attr_f(node, "beta", 1.0))
+            } else {
+                (1.0, 0.0)
+            };
+            let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
+            let (av, bv) = (a.as_f32()?, b.as_f32()?);
+            let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
+            let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
+            let mut out = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0f32;
+                    for p in 0..k {
+                        acc += at(i, p) * bt(p, j);
+                    }
+                    out[i * n + j] = alpha * acc;
+                }
+            }
+            let product = Tensor::f32(vec![m, n], out);
+            if op == "Gemm" && node.input.len() > 2 && !node.input[2].is_empty() {
+                let c = map(get(2)?, |x| beta * x)?;
+                broadcast(&product, &c, |a, b| a + b)?
+            } else {
+                product
+            }
+        }
+        other => return Err(err(format!("op `{other}` is not supported"))),
+    })
+}
+
+/// A Gather from a table split by rows: each part serves its rows, scattered back in order.
+pub(super) fn gather_split(table: &SplitTable, indices: &Tensor) -> DataflowResult<Tensor> {
+    let first = table
+        .parts
+        .first()
+        .ok_or_else(|| err("Gather: a split table without parts"))?;
+    let width: usize = first.shape[1..].iter().product();
+    let routes = table.rows.route(indices.as_i64()?)?;
+    let mut out = vec![0f32; indices.len() * width];
+    for (part, route) in table.parts.iter().zip(&routes) {
+        let values = part.as_f32()?;
+        let rows: Vec<f32> = route
+            .local
+            .iter()
+            .flat_map(|&i| {
+                values[i as usize * width..(i as usize + 1) * width]
+                    .iter()
+                    .copied()
+            })
+            .collect();
+        scatter_rows(&mut out, width, &route.positions, &rows);
+    }
+    let mut shape = indices.shape.clone();
+    shape.extend_from_slice(&first.shape[1..]);
+    Ok(Tensor::f32(shape, out))
+}
+
+pub(super) fn map(x: &Tensor, f: impl Fn(f32) -> f32) -> DataflowResult<Tensor> {
+    Ok(Tensor::f32(
+        x.shape.clone(),
+        x.as_f32()?.iter().map(|v| f(*v)).collect(),
+    ))
+}
+
+/// Elementwise `f` with numpy broadcasting.
+pub(super) fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> DataflowResult<Tensor> {
+    let rank = a.shape.len().max(b.shape.len());
+    let (shape, ta, tb) = shapes::broadcast(&a.shape, &b.shape, rank)?;
+    let (av, bv) = (a.as_f32()?, b.as_f32()?);
+    let total: usize = shape.iter().product();
+    let mut out = Vec::with_capacity(total);
+    let mut index = vec![0usize; rank];
+    for _ in 0..total {
+        let ia: usize = index.iter().zip(&ta).map(|(i, s)| i * s).sum();
+        let ib: usize = index.iter().zip(&tb).map(|(i, s)| i * s).sum();
+        out.push(f(av[ia], bv[ib]));
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    Ok(Tensor::f32(shape, out))
+}
+
+pub(super) fn reduce_sum(x: &Tensor, axes: &[usize], keep: bool) -> DataflowResult<Tensor> {
+    let v = x.as_f32()?;
+    let rank = x.shape.len();
+    let kept: Vec<usize> = (0..rank)
+        .map(|d| if axes.contains(&d) { 1 } else { x.shape[d] })
+        .collect();
+    let total: usize = kept.iter().product();
+    let mut out = vec![0f32; total];
+    let mut index = vec![0usize; rank];
+    for value in v {
+        let mut o = 0;
+        for d in 0..rank {
+            o = o * kept[d] + if axes.contains(&d) { 0 } else { index[d] };
+        }
+        out[o] += value;
+        for d in (0..rank).rev() {
+            index[d] += 1;
+            if index[d] < x.shape[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+    let shape = if keep {
+        kept
+    } else {
+        (0..rank)
+            .filter(|d| !axes.contains(d))
+            .map(|d| x.shape[d])
+            .collect()
+    };
+    Ok(Tensor::f32(shape, out))
+}

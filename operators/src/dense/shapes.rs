@@ -1,0 +1,107 @@
+//! Output shapes, shared by the CPU and GPU executors so both read a graph the same way.
+
+use riffle_dataflow::DataflowResult;
+
+use super::err;
+
+/// `(m, k, n)` of `op(A)·op(B)` for 2-D operands (`op`: transposed or not).
+pub fn gemm(
+    op: &str,
+    a: &[usize],
+    b: &[usize],
+    ta: bool,
+    tb: bool,
+) -> DataflowResult<(usize, usize, usize)> {
+    if a.len() != 2 || b.len() != 2 {
+        return Err(err(format!("{op}: only 2-D operands are supported")));
+    }
+    let (m, k) = if ta { (a[1], a[0]) } else { (a[0], a[1]) };
+    let (k2, n) = if tb { (b[1], b[0]) } else { (b[0], b[1]) };
+    if k != k2 {
+        return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
+    }
+    Ok((m, k, n))
+}
+
+/// Without the `drop` axes (without every 1 when `drop` is empty).
+pub fn squeeze(shape: &[usize], drop: &[usize]) -> Vec<usize> {
+    shape
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| {
+            !(if drop.is_empty() {
+                **d == 1
+            } else {
+                drop.contains(i)
+            })
+        })
+        .map(|(_, d)| *d)
+        .collect()
+}
+
+/// With a 1 inserted at each of the `add` axes (of the output).
+pub fn unsqueeze(shape: &[usize], mut add: Vec<usize>) -> Vec<usize> {
+    add.sort_unstable();
+    let mut out = shape.to_vec();
+    for a in add {
+        out.insert(a.min(out.len()), 1);
+    }
+    out
+}
+
+/// The 2-D shape Flatten gives at `axis`.
+pub fn flatten(shape: &[usize], axis: i64) -> Vec<usize> {
+    let axis = axis.clamp(0, shape.len() as i64) as usize;
+    let outer: usize = shape[..axis].iter().product();
+    let total: usize = shape.iter().product();
+    vec![outer, total / outer.max(1)]
+}
+
+/// Concat of `parts` at `axis`: the axis made non-negative, the rows before it, and the
+/// output shape.
+pub fn concat(parts: &[&[usize]], axis: i64) -> DataflowResult<(usize, usize, Vec<usize>)> {
+    let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
+    let rank = first.len();
+    let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
+    if axis >= rank {
+        return Err(err("Concat: axis out of range"));
+    }
+    let outer: usize = first[..axis].iter().product();
+    let mut shape = first.to_vec();
+    shape[axis] = parts.iter().map(|p| p[axis]).sum();
+    Ok((axis, outer, shape))
+}
+
+/// Numpy broadcasting of `a` and `b` at `rank` (≥ both ranks): the output shape padded to
+/// `rank`, and each operand's element strides into it (0 along broadcast axes).
+pub fn broadcast(
+    a: &[usize],
+    b: &[usize],
+    rank: usize,
+) -> DataflowResult<(Vec<usize>, Vec<usize>, Vec<usize>)> {
+    let pad = |s: &[usize]| -> Vec<usize> {
+        let mut p = vec![1; rank.saturating_sub(s.len())];
+        p.extend_from_slice(s);
+        p
+    };
+    let (sa, sb) = (pad(a), pad(b));
+    let mut shape = Vec::with_capacity(rank);
+    for (x, y) in sa.iter().zip(&sb) {
+        shape.push(match (x, y) {
+            (x, y) if x == y => *x,
+            (1, y) => *y,
+            (x, 1) => *x,
+            _ => return Err(err(format!("shapes {a:?} and {b:?} do not broadcast"))),
+        });
+    }
+    let strides = |s: &[usize]| -> Vec<usize> {
+        let mut st = vec![0; s.len()];
+        let mut acc = 1;
+        for i in (0..s.len()).rev() {
+            st[i] = if s[i] == 1 { 0 } else { acc };
+            acc *= s[i];
+        }
+        st
+    };
+    Ok((shape, strides(&sa), strides(&sb)))
+}

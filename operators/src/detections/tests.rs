@@ -1,0 +1,185 @@
+use super::*;
+use arrow_array::types::Int64Type;
+use riffle_dataflow::tensor::{tensor_column, tensor_field};
+
+fn config() -> DetectionsConfig {
+    DetectionsConfig {
+        boxes: default_boxes(),
+        scores: default_scores(),
+        classes: default_classes(),
+        box_format: BoxFormat::default(),
+        score_threshold: 0.5,
+        keep_classes: Vec::new(),
+        iou_threshold: 0.5,
+        labels: BTreeMap::from([(1, "person".to_string())]),
+        max_detections: 100,
+        output: default_output(),
+        drop_inputs: true,
+    }
+}
+
+/// Two rows, K = 3, normalized `[ymin, xmin, ymax, xmax]` boxes, 200×100 images.
+fn batch() -> RecordBatch {
+    let boxes = tensor_field("detection_boxes", DataType::Float32, &[3, 4]);
+    let scores = tensor_field("detection_scores", DataType::Float32, &[3]);
+    let classes = tensor_field("detection_classes", DataType::Float32, &[3]);
+    #[rustfmt::skip]
+    let box_values = vec![
+        // Row 0: a person, a near-duplicate of it, and a low-scoring class-3 box.
+        0.1, 0.1, 0.5, 0.5,
+        0.1, 0.12, 0.5, 0.52,
+        0.0, 0.6, 0.2, 0.9,
+        // Row 1: a class-2 box spilling past the image, a class-1 box, a disjoint person.
+        0.5, 0.5, 1.2, 1.1,
+        0.0, 0.0, 0.3, 0.3,
+        0.6, 0.0, 1.0, 0.2,
+    ];
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from(vec![1, 2])),
+        tensor_column::<Float32Type>(&boxes, box_values).unwrap(),
+        tensor_column::<Float32Type>(&scores, vec![0.9, 0.8, 0.3, 0.7, 0.95, 0.6]).unwrap(),
+        tensor_column::<Float32Type>(&classes, vec![1.0, 1.0, 3.0, 2.0, 1.0, 1.0]).unwrap(),
+        Arc::new(UInt32Array::from(vec![200, 200])),
+        Arc::new(UInt32Array::from(vec![100, 100])),
+    ];
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("frame", DataType::Int64, false),
+        boxes,
+        scores,
+        classes,
+        Field::new("width", DataType::UInt32, false),
+        Field::new("height", DataType::UInt32, false),
+    ]));
+    RecordBatch::try_new(schema, columns).unwrap()
+}
+
+/// (class_id, label, score, [x1, y1, x2, y2]) of every detection of `row`.
+type Row = Vec<(i64, Option<String>, f32, [f32; 4])>;
+
+fn rows_of(out: &RecordBatch) -> Vec<Row> {
+    let list = out.column_by_name("detections").unwrap().as_list::<i32>();
+    (0..list.len())
+        .map(|r| {
+            let entries = list.value(r);
+            let s = entries.as_struct();
+            let f = |i: usize| s.column(i).as_primitive::<Float32Type>().clone();
+            let (ids, labels) = (s.column(0).as_primitive::<Int64Type>(), s.column(1));
+            let (score, x1, y1, x2, y2) = (f(2), f(3), f(4), f(5), f(6));
+            (0..s.len())
+                .map(|i| {
+                    let label = labels
+                        .is_valid(i)
+                        .then(|| labels.as_string::<i32>().value(i).to_string());
+                    let rect = [x1.value(i), y1.value(i), x2.value(i), y2.value(i)];
+                    (ids.value(i), label, score.value(i), rect)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn assert_rect(actual: [f32; 4], expected: [f32; 4]) {
+    for (a, e) in actual.iter().zip(expected) {
+        assert!((a - e).abs() < 1e-4, "{actual:?} != {expected:?}");
+    }
+}
+
+#[test]
+fn decodes_thresholds_and_suppresses() {
+    let mut stage = Detections::new(config()).unwrap();
+    let input = batch();
+    let expected = stage.output_schema(input.schema_ref()).unwrap();
+    let out = stage.process_batch(&input).unwrap().records;
+    assert_eq!(out.schema(), expected);
+    assert!(out.column_by_name("detection_boxes").is_none());
+    assert!(out.column_by_name("width").is_some());
+
+    let rows = rows_of(&out);
+    // Row 0: the duplicate person (IoU ≈ 0.9) is suppressed, class 3 is under threshold.
+    assert_eq!(rows[0].len(), 1);
+    let (id, label, score, rect) = rows[0][0].clone();
+    assert_eq!((id, label.as_deref(), score), (1, Some("person"), 0.9));
+    assert_rect(rect, [20.0, 10.0, 100.0, 50.0]);
+
+    // Row 1: sorted by score; the class-2 box is clamped to the 200×100 image.
+    let ids: Vec<i64> = rows[1].iter().map(|d| d.0).collect();
+    assert_eq!(ids, vec![1, 2, 1]);
+    assert_rect(rows[1][0].3, [0.0, 0.0, 60.0, 30.0]);
+    assert_rect(rows[1][1].3, [100.0, 50.0, 200.0, 100.0]);
+    assert_eq!(rows[1][1].1, None);
+    assert_rect(rows[1][2].3, [0.0, 60.0, 40.0, 100.0]);
+
+    let counts = out.column_by_name("detections_count").unwrap();
+    assert_eq!(
+        counts
+            .as_primitive::<arrow_array::types::Int32Type>()
+            .values()
+            .as_ref(),
+        &[1, 3]
+    );
+}
+
+#[test]
+fn keep_classes_nms_off_and_max_detections() {
+    let mut cfg = config();
+    cfg.keep_classes = vec![1];
+    cfg.iou_threshold = 1.0;
+    cfg.max_detections = 2;
+    cfg.drop_inputs = false;
+    let mut stage = Detections::new(cfg).unwrap();
+    let out = stage.process_batch(&batch()).unwrap().records;
+    assert!(out.column_by_name("detection_boxes").is_some());
+    let rows = rows_of(&out);
+    // NMS disabled: both overlapping persons stay.
+    assert_eq!(
+        rows[0].iter().map(|d| d.2).collect::<Vec<_>>(),
+        vec![0.9, 0.8]
+    );
+    // Class 2 filtered out; both persons kept.
+    assert_eq!(rows[1].iter().map(|d| d.0).collect::<Vec<_>>(), vec![1, 1]);
+    assert_eq!(
+        rows[1].iter().map(|d| d.2).collect::<Vec<_>>(),
+        vec![0.95, 0.6]
+    );
+}
+
+#[test]
+fn schema_errors() {
+    let stage = Detections::new(config()).unwrap();
+    let input = batch();
+    let no_width = Arc::new(input.schema().project(&[0, 1, 2, 3, 5]).unwrap());
+    let err = stage.output_schema(&no_width).unwrap_err();
+    assert!(err.to_string().contains("width"), "{err}");
+
+    let mut cfg = config();
+    cfg.scores = "missing".to_string();
+    let err = Detections::new(cfg)
+        .unwrap()
+        .output_schema(input.schema_ref())
+        .unwrap_err();
+    assert!(err.to_string().contains("missing"), "{err}");
+
+    let mut cfg = config();
+    cfg.iou_threshold = 1.5;
+    assert!(Detections::new(cfg).is_err());
+}
+
+#[test]
+fn nms_suppresses_overlap_and_keeps_disjoint() {
+    let boxes = [
+        [0.0, 0.0, 10.0, 10.0],
+        [1.0, 1.0, 11.0, 11.0],
+        [50.0, 50.0, 60.0, 60.0],
+    ];
+    // Box 1 scores best, so box 0 (IoU ≈ 0.68 with it) is the one suppressed.
+    assert_eq!(
+        non_max_suppression(&boxes, &[0.8, 0.9, 0.3], 0.5),
+        vec![1, 2]
+    );
+    // A looser threshold keeps both overlapping boxes.
+    assert_eq!(
+        non_max_suppression(&boxes, &[0.8, 0.9, 0.3], 0.7),
+        vec![1, 0, 2]
+    );
+    assert!(non_max_suppression(&[], &[], 0.5).is_empty());
+}

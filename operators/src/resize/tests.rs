@@ -1,0 +1,229 @@
+use super::*;
+use arrow_array::{BinaryArray, FixedSizeListArray, Int64Array};
+use riffle_dataflow::tensor::{row_shape, tensor_values};
+
+fn config(width: u32, height: u32) -> ResizeConfig {
+    ResizeConfig {
+        input: default_input(),
+        output: default_output(),
+        width,
+        height,
+        layout: Layout::default(),
+        dtype: TensorDtype::default(),
+        mean: None,
+        std: None,
+        keep_input: false,
+        device: DeviceSpec::Cpu,
+    }
+}
+
+/// A batch of (frame id, RGB8 pixels, width, height) rows.
+fn batch_of(rows: Vec<(Vec<u8>, u32, u32)>) -> RecordBatch {
+    let ids: Vec<i64> = (0..rows.len() as i64).collect();
+    let pixels: Vec<&[u8]> = rows.iter().map(|r| r.0.as_slice()).collect();
+    RecordBatch::try_from_iter(vec![
+        ("frame", Arc::new(Int64Array::from(ids)) as ArrayRef),
+        ("pixels", Arc::new(BinaryArray::from(pixels)) as ArrayRef),
+        (
+            "width",
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.1))) as ArrayRef,
+        ),
+        (
+            "height",
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.2))) as ArrayRef,
+        ),
+    ])
+    .unwrap()
+}
+
+/// 4×2 image: R steps across columns (0,0,255,255), G steps down rows (40 then 80),
+/// B is flat 128.
+fn image_4x2() -> Vec<u8> {
+    let mut px = Vec::new();
+    for g in [40u8, 80] {
+        for r in [0u8, 0, 255, 255] {
+            px.extend([r, g, 128]);
+        }
+    }
+    px
+}
+
+#[test]
+fn resizes_and_normalises_nchw_f32() {
+    let mean = [0.485, 0.456, 0.406];
+    let std = [0.229, 0.224, 0.225];
+    let mut stage = Resize::new(ResizeConfig {
+        mean: Some(mean),
+        std: Some(std),
+        ..config(2, 1)
+    })
+    .unwrap();
+    let batch = batch_of(vec![(image_4x2(), 4, 2)]);
+    let out = stage.process_batch(&batch).unwrap();
+    assert!(out.rejected.is_empty());
+    let schema = out.records.schema();
+    let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["frame", "width", "height", "tensor"]);
+    assert_eq!(row_shape(schema.field(3)).unwrap(), vec![3, 1, 2]);
+    let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+
+    // Bilinear (triangle) convolution, 2× down: support 2 src px around each output
+    // centre. Output x=0 (centre 1.0) weighs src columns 0,1,2 by 0.75,0.75,0.25 (sum
+    // 1.75): R = 255*0.25/1.75 = 36.43 → 36; x=1 mirrors it: R = 255*1.5/1.75 = 218.57
+    // → 219. Vertically both rows weigh the same: G = (40+80)/2 = 60. B stays 128.
+    let pixel = [[36.43f32, 218.57], [60.0, 60.0], [128.0, 128.0]];
+    for c in 0..3 {
+        for x in 0..2 {
+            let want = (pixel[c][x] / 255.0 - mean[c]) / std[c];
+            let v = got[c * 2 + x];
+            // One u8 step of rounding in the resizer, normalised.
+            let tolerance = 1.0 / 255.0 / std[c];
+            assert!(
+                (v - want).abs() <= tolerance,
+                "channel {c} x {x}: got {v}, want {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn plain_f32_is_pixel_over_255_and_same_size_is_a_copy() {
+    let mut stage = Resize::new(config(4, 2)).unwrap();
+    let out = stage
+        .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
+        .unwrap();
+    let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+    let src = image_4x2();
+    let want: Vec<f32> = (0..3)
+        .flat_map(|c| src.iter().skip(c).step_by(3).map(|&p| p as f32 / 255.0))
+        .collect();
+    assert_eq!(got, want.as_slice());
+}
+
+#[test]
+fn nhwc_u8_shape_and_values() {
+    let mut stage = Resize::new(ResizeConfig {
+        layout: Layout::Nhwc,
+        dtype: TensorDtype::U8,
+        keep_input: true,
+        ..config(4, 3)
+    })
+    .unwrap();
+    let flat = [10u8, 20, 30].repeat(8 * 6);
+    let batch = batch_of(vec![(flat.clone(), 8, 6), (flat, 8, 6)]);
+    let out = stage.process_batch(&batch).unwrap();
+    let schema = out.records.schema();
+    let field = schema.field_with_name("tensor").unwrap();
+    assert_eq!(row_shape(field).unwrap(), vec![3, 4, 3]);
+    assert_eq!(
+        field.data_type(),
+        &DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::UInt8, false)), 36)
+    );
+    assert!(schema.field_with_name("pixels").is_ok());
+    let column = out.records.column_by_name("tensor").unwrap();
+    assert_eq!(
+        column
+            .as_any()
+            .downcast_ref::<FixedSizeListArray>()
+            .unwrap()
+            .len(),
+        2
+    );
+    let got = tensor_values::<UInt8Type>(column.as_ref()).unwrap();
+    assert_eq!(got, [10u8, 20, 30].repeat(2 * 12).as_slice());
+}
+
+#[test]
+fn bad_rows_go_to_dead_letters() {
+    let mut stage = Resize::new(config(2, 1)).unwrap();
+    let batch = batch_of(vec![
+        (vec![1, 2, 3], 4, 2),
+        (image_4x2(), 4, 2),
+        (Vec::new(), 0, 0),
+    ]);
+    let out = stage.process_batch(&batch).unwrap();
+    assert_eq!(out.records.num_rows(), 1);
+    let frame = out
+        .records
+        .column(0)
+        .as_primitive::<arrow_array::types::Int64Type>();
+    assert_eq!(frame.value(0), 1);
+    assert_eq!(out.rejected.len(), 2);
+    assert_eq!(
+        out.rejected[0].record,
+        r#"{"frame":0,"width":4,"height":2}"#
+    );
+    assert!(out.rejected[0].reason.contains("expected 24"));
+    assert!(out.rejected[1].reason.contains("empty image"));
+    let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+    assert_eq!(got.len(), 6);
+}
+
+#[test]
+fn new_rejects_bad_configs() {
+    let u8_with_mean = ResizeConfig {
+        dtype: TensorDtype::U8,
+        mean: Some([0.5; 3]),
+        ..config(2, 2)
+    };
+    assert!(matches!(
+        Resize::new(u8_with_mean).map_err(crate::unlocated),
+        Err(DataflowError::Config(_))
+    ));
+    assert!(Resize::new(config(0, 2)).is_err());
+    assert!(Resize::new(ResizeConfig {
+        std: Some([0.2, 0.0, 0.2]),
+        ..config(2, 2)
+    })
+    .is_err());
+    assert!(Resize::new(config(2, 2)).is_ok());
+}
+
+#[test]
+fn output_schema_names_missing_or_mistyped_columns() {
+    let stage = Resize::new(config(2, 2)).unwrap();
+    let schema = |fields: Vec<Field>| Arc::new(Schema::new(fields));
+    let pixels = Field::new("pixels", DataType::Binary, false);
+    let width = Field::new("width", DataType::UInt32, false);
+    let height = Field::new("height", DataType::UInt32, false);
+    let column_of = |s: SchemaRef| match stage.output_schema(&s).map_err(crate::unlocated) {
+        Err(DataflowError::Schema { column, .. }) => column,
+        other => panic!("expected a schema error, got {other:?}"),
+    };
+    assert_eq!(
+        column_of(schema(vec![width.clone(), height.clone()])),
+        "pixels"
+    );
+    assert_eq!(
+        column_of(schema(vec![pixels.clone(), height.clone()])),
+        "width"
+    );
+    assert_eq!(
+        column_of(schema(vec![
+            pixels.clone(),
+            width.clone(),
+            Field::new("height", DataType::Int64, false),
+        ])),
+        "height"
+    );
+    assert!(stage
+        .output_schema(&schema(vec![pixels, width, height]))
+        .is_ok());
+}
+
+#[test]
+fn config_parses_lowercase_enums() {
+    use serde::de::value::{Error, MapDeserializer};
+    use serde::Deserialize;
+    let pairs = [("layout", "nhwc"), ("dtype", "u8")];
+    let de = MapDeserializer::<_, Error>::new(pairs.into_iter());
+    // width/height are required: the error names the first missing one.
+    let err = ResizeConfig::deserialize(de).unwrap_err().to_string();
+    assert!(err.contains("width"), "{err}");
+    let layout: Layout =
+        Layout::deserialize(serde::de::value::StrDeserializer::<Error>::new("nhwc")).unwrap();
+    assert_eq!(layout, Layout::Nhwc);
+    let dtype: TensorDtype =
+        TensorDtype::deserialize(serde::de::value::StrDeserializer::<Error>::new("f32")).unwrap();
+    assert_eq!(dtype, TensorDtype::F32);
+}
