@@ -21,6 +21,8 @@ mod chain;
 pub mod checkpointing;
 mod liveness;
 pub mod step;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 use std::path::PathBuf;
