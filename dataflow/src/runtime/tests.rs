@@ -17,7 +17,7 @@ use super::*;
 use crate::checkpoint::CheckpointStore;
 use crate::operators::worker_for;
 use crate::{Compression, DataflowResult};
-use doubles::{key_of, Collect, CountPerKey, Numbers, Tag, KEYS};
+use doubles::{key_of, Collect, CountPerKey, Failing, Numbers, Tag, KEYS};
 
 /// A run that has not ended by then is hung: the test fails instead of blocking the suite.
 /// (A guard only; runs here take milliseconds.)
@@ -239,8 +239,8 @@ fn stateful_state_is_restored_on_another_worker_count() {
 
 #[test]
 fn a_failing_stage_build_fails_the_run() {
-    // On every worker, and on one worker while the other runs.
-    for failing in [None, Some(1)] {
+    // On every worker, and on one worker (the sink's, or another) while the other runs.
+    for failing in [None, Some(0), Some(1)] {
         let build = move |worker: usize, _| {
             if failing.is_none_or(|w| w == worker) {
                 return Err(DataflowError::Config(format!(
@@ -255,7 +255,9 @@ fn a_failing_stage_build_fails_the_run() {
         let (job, _) = job(Numbers::new(4, 50), vec![stage("model", build)], None);
         let err = run_on(job, 2).expect_err("a stage that cannot be built");
         match (failing, &err) {
-            (Some(1), DataflowError::Config(m)) => assert_eq!(m, "no model for worker 1"),
+            (Some(w), DataflowError::Config(m)) => {
+                assert_eq!(m, &format!("no model for worker {w}"))
+            }
             (_, DataflowError::Config(m)) => assert!(m.starts_with("no model for worker"), "{m}"),
             _ => panic!("unexpected error: {err}"),
         }
@@ -277,4 +279,14 @@ fn placing_stages_on_a_missing_worker_is_an_error_at_the_exchange() {
         "{message}"
     );
     assert_eq!(out.results.rows(), 0);
+}
+
+#[test]
+fn a_sink_that_cannot_write_fails_the_run() {
+    for workers in [1, 3] {
+        let (mut job, _) = job(Numbers::new(4, 50), vec![tag("read_by")], None);
+        Arc::get_mut(&mut job).expect("unshared").sink = Arc::new(Failing);
+        let err = run_on(job, workers).expect_err("the sink fails");
+        assert_eq!(err.to_string(), "disk full", "{workers} worker(s)");
+    }
 }

@@ -208,6 +208,25 @@ impl Sink for Collect {
     }
 }
 
+/// A sink whose every write fails.
+pub struct Failing;
+
+impl SinkFactory for Failing {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        Ok(Box::new(Failing))
+    }
+}
+
+impl Sink for Failing {
+    fn write_batch(&mut self, _: &RecordBatch) -> DataflowResult<()> {
+        Err(crate::DataflowError::Config("disk full".into()))
+    }
+
+    fn flush(&mut self) -> DataflowResult<()> {
+        Ok(())
+    }
+}
+
 /// `batch` with one more column.
 fn with_column(batch: &RecordBatch, name: &str, values: ArrayRef) -> DataflowResult<RecordBatch> {
     let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
