@@ -21,6 +21,8 @@ mod chain;
 pub mod checkpointing;
 mod liveness;
 pub mod step;
+#[cfg(test)]
+mod tests;
 mod worker;
 
 use std::path::PathBuf;
@@ -88,6 +90,82 @@ pub struct RunReport {
 /// Runs the job to the end of its sources. Worker errors (a sink that cannot write, a source
 /// that fails) end the run and are returned; bad records never do: they go to the dead-letter
 /// sink.
+///
+/// # Examples
+/// The numbers 0..100 over two worker threads, doubled by one stage, collected by a sink
+/// (which worker 0 opens and writes).
+/// ```
+/// # use std::sync::{Arc, Mutex};
+/// # use arrow_array::{cast::AsArray, types::Int64Type, ArrayRef, Int64Array, RecordBatch};
+/// # use arrow_schema::{DataType, Field, Schema, SchemaRef};
+/// # use riffle_dataflow::{cluster::ClusterConfig, metrics::Metrics, sink::SinkFactory};
+/// # use riffle_dataflow::{DataflowResult, Sink, Source, SourceBatch, SourceFactory, Stage, StageOutput};
+/// use riffle_dataflow::runtime::{run, EpochPolicy, Job, JobStep, Step, StepKind};
+/// # fn numbers(v: Vec<i64>) -> RecordBatch {
+/// #     RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(v)) as ArrayRef)]).unwrap()
+/// # }
+/// # fn column(b: &RecordBatch) -> &[i64] { b.column(0).as_primitive::<Int64Type>().values() }
+/// /// Worker `i` of `n` reads the numbers ≡ i (mod n), in one batch (`Part`, hidden).
+/// struct Numbers;
+/// impl SourceFactory for Numbers {
+///     fn schema(&self) -> DataflowResult<SchemaRef> {
+///         Ok(Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)])))
+///     }
+///     fn partition(&self, i: usize, n: usize) -> DataflowResult<Box<dyn Source>> {
+///         Ok(Box::new(Part(Some((0..100).filter(|x| *x as usize % n == i).collect()))))
+///     }
+/// }
+/// # struct Part(Option<Vec<i64>>);
+/// # impl Source for Part {
+/// #     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
+/// #         Ok(self.0.take().map(|v| SourceBatch::new(numbers(v), Vec::new())))
+/// #     }
+/// # }
+/// struct Double;
+/// impl Stage for Double {
+///     fn name(&self) -> &str { "double" }
+///     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> { Ok(input.clone()) }
+///     fn process_batch(&mut self, b: &RecordBatch) -> DataflowResult<StageOutput> {
+///         Ok(StageOutput::all(numbers(column(b).iter().map(|x| x * 2).collect())))
+///     }
+/// }
+/// /// A `SinkFactory` whose sinks append every result here (impls hidden).
+/// #[derive(Clone, Default)]
+/// struct Collect(Arc<Mutex<Vec<i64>>>);
+/// # impl SinkFactory for Collect {
+/// #     fn open(&self) -> DataflowResult<Box<dyn Sink>> { Ok(Box::new(self.clone())) }
+/// # }
+/// # impl Sink for Collect {
+/// #     fn write_batch(&mut self, b: &RecordBatch) -> DataflowResult<()> {
+/// #         Ok(self.0.lock().unwrap().extend(column(b)))
+/// #     }
+/// #     fn flush(&mut self) -> DataflowResult<()> { Ok(()) }
+/// # }
+///
+/// let results = Collect::default();
+/// let job = Job {
+///     name: "double".into(),
+///     source: Arc::new(Numbers),
+///     steps: vec![JobStep {
+///         name: "double".into(),
+///         at: "stages[0]".into(),
+///         kind: StepKind::Stage(Arc::new(|_worker, _peers| Ok(Step::Apply(Box::new(Double))))),
+///     }],
+///     sink: Arc::new(results.clone()),
+///     dead_letter: Arc::new(Collect::default()),
+///     epochs: EpochPolicy { records: 10, max_in_flight: 4 },
+///     checkpoint: None,
+///     latency_column: None,
+///     peer_timeout: std::time::Duration::from_secs(30),
+///     slow_worker: None,
+/// };
+/// let report = run(Arc::new(job), &ClusterConfig::single_process(2), Metrics::new()?)?;
+/// assert_eq!(report.workers, 2);
+/// let mut doubled = results.0.lock().unwrap().clone();
+/// doubled.sort();
+/// assert_eq!(doubled, (0..100).map(|x| x * 2).collect::<Vec<_>>());
+/// # Ok::<(), riffle_dataflow::DataflowError>(())
+/// ```
 pub fn run(
     job: Arc<Job>,
     cluster: &ClusterConfig,

@@ -61,6 +61,10 @@ pub trait StatefulStep: Send {
     /// Attaches the operator to `stream`. `state` holds every record of the checkpoint resumed
     /// from (all workers' state: each worker keeps the records it owns), to be in place before
     /// `first_epoch`; empty on a fresh start. Returns the output and the state's changes.
+    ///
+    /// A run's checkpoints consolidate that run's changes only, so the changes must start by
+    /// re-announcing the restored records the worker keeps (`+1` at an epoch before
+    /// `first_epoch`, such as `first_epoch - 1`); otherwise the next checkpoint loses them.
     fn attach<'scope>(
         self: Box<Self>,
         stream: BatchStream<'scope>,

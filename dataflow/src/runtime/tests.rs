@@ -1,0 +1,292 @@
+//! The runtime on in-memory jobs: delivery through stages and exchanges, resuming from
+//! checkpoints through `SourceFactory::resume`, stateful steps across worker counts, and
+//! errors that must end a run rather than hang it.
+
+mod doubles;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::StringArray;
+
+use super::checkpointing::{Offsets, OPERATOR_PREFIX};
+use super::*;
+use crate::checkpoint::CheckpointStore;
+use crate::operators::worker_for;
+use crate::{Compression, DataflowResult};
+use doubles::{key_of, Collect, CountPerKey, Failing, Numbers, Tag, KEYS};
+
+/// A run that has not ended by then is hung: the test fails instead of blocking the suite.
+/// (A guard only; runs here take milliseconds.)
+const HUNG: Duration = Duration::from_secs(120);
+
+fn stage(
+    name: &str,
+    build: impl Fn(usize, usize) -> DataflowResult<Step> + Send + Sync + 'static,
+) -> JobStep {
+    JobStep {
+        name: name.into(),
+        at: format!("stages.{name}"),
+        kind: StepKind::Stage(Arc::new(build)),
+    }
+}
+
+fn exchange(name: &str, at: &str, route: Route) -> JobStep {
+    JobStep {
+        name: name.into(),
+        at: at.into(),
+        kind: StepKind::Exchange(route, Compression::None),
+    }
+}
+
+fn tag(column: &'static str) -> JobStep {
+    stage(column, move |worker, _| {
+        Ok(Step::Apply(Box::new(Tag { column, worker })))
+    })
+}
+
+fn count() -> JobStep {
+    stage("count", |_, _| Ok(Step::Stateful(Box::new(CountPerKey))))
+}
+
+struct Outputs {
+    results: Collect,
+    dead: Collect,
+}
+
+fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc<Job>, Outputs) {
+    let out = Outputs {
+        results: Collect::default(),
+        dead: Collect::default(),
+    };
+    let job = Job {
+        name: "test".into(),
+        source: Arc::new(source),
+        steps,
+        sink: Arc::new(out.results.clone()),
+        dead_letter: Arc::new(out.dead.clone()),
+        // Small epochs, little room ahead: many epochs, checkpoints and flow-control waits.
+        epochs: EpochPolicy {
+            records: 4,
+            max_in_flight: 2,
+        },
+        checkpoint: checkpoints.map(|dir| CheckpointPolicy {
+            dir: dir.to_path_buf(),
+            keep: 3,
+            interval: Duration::ZERO,
+        }),
+        latency_column: None,
+        peer_timeout: Duration::from_secs(60),
+        slow_worker: None,
+    };
+    (Arc::new(job), out)
+}
+
+/// Runs `job` on `workers` threads of this process.
+fn run_on(job: Arc<Job>, workers: usize) -> DataflowResult<RunReport> {
+    let (done, result) = mpsc::channel();
+    std::thread::spawn(move || {
+        let metrics = Metrics::new().expect("metrics");
+        let _ = done.send(run(job, &ClusterConfig::single_process(workers), metrics));
+    });
+    result
+        .recv_timeout(HUNG)
+        .expect("the run neither finished nor failed")
+}
+
+fn sorted(mut v: Vec<i64>) -> Vec<i64> {
+    v.sort_unstable();
+    v
+}
+
+fn owner(key: &str, peers: usize) -> i64 {
+    worker_for(&StringArray::from(vec![key]), 0, peers).expect("a key") as i64
+}
+
+/// The newest checkpoint in `dir`: its source offsets and its `count` step's state.
+fn latest(dir: &Path) -> (Offsets, Vec<(String, isize)>) {
+    let checkpoint = CheckpointStore::open(dir, 3)
+        .and_then(|s| s.latest())
+        .expect("readable store")
+        .expect("a checkpoint");
+    let offsets = checkpoint
+        .sources
+        .get("numbers")
+        .cloned()
+        .unwrap_or_default();
+    let state = checkpoint
+        .state
+        .get(&format!("{OPERATOR_PREFIX}count"))
+        .map(|s| serde_json::from_str(s).expect("state records"))
+        .unwrap_or_default();
+    (offsets, state)
+}
+
+fn offsets(partitions: i32, next: i64) -> Offsets {
+    (0..partitions).map(|p| (p, next)).collect()
+}
+
+#[test]
+fn every_row_arrives_once_through_stages_around_a_keyed_exchange() {
+    for workers in [1, 3] {
+        let steps = vec![
+            tag("read_by"),
+            exchange("by-key", "stages[1].exchange", Route::Key("key".into())),
+            tag("owner"),
+        ];
+        let (job, out) = job(Numbers::new(4, 10), steps, None);
+        let report = run_on(job, workers).expect("run");
+        assert_eq!(report.workers, workers);
+
+        let ids = out.results.ints("id");
+        assert_eq!(
+            sorted(ids.clone()),
+            Numbers::ids(4, 0, 10),
+            "{workers} worker(s)"
+        );
+        let (read_by, owners, keys) = (
+            out.results.ints("read_by"),
+            out.results.ints("owner"),
+            out.results.strings("key"),
+        );
+        for (i, id) in ids.iter().enumerate() {
+            // Read where the source put its partition; counted where the key lives.
+            assert_eq!(read_by[i], (id % 4) % workers as i64, "row {id}");
+            assert_eq!(owners[i], owner(&keys[i], workers), "row {id}");
+        }
+        assert_eq!(out.dead.rows(), 0);
+    }
+}
+
+#[test]
+fn a_run_resumes_its_source_at_the_checkpointed_offsets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = Numbers::new(3, 8);
+    let (job1, out1) = job(first.clone(), vec![tag("read_by")], Some(dir.path()));
+    run_on(job1, 2).expect("first run");
+    assert!(
+        first.resumed.lock().unwrap().is_empty(),
+        "nothing to resume"
+    );
+    assert_eq!(sorted(out1.results.ints("id")), Numbers::ids(3, 0, 8));
+    assert_eq!(latest(dir.path()).0, offsets(3, 8));
+
+    // The source has grown; the second run (more workers) reads only what is new.
+    let second = Numbers::new(3, 14);
+    let (job2, out2) = job(second.clone(), vec![tag("read_by")], Some(dir.path()));
+    run_on(job2, 3).expect("second run");
+    assert_eq!(*second.resumed.lock().unwrap(), vec![offsets(3, 8)]);
+    assert_eq!(sorted(out2.results.ints("id")), Numbers::ids(3, 8, 14));
+    assert_eq!(latest(dir.path()).0, offsets(3, 14));
+    assert_eq!(out1.dead.rows() + out2.dead.rows(), 0);
+}
+
+/// Per key, the running counts seen at the sink.
+fn counts_by_key(out: &Collect) -> BTreeMap<String, Vec<i64>> {
+    let mut by_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (key, count) in out.strings("key").into_iter().zip(out.ints("count")) {
+        by_key.entry(key).or_default().push(count);
+    }
+    by_key
+}
+
+#[test]
+fn stateful_state_is_restored_on_another_worker_count() {
+    let (n, m) = (7, 16);
+    let interrupted = tempfile::tempdir().expect("tempdir");
+    let (job1, out1) = job(Numbers::new(3, n), vec![count()], Some(interrupted.path()));
+    run_on(job1, 2).expect("first run");
+    let (job2, out2) = job(Numbers::new(3, m), vec![count()], Some(interrupted.path()));
+    run_on(job2, 3).expect("second run");
+    assert_eq!(sorted(out2.results.ints("id")), Numbers::ids(3, n, m));
+
+    let whole = tempfile::tempdir().expect("tempdir");
+    let (job3, out3) = job(Numbers::new(3, m), vec![count()], Some(whole.path()));
+    run_on(job3, 1).expect("uninterrupted run");
+
+    // Every key's counts run 1, 2, …, its rows: the second run went on from the first's
+    // counts (a lost or duplicated state record would repeat or skip counts).
+    let mut expected: BTreeMap<String, i64> = BTreeMap::new();
+    for id in Numbers::ids(3, 0, m) {
+        *expected.entry(key_of(id)).or_default() += 1;
+    }
+    assert_eq!(expected.len(), KEYS as usize);
+    let mut both = counts_by_key(&out1.results);
+    for (key, counts) in counts_by_key(&out2.results) {
+        both.entry(key).or_default().extend(counts);
+    }
+    let uninterrupted = counts_by_key(&out3.results);
+    for (key, rows) in &expected {
+        assert_eq!(
+            sorted(both[key].clone()),
+            (1..=*rows).collect::<Vec<_>>(),
+            "{key}"
+        );
+        assert_eq!(uninterrupted[key].iter().max(), Some(rows), "{key}");
+    }
+
+    // The resumed run's checkpoint holds the whole state, as the uninterrupted run's does.
+    let state: Vec<(String, isize)> = expected
+        .iter()
+        .map(|(key, rows)| (format!("{key},{rows}"), 1))
+        .collect();
+    assert_eq!(latest(interrupted.path()), (offsets(3, m), state.clone()));
+    assert_eq!(latest(whole.path()), (offsets(3, m), state));
+}
+
+#[test]
+fn a_failing_stage_build_fails_the_run() {
+    // On every worker, and on one worker (the sink's, or another) while the other runs.
+    for failing in [None, Some(0), Some(1)] {
+        let build = move |worker: usize, _| {
+            if failing.is_none_or(|w| w == worker) {
+                return Err(DataflowError::Config(format!(
+                    "no model for worker {worker}"
+                )));
+            }
+            Ok(Step::Apply(Box::new(Tag {
+                column: "read_by",
+                worker,
+            })))
+        };
+        let (job, _) = job(Numbers::new(4, 50), vec![stage("model", build)], None);
+        let err = run_on(job, 2).expect_err("a stage that cannot be built");
+        match (failing, &err) {
+            (Some(w), DataflowError::Config(m)) => {
+                assert_eq!(m, &format!("no model for worker {w}"))
+            }
+            (_, DataflowError::Config(m)) => assert!(m.starts_with("no model for worker"), "{m}"),
+            _ => panic!("unexpected error: {err}"),
+        }
+    }
+}
+
+#[test]
+fn placing_stages_on_a_missing_worker_is_an_error_at_the_exchange() {
+    let steps = vec![
+        tag("read_by"),
+        exchange("gpu", "stages[1].exchange", Route::Workers(vec![5])),
+        tag("owner"),
+    ];
+    let (job, out) = job(Numbers::new(2, 4), steps, None);
+    let err = run_on(job, 2).expect_err("worker 5 of 2");
+    let message = err.to_string();
+    assert!(
+        message.starts_with("stages[1].exchange.workers: worker 5 does not exist"),
+        "{message}"
+    );
+    assert_eq!(out.results.rows(), 0);
+}
+
+#[test]
+fn a_sink_that_cannot_write_fails_the_run() {
+    for workers in [1, 3] {
+        let (mut job, _) = job(Numbers::new(4, 50), vec![tag("read_by")], None);
+        Arc::get_mut(&mut job).expect("unshared").sink = Arc::new(Failing);
+        let err = run_on(job, workers).expect_err("the sink fails");
+        assert_eq!(err.to_string(), "disk full", "{workers} worker(s)");
+    }
+}
