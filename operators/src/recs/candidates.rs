@@ -16,6 +16,7 @@ use riffle_dataflow::metrics::StageMetrics;
 use riffle_dataflow::operators::{worker_for_int, BatchStream, ExchangeByKey, StateUpdates};
 use riffle_dataflow::{Batch, BatchKind, DataflowError, DataflowResult, Epoch};
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::vec::{Broadcast, Map};
 use timely::dataflow::operators::{Capability, Concat, Exchange, Operator};
@@ -26,17 +27,18 @@ use super::{Click, FeatureChange, Restore, SlidingWindow};
 const NAME: &str = "candidates";
 
 /// YAML block of a `candidates` stage.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CandidatesConfig {
     /// Int64 column of user ids; clicks are sharded by it.
-    #[serde(default = "default_user")]
+    #[serde_inline_default("user_id".to_string())]
     pub user: String,
     /// Int64 column of item ids.
-    #[serde(default = "default_item")]
+    #[serde_inline_default("item_id".to_string())]
     pub item: String,
     /// Int64 column of event times (any unit; `window` and `seen_window` use the same).
-    #[serde(default = "default_time")]
+    #[serde_inline_default("timestamp".to_string())]
     pub time: String,
     /// Popularity counts clicks this recent (in event time); unset: every click so far.
     #[serde(default)]
@@ -45,41 +47,19 @@ pub struct CandidatesConfig {
     #[serde(default)]
     pub seen_window: Option<i64>,
     /// Candidates per click (fewer while few items are known).
-    #[serde(default = "default_max_candidates")]
+    #[serde_inline_default(100)]
     pub max_candidates: usize,
     /// Int64 column written with each candidate item (null for a click with none).
-    #[serde(default = "default_output")]
+    #[serde_inline_default("candidate".to_string())]
     pub output: String,
     /// Int64 column written with an id shared by the rows of one click (unique: the epoch in
     /// the high 32 bits).
-    #[serde(default = "default_event")]
+    #[serde_inline_default("event".to_string())]
     pub event: String,
     /// UInt64 column written with the epoch whose features answered the click (all clicks of
     /// earlier epochs are in them).
-    #[serde(default = "default_epoch")]
+    #[serde_inline_default("epoch".to_string())]
     pub epoch: String,
-}
-
-fn default_user() -> String {
-    "user_id".into()
-}
-fn default_item() -> String {
-    "item_id".into()
-}
-fn default_time() -> String {
-    "timestamp".into()
-}
-fn default_max_candidates() -> usize {
-    100
-}
-fn default_output() -> String {
-    "candidate".into()
-}
-fn default_event() -> String {
-    "event".into()
-}
-fn default_epoch() -> String {
-    "epoch".into()
 }
 
 impl CandidatesConfig {
