@@ -189,12 +189,14 @@ impl Detections {
             return Err(DataflowError::Config(format!(
                 "{NAME}: iou_threshold must be within 0..=1, got {}",
                 config.iou_threshold
-            )));
+            ))
+            .at("iou_threshold"));
         }
         if config.score_threshold.is_nan() {
-            return Err(DataflowError::Config(format!(
-                "{NAME}: score_threshold must be a number"
-            )));
+            return Err(
+                DataflowError::Config(format!("{NAME}: score_threshold must be a number"))
+                    .at("score_threshold"),
+            );
         }
         Ok(Detections {
             config,
@@ -218,24 +220,31 @@ impl Detections {
     }
 
     /// Detections per row (`K`), after checking every input column's type and shape.
+    /// Errors about a configured column are located at the key naming it.
     fn check_inputs(&self, input: &Schema) -> DataflowResult<usize> {
-        let boxes = tensor_size(input, &self.config.boxes)?;
-        let scores = tensor_size(input, &self.config.scores)?;
-        let classes = tensor_size(input, &self.config.classes)?;
-        let box_shape = row_shape(input.field_with_name(&self.config.boxes)?)?;
+        let boxes = tensor_size(input, &self.config.boxes).map_err(|e| e.at("boxes"))?;
+        let scores = tensor_size(input, &self.config.scores).map_err(|e| e.at("scores"))?;
+        let classes = tensor_size(input, &self.config.classes).map_err(|e| e.at("classes"))?;
+        let box_shape = input
+            .field_with_name(&self.config.boxes)
+            .map_err(DataflowError::from)
+            .and_then(row_shape)
+            .map_err(|e| e.at("boxes"))?;
         if boxes != 4 * scores || box_shape.last() != Some(&4) {
             return Err(DataflowError::schema(
                 &self.config.boxes,
                 format!("a [{scores},4] tensor (one box per score)"),
                 format!("shape {box_shape:?}"),
-            ));
+            )
+            .at("boxes"));
         }
         if classes != scores {
             return Err(DataflowError::schema(
                 &self.config.classes,
                 format!("{scores} classes per row (one per score)"),
                 format!("{classes}"),
-            ));
+            )
+            .at("classes"));
         }
         for name in [WIDTH, HEIGHT] {
             match input.field_with_name(name) {
@@ -420,11 +429,13 @@ impl Stage for Detections {
         ];
         for field in added {
             if fields.iter().any(|f| f.name() == field.name()) {
+                // Both added columns are named from `output`.
                 return Err(DataflowError::schema(
                     field.name(),
                     "a column name not already in the input",
                     "an existing column",
-                ));
+                )
+                .at("output"));
             }
             fields.push(Arc::new(field));
         }
@@ -438,9 +449,11 @@ impl Stage for Detections {
         let schema = self.output_schema(batch.schema_ref())?;
         let k = self.check_inputs(batch.schema_ref())?;
         let rows = batch.num_rows();
-        let (box_list, boxes) = tensor(batch, &self.config.boxes)?;
-        let (score_list, scores) = tensor(batch, &self.config.scores)?;
-        let (class_list, classes) = tensor(batch, &self.config.classes)?;
+        let (box_list, boxes) = tensor(batch, &self.config.boxes).map_err(|e| e.at("boxes"))?;
+        let (score_list, scores) =
+            tensor(batch, &self.config.scores).map_err(|e| e.at("scores"))?;
+        let (class_list, classes) =
+            tensor(batch, &self.config.classes).map_err(|e| e.at("classes"))?;
         if boxes.len() != rows * k * 4 || scores.len() != rows * k || classes.len() != rows * k {
             return Err(DataflowError::stage(
                 NAME,

@@ -65,42 +65,48 @@ pub struct CandidatesConfig {
 impl CandidatesConfig {
     /// The output schema for `input`, or what is wrong with the configuration.
     pub fn output_schema(&self, input: &Schema) -> DataflowResult<SchemaRef> {
+        // Every error is located at the key it is about.
         if self.max_candidates == 0 {
             return Err(DataflowError::Config(
                 "candidates: max_candidates must be at least 1".into(),
-            ));
+            )
+            .at("max_candidates"));
         }
-        for w in [self.window, self.seen_window].into_iter().flatten() {
-            if w <= 0 {
+        for (key, window) in [("window", self.window), ("seen_window", self.seen_window)] {
+            if let Some(w) = window.filter(|&w| w <= 0) {
                 return Err(DataflowError::Config(format!(
                     "candidates: windows must be positive, got {w}"
-                )));
+                ))
+                .at(key));
             }
         }
-        for column in [&self.user, &self.item, &self.time] {
-            let field = input
-                .field_with_name(column)
-                .map_err(|_| DataflowError::schema(column, "an Int64 column", "no such column"))?;
+        for (key, column) in [
+            ("user", &self.user),
+            ("item", &self.item),
+            ("time", &self.time),
+        ] {
+            let field = input.field_with_name(column).map_err(|_| {
+                DataflowError::schema(column, "an Int64 column", "no such column").at(key)
+            })?;
             if field.data_type() != &DataType::Int64 {
                 return Err(DataflowError::schema(
                     column,
                     "an Int64 column",
                     field.data_type().to_string(),
-                ));
+                )
+                .at(key));
             }
         }
         let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
-        for (name, data_type, nullable) in [
-            (&self.event, DataType::Int64, false),
-            (&self.output, DataType::Int64, true),
-            (&self.epoch, DataType::UInt64, false),
+        for (key, name, data_type, nullable) in [
+            ("event", &self.event, DataType::Int64, false),
+            ("output", &self.output, DataType::Int64, true),
+            ("epoch", &self.epoch, DataType::UInt64, false),
         ] {
             if input.field_with_name(name).is_ok() {
-                return Err(DataflowError::schema(
-                    name,
-                    "a new column name",
-                    "an existing column",
-                ));
+                return Err(
+                    DataflowError::schema(name, "a new column name", "an existing column").at(key),
+                );
             }
             fields.push(Field::new(name, data_type, nullable));
         }
@@ -541,17 +547,17 @@ fn click_columns<'a>(
     batch: &'a RecordBatch,
     config: &CandidatesConfig,
 ) -> DataflowResult<(&'a Int64Array, &'a Int64Array, &'a Int64Array)> {
-    let column = |name: &str| -> DataflowResult<&'a Int64Array> {
-        let c = batch
-            .column_by_name(name)
-            .ok_or_else(|| DataflowError::schema(name, "an Int64 column", "no such column"))?;
+    let column = |key: &str, name: &str| -> DataflowResult<&'a Int64Array> {
+        let c = batch.column_by_name(name).ok_or_else(|| {
+            DataflowError::schema(name, "an Int64 column", "no such column").at(key)
+        })?;
         c.as_primitive_opt::<Int64Type>().ok_or_else(|| {
-            DataflowError::schema(name, "an Int64 column", c.data_type().to_string())
+            DataflowError::schema(name, "an Int64 column", c.data_type().to_string()).at(key)
         })
     };
     Ok((
-        column(&config.user)?,
-        column(&config.item)?,
-        column(&config.time)?,
+        column("user", &config.user)?,
+        column("item", &config.item)?,
+        column("time", &config.time)?,
     ))
 }
