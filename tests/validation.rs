@@ -189,6 +189,25 @@ fn exchange_key_must_exist() {
 }
 
 #[test]
+fn detections_column_error_names_the_key_naming_the_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "scores: scores", "scores: score_typo");
+    let e = error_of(&f);
+    let line = line_of(&f, "scores: score_typo");
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: stages[3].detections.scores: ",
+            f.display()
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains("column `score_typo`") && e.contains("no such column"),
+        "{e}"
+    );
+}
+
+#[test]
 fn missing_source_directory_and_zero_workers() {
     let tmp = tempfile::tempdir().unwrap();
     let f = edited(tmp.path(), "data/frames", "data/no-frames");

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use arrow_schema::SchemaRef;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, Decoder, TextFormat};
 use crate::text::{check_batch_size, Framing, TextPartition};
@@ -16,27 +17,20 @@ use crate::text::{check_batch_size, Framing, TextPartition};
 const INFER_RECORDS: usize = 1000;
 
 /// `source: { csv: { path, has_header, batch_size, delimiter } }`.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CsvSourceConfig {
     pub path: PathBuf,
     /// Whether the first record names the columns (otherwise `column_1`, `column_2`, ...).
-    #[serde(default = "default_true")]
+    #[serde_inline_default(true)]
     pub has_header: bool,
     /// Records per batch, and per chunk dealt to a worker.
-    #[serde(default = "default_batch_size")]
+    #[serde_inline_default(1024)]
     pub batch_size: usize,
     /// Field separator, an ASCII character; `,` when unset.
     #[serde(default)]
     pub delimiter: Option<char>,
-}
-
-fn default_true() -> bool {
-    true
-}
-
-fn default_batch_size() -> usize {
-    1024
 }
 
 /// A configured CSV source. Columns are inferred from the first 1000 records (all nullable;

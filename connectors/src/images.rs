@@ -15,6 +15,7 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::source::SourceBatch;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 
 /// Column names of the images source.
 pub const CAMERA_ID: &str = "camera_id";
@@ -26,6 +27,7 @@ pub const BYTES: &str = "bytes";
 pub const DEFAULT_CAMERA: &str = "default";
 
 /// `source: { images: { path, cameras, batch_size, repeat, extensions } }`.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImagesConfig {
@@ -36,14 +38,14 @@ pub struct ImagesConfig {
     #[serde(default)]
     pub cameras: Option<usize>,
     /// Images per batch, and per chunk dealt to a worker.
-    #[serde(default = "default_batch_size")]
+    #[serde_inline_default(8)]
     pub batch_size: usize,
     /// Reads the whole list this many times (benchmarks); repetition `r` adds `r * span` to
     /// every frame, `span` being more than any frame number, so rows stay unique.
-    #[serde(default = "default_repeat")]
+    #[serde_inline_default(1)]
     pub repeat: usize,
     /// File extensions that count as images, matched case-insensitively.
-    #[serde(default = "default_extensions")]
+    #[serde_inline_default(["jpg", "jpeg", "png"].map(String::from).to_vec())]
     pub extensions: Vec<String>,
     /// How files are dealt to workers: `batch` (chunks round-robin: even load) or `camera`
     /// (camera k to worker k mod workers, its frames in order, interleaved with the worker's
@@ -63,18 +65,6 @@ pub enum PartitionBy {
     #[default]
     Batch,
     Camera,
-}
-
-fn default_batch_size() -> usize {
-    8
-}
-
-fn default_repeat() -> usize {
-    1
-}
-
-fn default_extensions() -> Vec<String> {
-    ["jpg", "jpeg", "png"].map(String::from).to_vec()
 }
 
 /// Schema of the images source: `camera_id` Utf8, `frame` Int64, `path` Utf8, `bytes` Binary.

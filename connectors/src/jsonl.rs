@@ -13,6 +13,7 @@ use arrow_schema::{ArrowError, DataType, SchemaRef};
 use riffle_dataflow::sink::{Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, Decoder, TextFormat};
 use crate::text::{check_batch_size, Framing, RecordReader, TextPartition};
@@ -21,17 +22,14 @@ use crate::text::{check_batch_size, Framing, RecordReader, TextPartition};
 const INFER_RECORDS: usize = 1000;
 
 /// `source: { jsonl: { path, batch_size } }`.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JsonlSourceConfig {
     pub path: PathBuf,
     /// Lines per batch, and per chunk dealt to a worker.
-    #[serde(default = "default_batch_size")]
+    #[serde_inline_default(1024)]
     pub batch_size: usize,
-}
-
-fn default_batch_size() -> usize {
-    1024
 }
 
 /// A configured JSON-lines source. The schema is inferred from the first 1000 lines that are

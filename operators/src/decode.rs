@@ -28,33 +28,23 @@ pub const WIDTH_COLUMN: &str = "width";
 pub const HEIGHT_COLUMN: &str = "height";
 
 /// Configuration of the `decode` stage (its YAML block).
+// Missing keys come from `impl Default`, the one place the defaults are written.
 #[derive(Clone, Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct DecodeConfig {
     /// Binary (or LargeBinary / BinaryView) column holding one encoded image per row.
-    #[serde(default = "default_input")]
     pub input: String,
     /// Binary column written with RGB8 pixels, interleaved, row-major (`height*width*3` bytes).
-    #[serde(default = "default_output")]
     pub output: String,
     /// Keep the encoded column in the output (dropped by default: it is no longer needed).
-    #[serde(default)]
     pub keep_input: bool,
-}
-
-fn default_input() -> String {
-    "bytes".to_string()
-}
-
-fn default_output() -> String {
-    "pixels".to_string()
 }
 
 impl Default for DecodeConfig {
     fn default() -> Self {
         DecodeConfig {
-            input: default_input(),
-            output: default_output(),
+            input: "bytes".to_string(),
+            output: "pixels".to_string(),
             keep_input: false,
         }
     }

@@ -10,6 +10,95 @@ use riffle_dataflow::runtime::Step;
 use riffle_dataflow::DataflowResult;
 
 /// A stage kind, implemented by its configuration type (the block under its YAML key).
+///
+/// # Examples
+/// A custom kind, `scale: { column, factor }`, multiplying a Float32 column:
+/// ```
+/// use std::sync::Arc;
+/// use arrow_array::cast::AsArray;
+/// use arrow_array::types::Float32Type;
+/// use arrow_array::{ArrayRef, Float32Array, RecordBatch};
+/// use arrow_schema::{DataType, Field, Schema, SchemaRef};
+/// use riffle_dataflow::runtime::Step;
+/// use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
+/// use riffle_operators::{StageContext, StageKind};
+///
+/// #[derive(Clone, Debug, serde::Deserialize)]
+/// #[serde(deny_unknown_fields)]
+/// struct ScaleConfig {
+///     column: String,
+///     factor: f32,
+/// }
+///
+/// /// The stage one worker runs.
+/// struct Scale(ScaleConfig);
+///
+/// impl Stage for Scale {
+///     fn name(&self) -> &str {
+///         "scale"
+///     }
+///
+///     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+///         let found = match input.field_with_name(&self.0.column) {
+///             Ok(f) if f.data_type() == &DataType::Float32 => return Ok(input.clone()),
+///             Ok(f) => f.data_type().to_string(),
+///             Err(_) => "no such column".to_string(),
+///         };
+///         // Located at the key naming the column: validation points at its line.
+///         Err(DataflowError::schema(&self.0.column, "Float32", found).at("column"))
+///     }
+///
+///     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+///         let schema = self.output_schema(batch.schema_ref())?;
+///         let i = schema.index_of(&self.0.column)?;
+///         let mut columns = batch.columns().to_vec();
+///         let factor = self.0.factor;
+///         let values = columns[i].as_primitive::<Float32Type>();
+///         columns[i] = Arc::new(values.unary::<_, Float32Type>(|v| v * factor));
+///         Ok(StageOutput::all(RecordBatch::try_new(schema, columns)?))
+///     }
+///
+///     fn preserves_rows(&self) -> bool {
+///         true
+///     }
+/// }
+///
+/// impl StageKind for ScaleConfig {
+///     fn kind(&self) -> &'static str {
+///         "scale"
+///     }
+///
+///     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+///         // Nothing to load: the stage itself answers.
+///         Scale(self.clone()).output_schema(input)
+///     }
+///
+///     fn build(&self, _ctx: &StageContext<'_>) -> DataflowResult<Step> {
+///         Ok(Step::Apply(Box::new(Scale(self.clone()))))
+///     }
+/// }
+///
+/// let config: ScaleConfig = serde_json::from_str(r#"{"column": "score", "factor": 2}"#).unwrap();
+///
+/// // Validation: the output schema from the configuration alone, no engine built.
+/// let input = Arc::new(Schema::new(vec![Field::new("score", DataType::Float32, false)]));
+/// assert_eq!(config.output_schema(&input).unwrap(), input);
+/// let text = Arc::new(Schema::new(vec![Field::new("score", DataType::Utf8, false)]));
+/// let e = config.output_schema(&text).unwrap_err();
+/// assert_eq!(e.located().0, Some("column"));
+/// assert_eq!(e.to_string(), "column `score`: expected Float32, found Utf8");
+///
+/// // Running: each worker builds its own instance and applies it batch by batch.
+/// let ctx = StageContext { worker: 0, peers: 1, intra_op_threads: 1, gpus: &[] };
+/// let Ok(Step::Apply(mut stage)) = config.build(&ctx) else {
+///     panic!("`scale` is applied batch by batch");
+/// };
+/// let scores = Arc::new(Float32Array::from(vec![0.25, 1.5])) as ArrayRef;
+/// let batch = RecordBatch::try_new(input, vec![scores]).unwrap();
+/// let out = stage.process_batch(&batch).unwrap();
+/// assert_eq!(out.records.column(0).as_primitive::<Float32Type>().values(), &[0.5, 3.0]);
+/// assert!(out.rejected.is_empty());
+/// ```
 pub trait StageKind: fmt::Debug + Send + Sync {
     /// The YAML key (`decode`, `model`, …).
     fn kind(&self) -> &'static str;

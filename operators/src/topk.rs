@@ -18,47 +18,33 @@ use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use riffle_dataflow::tensor::{element_type, row_shape, tensor_values};
 use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
+use serde_inline_default::serde_inline_default;
 
 const NAME: &str = "topk";
 
 /// YAML block of a `topk` stage.
+#[serde_inline_default]
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TopKConfig {
     /// Tensor column of per-row class scores, shape `[C]` (or any shape of `C` elements).
-    #[serde(default = "default_input")]
+    #[serde_inline_default("logits".to_string())]
     pub input: String,
     /// Name of the list column written; `{output}_label` and `{output}_score` come with it.
-    #[serde(default = "default_output")]
+    #[serde_inline_default("top".to_string())]
     pub output: String,
     /// How many classes to keep per row (fewer when the model has fewer classes).
-    #[serde(default = "default_k")]
+    #[serde_inline_default(5)]
     pub k: usize,
     /// Turn raw logits into probabilities before reporting scores.
-    #[serde(default = "default_true")]
+    #[serde_inline_default(true)]
     pub softmax: bool,
     /// Text file of class names: line `i` names class `i`.
     #[serde(default)]
     pub labels: Option<PathBuf>,
     /// Drop the input tensor from the output (it is large and rarely wanted downstream).
-    #[serde(default = "default_true")]
+    #[serde_inline_default(true)]
     pub drop_input: bool,
-}
-
-fn default_input() -> String {
-    "logits".to_string()
-}
-
-fn default_output() -> String {
-    "top".to_string()
-}
-
-fn default_k() -> usize {
-    5
-}
-
-fn default_true() -> bool {
-    true
 }
 
 /// The `topk` stage.
@@ -398,8 +384,8 @@ mod tests {
 
     fn config(k: usize, labels: Option<PathBuf>) -> TopKConfig {
         TopKConfig {
-            input: default_input(),
-            output: default_output(),
+            input: "logits".to_string(),
+            output: "top".to_string(),
             k,
             softmax: true,
             labels,

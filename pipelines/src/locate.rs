@@ -66,67 +66,6 @@ impl Locator<'_> {
     }
 }
 
-impl Locator<'_> {
-    /// Line and key of the first `key: value` entry in the block at `start` whose value is `value`.
-    pub(crate) fn find_value(&self, start: u64, value: &str) -> Option<(u64, String)> {
-        let first = (start as usize).checked_sub(1)?;
-        let indent = |l: &str| l.len() - l.trim_start().len();
-        let base = indent(self.lines.get(first)?);
-        for (i, line) in self.lines.iter().enumerate().skip(first) {
-            let trimmed = line.trim_start();
-            if i > first && !trimmed.is_empty() && !trimmed.starts_with('#') && indent(line) <= base
-            {
-                break;
-            }
-            let mut path: Vec<String> = Vec::new();
-            for entry in line.split([',', '{', '}']) {
-                let Some((k, v)) = entry.split_once(": ") else {
-                    continue;
-                };
-                let k = k
-                    .trim()
-                    .trim_start_matches('-')
-                    .trim()
-                    .trim_matches(['"', '\'']);
-                if v.trim().trim_matches(['"', '\'']) == value {
-                    path.push(k.to_string());
-                    // Block-style parents: the nearest less-indented keys above, up to the stage.
-                    let mut depth = indent(line);
-                    for above in self.lines[(first + 1).min(i)..i].iter().rev() {
-                        if indent(above) < depth && !above.trim().is_empty() {
-                            if let Some((pk, _)) = above.split_once(':') {
-                                path.insert(0, pk.trim().trim_matches(['"', '\'']).to_string());
-                            }
-                            depth = indent(above);
-                        }
-                    }
-                    return Some((i as u64 + 1, quote_keys(&path)));
-                }
-                // `inputs: { name: column }` on one line: `inputs` is the parent (but not the
-                // stage's own `- kind:` key, which the field name already starts with).
-                if v.trim().is_empty() && !(i == first && entry.trim_start().starts_with('-')) {
-                    path.push(k.to_string());
-                }
-            }
-        }
-        None
-    }
-}
-
-/// `a.b."image_tensor:0"`: keys that are not plain identifiers are quoted.
-fn quote_keys(path: &[String]) -> String {
-    path.iter()
-        .map(|k| {
-            if k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                k.clone()
-            } else {
-                format!("\"{k}\"")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(".")
-}
-
 fn contains_key(line: &str, needle: &str) -> bool {
     line.match_indices(needle).any(|(at, _)| {
         at == 0 || matches!(line.as_bytes()[at - 1], b' ' | b'{' | b',' | b'-' | b'\t')

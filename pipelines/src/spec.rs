@@ -13,6 +13,7 @@ use riffle_operators::select::SelectConfig;
 use riffle_operators::topk::TopKConfig;
 use riffle_operators::StageKind;
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 use serde_saphyr::Spanned;
 
 /// A whole pipeline file: `source → stages → sink`, plus how to run it.
@@ -160,23 +161,20 @@ pub struct SlowWorker {
 }
 
 /// `runtime.checkpoint:` — where checkpoints go.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointConfig {
     /// A local directory, or any shared path (NFS/EFS) for many hosts.
     pub dir: std::path::PathBuf,
     /// Checkpoints kept (older ones are deleted); at least 2.
-    #[serde(default = "default_keep")]
+    #[serde_inline_default(3)]
     pub keep: usize,
     /// At most one checkpoint per this many milliseconds (0: at every completed epoch). Large
     /// operator state (recommendation features) makes each write cost more; a restart replays
     /// the epochs since the last one.
     #[serde(default)]
     pub interval_ms: u64,
-}
-
-fn default_keep() -> usize {
-    3
 }
 
 impl Default for RuntimeConfig {

@@ -335,18 +335,14 @@ fn stage_error(
     field: &dyn Fn(&str) -> String,
     e: DataflowError,
 ) -> PipelineError {
-    // The stage says which of its keys the error is about; without one, a column error points
-    // at the entry naming the column.
-    let key = match (e.located(), line) {
-        ((Some(key), _), Some(start)) => {
-            Some((at.find_path(start, key).unwrap_or(start), key.to_string()))
+    // The stage says which of its keys the error is about (that key's line, or the stage's
+    // when the key is a default not written in the file); without one, the stage's own line.
+    match (e.located().0, line) {
+        (Some(key), Some(start)) => {
+            let key_line = at.find_path(start, key).unwrap_or(start);
+            at.error(Some(key_line), None, field(key), e.to_string())
         }
-        ((None, DataflowError::Schema { column, .. }), Some(start)) => at.find_value(start, column),
-        _ => None,
-    };
-    match key {
-        Some((line, key)) => at.error(Some(line), None, field(&key), e.to_string()),
-        None => at.error(line, None, field(""), e.to_string()),
+        _ => at.error(line, None, field(""), e.to_string()),
     }
 }
 

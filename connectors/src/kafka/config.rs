@@ -1,10 +1,12 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 
 use crate::formats::{ColumnType, MessageFormat};
 
 /// `source: { kafka: {...} }`.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSourceConfig {
@@ -23,10 +25,10 @@ pub struct KafkaSourceConfig {
     #[serde(default)]
     pub stop_at_end: bool,
     /// Most messages per batch.
-    #[serde(default = "default_batch_size")]
+    #[serde_inline_default(256)]
     pub batch_size: usize,
     /// Longest wait to fill a batch before emitting what arrived.
-    #[serde(default = "default_linger_ms")]
+    #[serde_inline_default(20)]
     pub linger_ms: u64,
     /// Replay pace: at most this many messages per second per worker (unset: as fast as
     /// they come). For replaying a recorded topic at its real rate, demos and tests.
@@ -44,13 +46,6 @@ pub struct KafkaSourceConfig {
     pub options: BTreeMap<String, String>,
 }
 
-fn default_batch_size() -> usize {
-    256
-}
-fn default_linger_ms() -> u64 {
-    20
-}
-
 /// Where a source starts reading.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -65,6 +60,7 @@ pub enum StartAt {
 }
 
 /// `sink: { kafka: {...} }`.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaSinkConfig {
@@ -80,28 +76,17 @@ pub struct KafkaSinkConfig {
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Create the topic when the run starts if it does not exist (with `partitions`).
-    #[serde(default = "default_true")]
+    #[serde_inline_default(true)]
     pub create_topic: bool,
     /// Partitions of a topic the sink creates.
-    #[serde(default = "default_partitions")]
+    #[serde_inline_default(4)]
     pub partitions: i32,
     /// How long `flush` waits for every delivery report before failing.
-    #[serde(default = "default_delivery_timeout_ms")]
+    #[serde_inline_default(30_000)]
     pub delivery_timeout_ms: u64,
     /// Any librdkafka producer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
-}
-
-fn default_true() -> bool {
-    true
-}
-fn default_partitions() -> i32 {
-    4
-}
-
-fn default_delivery_timeout_ms() -> u64 {
-    30_000
 }
 
 /// Kafka sink value formats.

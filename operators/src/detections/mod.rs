@@ -20,6 +20,7 @@ use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use riffle_dataflow::tensor::{element_type, row_shape, tensor_values};
 use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
+use serde_inline_default::serde_inline_default;
 
 const NAME: &str = "detections";
 
@@ -43,70 +44,43 @@ impl BoxFormat {
 }
 
 /// YAML block of a `detections` stage.
+#[serde_inline_default]
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DetectionsConfig {
     /// Tensor column of per-row boxes, shape `[K,4]`.
-    #[serde(default = "default_boxes")]
+    #[serde_inline_default("detection_boxes".to_string())]
     pub boxes: String,
     /// Tensor column of per-row scores, shape `[K]`.
-    #[serde(default = "default_scores")]
+    #[serde_inline_default("detection_scores".to_string())]
     pub scores: String,
     /// Tensor column of per-row class ids stored as floats, shape `[K]`.
-    #[serde(default = "default_classes")]
+    #[serde_inline_default("detection_classes".to_string())]
     pub classes: String,
     #[serde(default)]
     pub box_format: BoxFormat,
     /// Detections scoring below this are dropped.
-    #[serde(default = "default_half")]
+    #[serde_inline_default(0.5)]
     pub score_threshold: f32,
     /// Class ids to keep; empty keeps every class.
     #[serde(default)]
     pub keep_classes: Vec<i64>,
     /// Per-class NMS: a box overlapping a better one of its class by more than this IoU is
     /// dropped. `1.0` disables NMS.
-    #[serde(default = "default_half")]
+    #[serde_inline_default(0.5)]
     pub iou_threshold: f32,
     /// Class names by id, e.g. `{1: person}`; classes without one get a null label.
     #[serde(default)]
     pub labels: BTreeMap<i64, String>,
     /// At most this many detections per row (the best ones).
-    #[serde(default = "default_max_detections")]
+    #[serde_inline_default(100)]
     pub max_detections: usize,
     /// Name of the list column written; `{output}_count` comes with it.
-    #[serde(default = "default_output")]
+    #[serde_inline_default("detections".to_string())]
     pub output: String,
     /// Drop the three model-output tensors from the output.
-    #[serde(default = "default_true")]
+    #[serde_inline_default(true)]
     pub drop_inputs: bool,
-}
-
-fn default_boxes() -> String {
-    "detection_boxes".to_string()
-}
-
-fn default_scores() -> String {
-    "detection_scores".to_string()
-}
-
-fn default_classes() -> String {
-    "detection_classes".to_string()
-}
-
-fn default_half() -> f32 {
-    0.5
-}
-
-fn default_max_detections() -> usize {
-    100
-}
-
-fn default_output() -> String {
-    "detections".to_string()
-}
-
-fn default_true() -> bool {
-    true
 }
 
 /// Columns holding the original image size, needed to scale normalized boxes.
@@ -215,12 +189,14 @@ impl Detections {
             return Err(DataflowError::Config(format!(
                 "{NAME}: iou_threshold must be within 0..=1, got {}",
                 config.iou_threshold
-            )));
+            ))
+            .at("iou_threshold"));
         }
         if config.score_threshold.is_nan() {
-            return Err(DataflowError::Config(format!(
-                "{NAME}: score_threshold must be a number"
-            )));
+            return Err(
+                DataflowError::Config(format!("{NAME}: score_threshold must be a number"))
+                    .at("score_threshold"),
+            );
         }
         Ok(Detections {
             config,
@@ -244,24 +220,31 @@ impl Detections {
     }
 
     /// Detections per row (`K`), after checking every input column's type and shape.
+    /// Errors about a configured column are located at the key naming it.
     fn check_inputs(&self, input: &Schema) -> DataflowResult<usize> {
-        let boxes = tensor_size(input, &self.config.boxes)?;
-        let scores = tensor_size(input, &self.config.scores)?;
-        let classes = tensor_size(input, &self.config.classes)?;
-        let box_shape = row_shape(input.field_with_name(&self.config.boxes)?)?;
+        let boxes = tensor_size(input, &self.config.boxes).map_err(|e| e.at("boxes"))?;
+        let scores = tensor_size(input, &self.config.scores).map_err(|e| e.at("scores"))?;
+        let classes = tensor_size(input, &self.config.classes).map_err(|e| e.at("classes"))?;
+        let box_shape = input
+            .field_with_name(&self.config.boxes)
+            .map_err(DataflowError::from)
+            .and_then(row_shape)
+            .map_err(|e| e.at("boxes"))?;
         if boxes != 4 * scores || box_shape.last() != Some(&4) {
             return Err(DataflowError::schema(
                 &self.config.boxes,
                 format!("a [{scores},4] tensor (one box per score)"),
                 format!("shape {box_shape:?}"),
-            ));
+            )
+            .at("boxes"));
         }
         if classes != scores {
             return Err(DataflowError::schema(
                 &self.config.classes,
                 format!("{scores} classes per row (one per score)"),
                 format!("{classes}"),
-            ));
+            )
+            .at("classes"));
         }
         for name in [WIDTH, HEIGHT] {
             match input.field_with_name(name) {
@@ -446,11 +429,13 @@ impl Stage for Detections {
         ];
         for field in added {
             if fields.iter().any(|f| f.name() == field.name()) {
+                // Both added columns are named from `output`.
                 return Err(DataflowError::schema(
                     field.name(),
                     "a column name not already in the input",
                     "an existing column",
-                ));
+                )
+                .at("output"));
             }
             fields.push(Arc::new(field));
         }
@@ -464,9 +449,11 @@ impl Stage for Detections {
         let schema = self.output_schema(batch.schema_ref())?;
         let k = self.check_inputs(batch.schema_ref())?;
         let rows = batch.num_rows();
-        let (box_list, boxes) = tensor(batch, &self.config.boxes)?;
-        let (score_list, scores) = tensor(batch, &self.config.scores)?;
-        let (class_list, classes) = tensor(batch, &self.config.classes)?;
+        let (box_list, boxes) = tensor(batch, &self.config.boxes).map_err(|e| e.at("boxes"))?;
+        let (score_list, scores) =
+            tensor(batch, &self.config.scores).map_err(|e| e.at("scores"))?;
+        let (class_list, classes) =
+            tensor(batch, &self.config.classes).map_err(|e| e.at("classes"))?;
         if boxes.len() != rows * k * 4 || scores.len() != rows * k || classes.len() != rows * k {
             return Err(DataflowError::stage(
                 NAME,

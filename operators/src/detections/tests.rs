@@ -4,16 +4,16 @@ use riffle_dataflow::tensor::{tensor_column, tensor_field};
 
 fn config() -> DetectionsConfig {
     DetectionsConfig {
-        boxes: default_boxes(),
-        scores: default_scores(),
-        classes: default_classes(),
+        boxes: "detection_boxes".to_string(),
+        scores: "detection_scores".to_string(),
+        classes: "detection_classes".to_string(),
         box_format: BoxFormat::default(),
         score_threshold: 0.5,
         keep_classes: Vec::new(),
         iou_threshold: 0.5,
         labels: BTreeMap::from([(1, "person".to_string())]),
         max_detections: 100,
-        output: default_output(),
+        output: "detections".to_string(),
         drop_inputs: true,
     }
 }

@@ -140,22 +140,26 @@ impl Rank {
         format!("{}_score", self.config.output)
     }
 
+    /// Column errors are located at the key naming the column.
     fn plan(&self, input: &Schema) -> DataflowResult<Plan> {
-        let (group, group_field) = find(input, &self.config.group, GROUP_TYPES)?;
+        let (group, group_field) =
+            find(input, &self.config.group, GROUP_TYPES).map_err(|e| e.at("group"))?;
         if !matches!(group_field.data_type(), DataType::Int64 | DataType::UInt64) {
-            return Err(wrong_type(group_field, GROUP_TYPES));
+            return Err(wrong_type(group_field, GROUP_TYPES).at("group"));
         }
-        let (item, item_field) = find(input, &self.config.item, ITEM_TYPE)?;
+        let (item, item_field) =
+            find(input, &self.config.item, ITEM_TYPE).map_err(|e| e.at("item"))?;
         if item_field.data_type() != &DataType::Int64 {
-            return Err(wrong_type(item_field, ITEM_TYPE));
+            return Err(wrong_type(item_field, ITEM_TYPE).at("item"));
         }
-        let (score, score_field) = find(input, &self.config.score, SCORE_TYPES)?;
+        let (score, score_field) =
+            find(input, &self.config.score, SCORE_TYPES).map_err(|e| e.at("score"))?;
         let scores_nullable = match score_field.data_type() {
             DataType::Float32 => score_field.is_nullable(),
             DataType::FixedSizeList(child, 1) if child.data_type() == &DataType::Float32 => {
                 score_field.is_nullable() || child.is_nullable()
             }
-            _ => return Err(wrong_type(score_field, SCORE_TYPES)),
+            _ => return Err(wrong_type(score_field, SCORE_TYPES).at("score")),
         };
 
         let kept: Vec<usize> = (0..input.fields().len())
@@ -174,11 +178,13 @@ impl Rank {
         ];
         for field in added {
             if fields.iter().any(|f| f.name() == field.name()) {
+                // Both added columns are named from `output`.
                 return Err(DataflowError::schema(
                     field.name(),
                     "a column name not already in the input",
                     "an existing column",
-                ));
+                )
+                .at("output"));
             }
             fields.push(Arc::new(field));
         }
@@ -310,7 +316,8 @@ impl Stage for Rank {
                 &self.config.group,
                 GROUP_TYPES,
                 group.data_type().to_string(),
-            ));
+            )
+            .at("group"));
         };
 
         let item_column = batch.column(plan.item);
@@ -320,6 +327,7 @@ impl Stage for Rank {
                 ITEM_TYPE,
                 item_column.data_type().to_string(),
             )
+            .at("item")
         })?;
         let item_nulls = items.nulls();
         let items = items.values();
@@ -331,6 +339,7 @@ impl Stage for Rank {
                 SCORE_TYPES,
                 score_column.data_type().to_string(),
             )
+            .at("score")
         })?;
         if scores.len() != rows {
             return Err(DataflowError::stage(

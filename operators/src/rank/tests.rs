@@ -249,8 +249,15 @@ fn schema_and_config_errors() {
             Field::new("p_click", score, false),
         ]))
     };
-    let expect_error =
-        |input: SchemaRef, column: &str, found: &str| match rank.output_schema(&input) {
+    // A schema error on `column`, located at the config `key` naming it.
+    let expect_error = |input: SchemaRef, key: &str, column: &str, found: &str| {
+        let e = rank.output_schema(&input).map(|_| ());
+        assert_eq!(
+            e.as_ref().err().and_then(|e| e.located().0),
+            Some(key),
+            "{e:?}"
+        );
+        match e.map_err(crate::unlocated) {
             Err(DataflowError::Schema {
                 column: c,
                 found: f,
@@ -260,19 +267,21 @@ fn schema_and_config_errors() {
                 assert!(f.contains(found), "{f}");
             }
             other => panic!("expected a schema error on `{column}`, got {other:?}"),
-        };
+        }
+    };
     use DataType::{Float32, Float64, Int32, Int64, Utf8};
-    expect_error(schema(Utf8, Int64, Float32), "event", "Utf8");
-    expect_error(schema(Int64, Int32, Float32), "candidate", "Int32");
-    expect_error(schema(Int64, Int64, Float64), "p_click", "Float64");
+    expect_error(schema(Utf8, Int64, Float32), "group", "event", "Utf8");
+    expect_error(schema(Int64, Int32, Float32), "item", "candidate", "Int32");
+    expect_error(schema(Int64, Int64, Float64), "score", "p_click", "Float64");
     let wide = tensor_field("p_click", Float32, &[2]);
     expect_error(
         schema(Int64, Int64, wide.data_type().clone()),
+        "score",
         "p_click",
         "2 x",
     );
     let absent = Arc::new(Schema::new(vec![Field::new("event", Int64, false)]));
-    expect_error(absent, "candidate", "input has: event");
+    expect_error(absent, "item", "candidate", "input has: event");
 
     let clash = Arc::new(Schema::new(vec![
         Field::new("event", Int64, false),
@@ -280,7 +289,7 @@ fn schema_and_config_errors() {
         Field::new("p_click", Float32, false),
         Field::new("recs_score", Float32, false),
     ]));
-    expect_error(clash, "recs_score", "existing column");
+    expect_error(clash, "output", "recs_score", "existing column");
 
     // Null group keys fail the batch rather than forming a group of their own.
     let input = RecordBatch::try_from_iter(vec![

@@ -16,6 +16,7 @@ use riffle_dataflow::metrics::StageMetrics;
 use riffle_dataflow::operators::{worker_for_int, BatchStream, ExchangeByKey, StateUpdates};
 use riffle_dataflow::{Batch, BatchKind, DataflowError, DataflowResult, Epoch};
 use serde::Deserialize;
+use serde_inline_default::serde_inline_default;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::vec::{Broadcast, Map};
 use timely::dataflow::operators::{Capability, Concat, Exchange, Operator};
@@ -26,17 +27,18 @@ use super::{Click, FeatureChange, Restore, SlidingWindow};
 const NAME: &str = "candidates";
 
 /// YAML block of a `candidates` stage.
+#[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CandidatesConfig {
     /// Int64 column of user ids; clicks are sharded by it.
-    #[serde(default = "default_user")]
+    #[serde_inline_default("user_id".to_string())]
     pub user: String,
     /// Int64 column of item ids.
-    #[serde(default = "default_item")]
+    #[serde_inline_default("item_id".to_string())]
     pub item: String,
     /// Int64 column of event times (any unit; `window` and `seen_window` use the same).
-    #[serde(default = "default_time")]
+    #[serde_inline_default("timestamp".to_string())]
     pub time: String,
     /// Popularity counts clicks this recent (in event time); unset: every click so far.
     #[serde(default)]
@@ -45,82 +47,66 @@ pub struct CandidatesConfig {
     #[serde(default)]
     pub seen_window: Option<i64>,
     /// Candidates per click (fewer while few items are known).
-    #[serde(default = "default_max_candidates")]
+    #[serde_inline_default(100)]
     pub max_candidates: usize,
     /// Int64 column written with each candidate item (null for a click with none).
-    #[serde(default = "default_output")]
+    #[serde_inline_default("candidate".to_string())]
     pub output: String,
     /// Int64 column written with an id shared by the rows of one click (unique: the epoch in
     /// the high 32 bits).
-    #[serde(default = "default_event")]
+    #[serde_inline_default("event".to_string())]
     pub event: String,
     /// UInt64 column written with the epoch whose features answered the click (all clicks of
     /// earlier epochs are in them).
-    #[serde(default = "default_epoch")]
+    #[serde_inline_default("epoch".to_string())]
     pub epoch: String,
-}
-
-fn default_user() -> String {
-    "user_id".into()
-}
-fn default_item() -> String {
-    "item_id".into()
-}
-fn default_time() -> String {
-    "timestamp".into()
-}
-fn default_max_candidates() -> usize {
-    100
-}
-fn default_output() -> String {
-    "candidate".into()
-}
-fn default_event() -> String {
-    "event".into()
-}
-fn default_epoch() -> String {
-    "epoch".into()
 }
 
 impl CandidatesConfig {
     /// The output schema for `input`, or what is wrong with the configuration.
     pub fn output_schema(&self, input: &Schema) -> DataflowResult<SchemaRef> {
+        // Every error is located at the key it is about.
         if self.max_candidates == 0 {
             return Err(DataflowError::Config(
                 "candidates: max_candidates must be at least 1".into(),
-            ));
+            )
+            .at("max_candidates"));
         }
-        for w in [self.window, self.seen_window].into_iter().flatten() {
-            if w <= 0 {
+        for (key, window) in [("window", self.window), ("seen_window", self.seen_window)] {
+            if let Some(w) = window.filter(|&w| w <= 0) {
                 return Err(DataflowError::Config(format!(
                     "candidates: windows must be positive, got {w}"
-                )));
+                ))
+                .at(key));
             }
         }
-        for column in [&self.user, &self.item, &self.time] {
-            let field = input
-                .field_with_name(column)
-                .map_err(|_| DataflowError::schema(column, "an Int64 column", "no such column"))?;
+        for (key, column) in [
+            ("user", &self.user),
+            ("item", &self.item),
+            ("time", &self.time),
+        ] {
+            let field = input.field_with_name(column).map_err(|_| {
+                DataflowError::schema(column, "an Int64 column", "no such column").at(key)
+            })?;
             if field.data_type() != &DataType::Int64 {
                 return Err(DataflowError::schema(
                     column,
                     "an Int64 column",
                     field.data_type().to_string(),
-                ));
+                )
+                .at(key));
             }
         }
         let mut fields: Vec<Field> = input.fields().iter().map(|f| f.as_ref().clone()).collect();
-        for (name, data_type, nullable) in [
-            (&self.event, DataType::Int64, false),
-            (&self.output, DataType::Int64, true),
-            (&self.epoch, DataType::UInt64, false),
+        for (key, name, data_type, nullable) in [
+            ("event", &self.event, DataType::Int64, false),
+            ("output", &self.output, DataType::Int64, true),
+            ("epoch", &self.epoch, DataType::UInt64, false),
         ] {
             if input.field_with_name(name).is_ok() {
-                return Err(DataflowError::schema(
-                    name,
-                    "a new column name",
-                    "an existing column",
-                ));
+                return Err(
+                    DataflowError::schema(name, "a new column name", "an existing column").at(key),
+                );
             }
             fields.push(Field::new(name, data_type, nullable));
         }
@@ -561,17 +547,17 @@ fn click_columns<'a>(
     batch: &'a RecordBatch,
     config: &CandidatesConfig,
 ) -> DataflowResult<(&'a Int64Array, &'a Int64Array, &'a Int64Array)> {
-    let column = |name: &str| -> DataflowResult<&'a Int64Array> {
-        let c = batch
-            .column_by_name(name)
-            .ok_or_else(|| DataflowError::schema(name, "an Int64 column", "no such column"))?;
+    let column = |key: &str, name: &str| -> DataflowResult<&'a Int64Array> {
+        let c = batch.column_by_name(name).ok_or_else(|| {
+            DataflowError::schema(name, "an Int64 column", "no such column").at(key)
+        })?;
         c.as_primitive_opt::<Int64Type>().ok_or_else(|| {
-            DataflowError::schema(name, "an Int64 column", c.data_type().to_string())
+            DataflowError::schema(name, "an Int64 column", c.data_type().to_string()).at(key)
         })
     };
     Ok((
-        column(&config.user)?,
-        column(&config.item)?,
-        column(&config.time)?,
+        column("user", &config.user)?,
+        column("item", &config.item)?,
+        column("time", &config.time)?,
     ))
 }

@@ -25,6 +25,7 @@ use riffle_dataflow::stage::{Stage, StageOutput};
 use riffle_dataflow::tensor::{tensor_column, tensor_field};
 
 use riffle_gpu::DeviceSpec;
+use serde_inline_default::serde_inline_default;
 
 use crate::decode::{is_binary, Payloads, HEIGHT_COLUMN, WIDTH_COLUMN};
 use gpu::CudaResize;
@@ -65,14 +66,15 @@ pub enum TensorDtype {
 }
 
 /// Configuration of the `resize` stage (its YAML block).
+#[serde_inline_default]
 #[derive(Clone, Debug, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResizeConfig {
     /// Binary column of RGB8 pixels; the `width` and `height` columns give each row's size.
-    #[serde(default = "default_input")]
+    #[serde_inline_default("pixels".to_string())]
     pub input: String,
     /// Tensor column written.
-    #[serde(default = "default_output")]
+    #[serde_inline_default("tensor".to_string())]
     pub output: String,
     /// Target size.
     pub width: u32,
@@ -95,14 +97,6 @@ pub struct ResizeConfig {
     /// ([`Resize::new`] or [`Resize::on_gpu`]); the stage itself does not look at it.
     #[serde(default)]
     pub device: DeviceSpec,
-}
-
-fn default_input() -> String {
-    "pixels".to_string()
-}
-
-fn default_output() -> String {
-    "tensor".to_string()
 }
 
 /// The `resize` stage.

@@ -4,8 +4,8 @@ use riffle_dataflow::tensor::{row_shape, tensor_values};
 
 fn config(width: u32, height: u32) -> ResizeConfig {
     ResizeConfig {
-        input: default_input(),
-        output: default_output(),
+        input: "pixels".to_string(),
+        output: "tensor".to_string(),
         width,
         height,
         layout: Layout::default(),
