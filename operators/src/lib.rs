@@ -19,6 +19,7 @@ pub mod dense;
 pub mod detections;
 pub mod filter;
 pub mod gpu_check;
+pub mod keyed;
 pub mod kind;
 pub mod model;
 pub mod onnx;
