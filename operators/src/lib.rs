@@ -14,6 +14,8 @@
 //! placement, the device abstraction, the CUDA kernels) are the `riffle-gpu` crate;
 //! [`gpu_check`] is `riffle gpu-check`'s library side.
 
+pub mod analytics;
+pub mod crop;
 pub mod decode;
 pub mod dense;
 pub mod detections;

@@ -2,6 +2,8 @@
 //! (docs/pipeline-spec.md describes the same).
 
 use riffle_connectors::{SinkConfig, SourceConfig};
+use riffle_operators::analytics::{LineCountConfig, ZoneConfig};
+use riffle_operators::crop::CropConfig;
 use riffle_operators::decode::DecodeConfig;
 use riffle_operators::detections::DetectionsConfig;
 use riffle_operators::filter::FilterConfig;
@@ -80,6 +82,12 @@ stage_kinds! {
     Candidates(CandidatesConfig),
     /// Per-request top-k of scored candidates.
     Rank(RankConfig),
+    /// Tracks crossing counting lines, per camera, with running totals.
+    LineCount(LineCountConfig),
+    /// Tracks entering and leaving zones, per camera: dwell times and occupancy.
+    Zone(ZoneConfig),
+    /// One row per detected object with its pixel crop, for a second model.
+    Crop(CropConfig),
 }
 
 impl StageSpec {
