@@ -244,7 +244,12 @@ fn bad_rows_are_dead_letters_and_the_others_go_on() {
         Some(full.as_slice()),
         None,
     ]));
-    let names = batch.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+    let names = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect::<Vec<_>>();
     let batch = RecordBatch::try_from_iter(names.into_iter().zip(columns)).expect("batch");
     let out = crop(config(serde_json::json!({})), &batch);
     let reasons: Vec<&str> = out.rejected.iter().map(|d| d.reason.as_str()).collect();
