@@ -225,6 +225,10 @@ impl LineCount {
             }
         }
         state.last_frame = Some(frame);
+        // Lines no longer configured (a checkpoint from an older configuration) are dropped.
+        state
+            .totals
+            .retain(|name, _| c.lines.iter().any(|l| &l.name == name));
         // Before this frame's objects, so a track back after too long starts afresh.
         let forget = c.forget_after_frames;
         state

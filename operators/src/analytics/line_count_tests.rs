@@ -346,3 +346,20 @@ fn schema_errors_are_located_at_the_column_keys() {
     );
     assert!(config(serde_json::json!({})).stateful());
 }
+
+#[test]
+fn totals_of_lines_no_longer_configured_are_dropped() {
+    // A checkpoint from a configuration that had a line `old`.
+    let mut state = LineState::default();
+    state.totals.insert(
+        "old".into(),
+        std::collections::BTreeMap::from([(1, [4, 2])]),
+    );
+    let out = run(
+        config(serde_json::json!({})),
+        &mut state,
+        &walk(&[90.0, 110.0]),
+    );
+    assert!(!state.totals.contains_key("old"));
+    assert_eq!(totals(&out.records)[1], ["door/1/1/0"]);
+}

@@ -4,10 +4,11 @@
 //! Both read the `detections` list column after a `track` stage (each struct with a nullable
 //! `track_id: Int64`), keep their state per camera through [`crate::keyed::Keyed`] (so it is
 //! checkpointed and restored with any worker count) and add their columns to every frame row.
-//! A track is placed by one point of its box, its [`Anchor`]. Rows of one camera are processed in
-//! frame order; a row whose `frame` is null, or not after the last frame processed for its camera
-//! (a duplicate or a late frame), or whose boxes are not finite, is a dead letter and changes no
-//! state.
+//! A track is placed by one point of its box, its [`Anchor`]; detections without a track id
+//! are ignored, and a null detections list is a frame without detections. Rows of one camera
+//! are processed in frame order; a row whose `frame` is null, or not after the last frame
+//! processed for its camera (a duplicate or a late frame), or whose boxes are not finite, is a
+//! dead letter and changes no state.
 
 pub mod line_count;
 pub mod zone;

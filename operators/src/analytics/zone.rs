@@ -250,6 +250,10 @@ impl Zone {
     fn update(&self, state: &mut ZoneState, now: Moment, objects: &[Object]) -> Vec<ZoneEvent> {
         let c = &self.config;
         state.last_frame = Some(now.frame);
+        // Zones no longer configured (a checkpoint from an older configuration) are dropped.
+        state
+            .inside
+            .retain(|name, _| c.zones.iter().any(|z| &z.name == name));
         // (track, class, anchor) of the tracks followed.
         let tracks: Vec<(i64, i64, [f32; 2])> = objects
             .iter()

@@ -589,7 +589,7 @@ impl crate::StageKind for CropConfig {
         })
     }
 
-    fn describe(&self, ctx: &crate::StageContext<'_>) -> String {
+    fn describe(&self, _ctx: &crate::StageContext<'_>) -> String {
         match self.reinfer_every {
             Some(n) => format!(
                 "rows sharded by `{}`; {}x{} crops, each track every {n} frames",
@@ -597,9 +597,7 @@ impl crate::StageKind for CropConfig {
             ),
             None => format!(
                 "{}x{} crops, {}",
-                self.width,
-                self.height,
-                default_describe(ctx)
+                self.width, self.height, "on the worker holding the batch"
             ),
         }
     }
@@ -607,8 +605,4 @@ impl crate::StageKind for CropConfig {
     fn stateful(&self) -> bool {
         self.reinfer_every.is_some()
     }
-}
-
-fn default_describe(_ctx: &crate::StageContext<'_>) -> &'static str {
-    "on the worker holding the batch"
 }
