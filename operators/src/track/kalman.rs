@@ -110,7 +110,10 @@ pub fn update(mean: &mut Mean, cov: &mut Covariance, z: [f64; 4]) -> Option<()> 
             new_cov[i][j] -= (0..4).map(|k| gain[i][k] * cov[j][k]).sum::<f64>();
         }
     }
-    let finite = new_mean.iter().chain(new_cov.iter().flatten()).all(|v| v.is_finite());
+    let finite = new_mean
+        .iter()
+        .chain(new_cov.iter().flatten())
+        .all(|v| v.is_finite());
     if !finite {
         return None;
     }

@@ -75,7 +75,10 @@ impl TrackConfig {
             if (0.0..=1.0).contains(&v) {
                 Ok(())
             } else {
-                Err(DataflowError::Config(format!("{NAME}: {key} must be within 0..=1, got {v}")).at(key))
+                Err(
+                    DataflowError::Config(format!("{NAME}: {key} must be within 0..=1, got {v}"))
+                        .at(key),
+                )
             }
         };
         unit("high_threshold", self.high_threshold)?;
@@ -153,7 +156,9 @@ impl TrackConfig {
             Ok(other) => {
                 Err(DataflowError::schema(&self.frame, "Int64", other.to_string()).at("frame"))
             }
-            Err(_) => Err(DataflowError::schema(&self.frame, "Int64", "no such column").at("frame")),
+            Err(_) => {
+                Err(DataflowError::schema(&self.frame, "Int64", "no such column").at("frame"))
+            }
         }
     }
 
@@ -185,7 +190,10 @@ impl TrackConfig {
             return Err(bad(format!("{} (no Int64 `class_id`)", field.data_type())));
         }
         if fields.iter().any(|f| f.name() == TRACK_ID) {
-            return Err(bad(format!("{} (already has `{TRACK_ID}`)", field.data_type())));
+            return Err(bad(format!(
+                "{} (already has `{TRACK_ID}`)",
+                field.data_type()
+            )));
         }
         let mut out: Vec<FieldRef> = fields.iter().cloned().collect();
         out.push(Arc::new(Field::new(TRACK_ID, DataType::Int64, true)));
@@ -277,7 +285,9 @@ fn row_detections(list: &ListArray, row: usize) -> Result<Vec<Detection>, String
         }
         let values = columns.map(|c| c.value(k));
         if values.iter().any(|v| !v.is_finite()) {
-            return Err(format!("detection {k} has a non-finite score or box: {values:?}"));
+            return Err(format!(
+                "detection {k} has a non-finite score or box: {values:?}"
+            ));
         }
         let class_id = class.filter(|c| c.is_valid(k)).map_or(-1, |c| c.value(k));
         out.push(Detection {
@@ -311,10 +321,14 @@ impl KeyedLogic for Tracker {
         };
         let frames = column(&cfg.frame, "frame")?
             .as_primitive_opt::<Int64Type>()
-            .ok_or_else(|| DataflowError::schema(&cfg.frame, "Int64", "another type").at("frame"))?;
+            .ok_or_else(|| {
+                DataflowError::schema(&cfg.frame, "Int64", "another type").at("frame")
+            })?;
         let lists = column(&cfg.input, "input")?
             .as_list_opt::<i32>()
-            .ok_or_else(|| DataflowError::schema(&cfg.input, "a list", "another type").at("input"))?;
+            .ok_or_else(|| {
+                DataflowError::schema(&cfg.input, "a list", "another type").at("input")
+            })?;
 
         let mut kept: Vec<u32> = Vec::with_capacity(rows.num_rows());
         let mut ids: Vec<Vec<Option<i64>>> = Vec::with_capacity(rows.num_rows());
@@ -377,7 +391,10 @@ fn with_track_ids(
         .as_struct_opt()
         .ok_or_else(|| DataflowError::stage(NAME, "detections are not structs"))?;
     if ids.len() != list.len() {
-        return Err(DataflowError::stage(NAME, "track ids do not match the rows"));
+        return Err(DataflowError::stage(
+            NAME,
+            "track ids do not match the rows",
+        ));
     }
     let mut track_ids: Vec<Option<i64>> = vec![None; entries.len()];
     let offsets = list.value_offsets();

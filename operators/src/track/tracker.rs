@@ -210,7 +210,9 @@ impl CameraTracks {
             })
             .collect();
         let sim = similarity(
-            remaining.iter().map(|&i| (tracked[i].rect(), tracked[i].class_id)),
+            remaining
+                .iter()
+                .map(|&i| (tracked[i].rect(), tracked[i].class_id)),
             &low,
             dets,
             false,
@@ -411,7 +413,11 @@ fn assign(sim: &[Vec<f64>], rows: usize, columns: usize, min: f64) -> Vec<(usize
     let mut weights = Matrix::new(n, m, 0i64);
     for a in 0..n {
         for b in 0..m {
-            weights[(a, b)] = if transposed { weight(b, a) } else { weight(a, b) };
+            weights[(a, b)] = if transposed {
+                weight(b, a)
+            } else {
+                weight(a, b)
+            };
         }
     }
     let (_, chosen) = kuhn_munkres(&weights);
