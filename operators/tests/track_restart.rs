@@ -223,6 +223,11 @@ impl Collect {
         }
         out
     }
+
+    fn rows(&self) -> usize {
+        let batches = self.0.lock().expect("sink lock");
+        batches.iter().map(RecordBatch::num_rows).sum()
+    }
 }
 
 /// Tracks `cameras` cameras' frames `from..end` on `workers` threads; returns the ids seen

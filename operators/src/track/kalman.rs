@@ -188,9 +188,9 @@ mod tests {
         let x1 = rect(&mean)[0];
         assert!((x1 - 63.0).abs() < 1.0, "predicted x1 {x1}");
         // The covariance stays symmetric.
-        for i in 0..8 {
-            for j in 0..8 {
-                assert!((cov[i][j] - cov[j][i]).abs() < 1e-9);
+        for (i, row) in cov.iter().enumerate() {
+            for (j, v) in row.iter().enumerate() {
+                assert!((v - cov[j][i]).abs() < 1e-9);
             }
         }
     }

@@ -178,8 +178,11 @@ fn state_survives_json_exactly() {
 
 // ---- The stage on Arrow rows ----
 
-/// Rows of one camera: (frame, detections as (score, x1, y1, x2, y2)); `None` frames null.
-fn rows(frames: &[(Option<i64>, Vec<(f32, f32, f32, f32, f32)>)]) -> RecordBatch {
+/// One row: its frame (`None`: null) and detections as (score, x1, y1, x2, y2).
+type Row = (Option<i64>, Vec<(f32, f32, f32, f32, f32)>);
+
+/// Rows of one camera.
+fn rows(frames: &[Row]) -> RecordBatch {
     let coord = |name: &str| Field::new(name, DataType::Float32, false);
     let fields = arrow_schema::Fields::from(vec![
         Field::new("class_id", DataType::Int64, false),
