@@ -125,3 +125,24 @@ else
     "$parts_dir" >/dev/null
   echo "setup: MobileNetV2 parts written to $parts_dir"
 fi
+
+# supervision (its ByteTrack: 0.30 is the last release with it) and motmetrics in a venv of
+# their own, for scripts/track_reference.py (tests/track_reference.rs compares the `track`
+# stage's ids with supervision's).
+SUPERVISION_VERSION=0.30.9
+MOTMETRICS_VERSION=1.4.0
+track_venv="$cache/track-venv"
+
+if "$track_venv/bin/python" -c "
+import importlib.metadata as m, sys
+sys.exit(m.version('supervision') != '$SUPERVISION_VERSION' or m.version('motmetrics') != '$MOTMETRICS_VERSION')
+" 2>/dev/null; then
+  echo "setup: supervision $SUPERVISION_VERSION and motmetrics present at $track_venv"
+else
+  need_python "supervision and motmetrics"
+  echo "setup: installing supervision==$SUPERVISION_VERSION, motmetrics==$MOTMETRICS_VERSION into $track_venv"
+  python3 -m venv "$track_venv"
+  PIP_ROOT_USER_ACTION=ignore "$track_venv/bin/pip" install --quiet \
+    "supervision==$SUPERVISION_VERSION" "motmetrics==$MOTMETRICS_VERSION"
+  echo "setup: supervision and motmetrics installed at $track_venv"
+fi

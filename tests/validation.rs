@@ -189,6 +189,43 @@ fn exchange_key_must_exist() {
 }
 
 #[test]
+fn track_column_and_threshold_errors_name_their_keys() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string(repo().join("pipelines/camera-tracking.yaml")).unwrap();
+    let shipped = shipped.replace("../", &format!("{}/", repo().display()));
+    let cases = [
+        // A Utf8 column as the frame number.
+        (
+            "frame: frame",
+            "frame: path",
+            "stages[4].track.frame: ",
+            "expected Int64, found Utf8",
+        ),
+        (
+            "low_threshold: 0.1",
+            "low_threshold: 0.9",
+            "stages[4].track.low_threshold: ",
+            "must not exceed high_threshold",
+        ),
+    ];
+    for (from, to, key, message) in cases {
+        assert!(
+            shipped.contains(from),
+            "`{from}` not in camera-tracking.yaml"
+        );
+        let f = write(tmp.path(), "t.yaml", &shipped.replacen(from, to, 1));
+        let e = error_of(&f);
+        let line = line_of(&f, to);
+        assert!(
+            e.starts_with(&format!("{}:{line}: {key}", f.display())),
+            "{e}"
+        );
+        assert!(e.contains(message), "{e}");
+    }
+}
+
+#[test]
 fn detections_column_error_names_the_key_naming_the_column() {
     let tmp = tempfile::tempdir().unwrap();
     let f = edited(tmp.path(), "scores: scores", "scores: score_typo");
@@ -386,6 +423,7 @@ fn every_shipped_file_pipeline_validates() {
         "camera-classify.yaml",
         "camera-classify-split.yaml",
         "clickstream-recs.yaml",
+        "camera-tracking.yaml",
     ] {
         let file = repo().join("pipelines").join(name);
         riffle_ok(&["validate", file.to_str().unwrap()]);

@@ -30,6 +30,7 @@ pub mod recs;
 pub mod resize;
 pub mod select;
 pub mod topk;
+pub mod track;
 
 pub use kind::{ConfigFile, StageContext, StageKind};
 

@@ -13,6 +13,7 @@ use riffle_operators::recs::CandidatesConfig;
 use riffle_operators::resize::ResizeConfig;
 use riffle_operators::select::SelectConfig;
 use riffle_operators::topk::TopKConfig;
+use riffle_operators::track::TrackConfig;
 use riffle_operators::StageKind;
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
@@ -82,6 +83,8 @@ stage_kinds! {
     Candidates(CandidatesConfig),
     /// Per-request top-k of scored candidates.
     Rank(RankConfig),
+    /// Multi-object tracking per camera: a track id on each detection.
+    Track(TrackConfig),
     /// Tracks crossing counting lines, per camera, with running totals.
     LineCount(LineCountConfig),
     /// Tracks entering and leaving zones, per camera: dwell times and occupancy.

@@ -1,0 +1,446 @@
+//! One camera's ByteTrack-style tracker, without Arrow: frames of detections in, a track id
+//! per detection out. Its whole state is [`CameraTracks`], checkpointed as JSON.
+//!
+//! Per frame: Kalman-predict every confirmed and lost track; match them to the high-score
+//! detections (IoU × score, linear assignment); match the tracks still unmatched to the
+//! low-score detections (IoU), which continue tracks but never start one; match the
+//! unconfirmed tracks (started last frame) to the remaining high-score detections, confirming
+//! them; start unconfirmed tracks from what is left above `new_track_threshold`; drop tracks
+//! lost for more than `track_buffer` frames.
+
+use pathfinding::kuhn_munkres::kuhn_munkres;
+use pathfinding::matrix::Matrix;
+use serde::{Deserialize, Serialize};
+
+use super::kalman::{self, Covariance, Mean};
+
+/// The tracker's tuning (the stage's configuration).
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub high_threshold: f32,
+    pub low_threshold: f32,
+    pub new_track_threshold: f32,
+    /// Least IoU × score for the first association.
+    pub match_iou: f64,
+    /// Frames a lost track is kept.
+    pub track_buffer: i64,
+    /// Tracks only match detections of their class.
+    pub class_aware: bool,
+}
+
+/// Least IoU in the second (low-score) association: ByteTrack's cost threshold 0.5.
+const SECOND_MATCH_IOU: f64 = 0.5;
+/// Least IoU × score for confirming a track: ByteTrack's cost threshold 0.7.
+const CONFIRM_MATCH_IOU: f64 = 0.3;
+/// A lost track overlapping a tracked one by more than this is the same object twice.
+const DUPLICATE_IOU: f64 = 0.85;
+/// Similarities become integer weights for `kuhn_munkres` at this resolution.
+const WEIGHT_SCALE: f64 = 1e6;
+/// Every admissible pair is worth this much more than none, so that near-threshold pairs are
+/// still matched when nothing better competes for them.
+const PAIR_BONUS: f64 = 1e-4;
+
+/// One detection of a frame, in source pixels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Detection {
+    pub rect: [f32; 4],
+    pub score: f32,
+    pub class_id: i64,
+}
+
+/// One camera's tracks and id counter.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CameraTracks {
+    /// The last frame processed (`None`: none yet, the next one is the camera's first).
+    pub last_frame: Option<i64>,
+    /// The last track id given; ids start at 1.
+    pub last_id: i64,
+    /// Tracks matched in the last frame, confirmed or not.
+    pub tracked: Vec<Track>,
+    /// Confirmed tracks not matched in the last frame, kept `track_buffer` frames.
+    pub lost: Vec<Track>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Track {
+    /// `None` until confirmed: matched again in the frame after it started (or started on
+    /// the camera's first frame).
+    pub id: Option<i64>,
+    pub mean: Mean,
+    pub covariance: Covariance,
+    pub class_id: i64,
+    pub start_frame: i64,
+    /// The last frame it was matched in.
+    pub last_seen: i64,
+}
+
+impl Track {
+    fn rect(&self) -> [f64; 4] {
+        kalman::rect(&self.mean)
+    }
+
+    /// Corrects the track with detection `d` seen in `frame`.
+    fn update(&mut self, d: &Detection, frame: i64) {
+        let z = kalman::measure(d.rect);
+        if kalman::update(&mut self.mean, &mut self.covariance, z).is_none() {
+            // A filter that went degenerate restarts at the measurement, keeping the id.
+            (self.mean, self.covariance) = kalman::initiate(z);
+        }
+        self.class_id = d.class_id;
+        self.last_seen = frame;
+    }
+}
+
+/// Where a track of the association pool comes from.
+#[derive(Clone, Copy)]
+enum Slot {
+    Tracked(usize),
+    Lost(usize),
+}
+
+impl CameraTracks {
+    /// Tracks `detections` of `frame` (which must follow the last frame); returns each
+    /// detection's track id (`None`: not on a confirmed track). Missing frame numbers are
+    /// processed as frames without detections, so tracks coast and age through the gap.
+    pub fn step(&mut self, frame: i64, detections: &[Detection], p: &Params) -> Vec<Option<i64>> {
+        if let Some(last) = self.last_frame {
+            let missing = frame.saturating_sub(last).saturating_sub(1);
+            // Beyond `track_buffer + 2` empty frames every track is gone: no need to replay more.
+            let replay = missing.clamp(0, p.track_buffer.saturating_add(2));
+            for f in frame - replay..frame {
+                self.advance(f, &[], p);
+            }
+        }
+        self.advance(frame, detections, p)
+    }
+
+    fn advance(&mut self, frame: i64, dets: &[Detection], p: &Params) -> Vec<Option<i64>> {
+        let first_frame = self.last_frame.is_none();
+        self.last_frame = Some(frame);
+        // Boxes without area cannot be tracked (aspect = w / h); they keep a null id.
+        let usable = |d: &Detection| d.rect[2] > d.rect[0] && d.rect[3] > d.rect[1];
+        let high: Vec<usize> = (0..dets.len())
+            .filter(|&i| usable(&dets[i]) && dets[i].score >= p.high_threshold)
+            .collect();
+        let low: Vec<usize> = (0..dets.len())
+            .filter(|&i| {
+                let s = dets[i].score;
+                usable(&dets[i]) && s >= p.low_threshold && s < p.high_threshold
+            })
+            .collect();
+
+        let mut tracked = std::mem::take(&mut self.tracked);
+        let mut lost = std::mem::take(&mut self.lost);
+        // The detection each track was matched to in this frame.
+        let mut tracked_hit: Vec<Option<usize>> = vec![None; tracked.len()];
+        let mut lost_hit: Vec<Option<usize>> = vec![None; lost.len()];
+
+        // Confirmed and lost tracks form the pool; unconfirmed ones are matched last.
+        let mut pool: Vec<Slot> = (0..tracked.len())
+            .filter(|&i| tracked[i].id.is_some())
+            .map(Slot::Tracked)
+            .chain((0..lost.len()).map(Slot::Lost))
+            .collect();
+        for slot in &pool {
+            let t = match *slot {
+                Slot::Tracked(i) => &mut tracked[i],
+                Slot::Lost(i) => {
+                    // A lost track keeps drifting but stops growing or shrinking.
+                    lost[i].mean[7] = 0.0;
+                    &mut lost[i]
+                }
+            };
+            kalman::predict(&mut t.mean, &mut t.covariance);
+        }
+        let pool_track = |slot: Slot, tracked: &[Track], lost: &[Track]| -> [f64; 4] {
+            match slot {
+                Slot::Tracked(i) => tracked[i].rect(),
+                Slot::Lost(i) => lost[i].rect(),
+            }
+        };
+
+        // 1. Pool × high-score detections, IoU weighted by score.
+        let sim = similarity(
+            pool.iter().map(|&s| {
+                let class = match s {
+                    Slot::Tracked(i) => tracked[i].class_id,
+                    Slot::Lost(i) => lost[i].class_id,
+                };
+                (pool_track(s, &tracked, &lost), class)
+            }),
+            &high,
+            dets,
+            true,
+            p.class_aware,
+        );
+        let first = assign(&sim, pool.len(), high.len(), p.match_iou);
+        let mut pool_matched = vec![false; pool.len()];
+        let mut high_matched = vec![false; high.len()];
+        let mut refound: Vec<usize> = Vec::new();
+        for &(k, j) in &first {
+            pool_matched[k] = true;
+            high_matched[j] = true;
+            let d = high[j];
+            match pool[k] {
+                Slot::Tracked(i) => {
+                    tracked[i].update(&dets[d], frame);
+                    tracked_hit[i] = Some(d);
+                }
+                Slot::Lost(i) => {
+                    lost[i].update(&dets[d], frame);
+                    lost_hit[i] = Some(d);
+                    refound.push(i);
+                }
+            }
+        }
+
+        // 2. Tracked tracks still unmatched × low-score detections, plain IoU.
+        pool = (0..pool.len())
+            .filter(|&k| !pool_matched[k])
+            .filter_map(|k| match pool[k] {
+                Slot::Tracked(i) => Some(Slot::Tracked(i)),
+                Slot::Lost(_) => None,
+            })
+            .collect();
+        let remaining: Vec<usize> = pool
+            .iter()
+            .filter_map(|s| match *s {
+                Slot::Tracked(i) => Some(i),
+                Slot::Lost(_) => None,
+            })
+            .collect();
+        let sim = similarity(
+            remaining
+                .iter()
+                .map(|&i| (tracked[i].rect(), tracked[i].class_id)),
+            &low,
+            dets,
+            false,
+            p.class_aware,
+        );
+        let mut newly_lost: Vec<usize> = Vec::new();
+        let second = assign(&sim, remaining.len(), low.len(), SECOND_MATCH_IOU);
+        let mut second_matched = vec![false; remaining.len()];
+        for &(k, j) in &second {
+            second_matched[k] = true;
+            let i = remaining[k];
+            tracked[i].update(&dets[low[j]], frame);
+            tracked_hit[i] = Some(low[j]);
+        }
+        for (k, &i) in remaining.iter().enumerate() {
+            if !second_matched[k] {
+                newly_lost.push(i);
+            }
+        }
+
+        // 3. Unconfirmed tracks × high-score detections left: a match confirms the track.
+        let unconfirmed: Vec<usize> = (0..tracked.len())
+            .filter(|&i| tracked[i].id.is_none())
+            .collect();
+        let left: Vec<usize> = (0..high.len())
+            .filter(|&j| !high_matched[j])
+            .map(|j| high[j])
+            .collect();
+        let sim = similarity(
+            unconfirmed
+                .iter()
+                .map(|&i| (tracked[i].rect(), tracked[i].class_id)),
+            &left,
+            dets,
+            true,
+            p.class_aware,
+        );
+        let mut left_matched = vec![false; left.len()];
+        for (k, j) in assign(&sim, unconfirmed.len(), left.len(), CONFIRM_MATCH_IOU) {
+            left_matched[j] = true;
+            let i = unconfirmed[k];
+            tracked[i].update(&dets[left[j]], frame);
+            tracked_hit[i] = Some(left[j]);
+            self.last_id += 1;
+            tracked[i].id = Some(self.last_id);
+        }
+
+        // 4. New tracks from the high-score detections nobody took.
+        let mut started: Vec<(Track, usize)> = Vec::new();
+        for (j, &d) in left.iter().enumerate() {
+            if left_matched[j] || dets[d].score < p.new_track_threshold {
+                continue;
+            }
+            let (mean, covariance) = kalman::initiate(kalman::measure(dets[d].rect));
+            // On a camera's first frame there is nothing to confirm against: start confirmed.
+            let id = first_frame.then(|| {
+                self.last_id += 1;
+                self.last_id
+            });
+            let track = Track {
+                id,
+                mean,
+                covariance,
+                class_id: dets[d].class_id,
+                start_frame: frame,
+                last_seen: frame,
+            };
+            started.push((track, d));
+        }
+
+        // 5. The lists for the next frame, in a stable order: surviving tracked tracks, new
+        // ones, re-found ones; then lost ones still within the buffer, newly lost ones.
+        let mut next: Vec<(Track, Option<usize>)> = Vec::new();
+        let mut next_lost: Vec<Track> = Vec::new();
+        let mut tracked_slots: Vec<Option<Track>> = tracked.into_iter().map(Some).collect();
+        let mut lost_slots: Vec<Option<Track>> = lost.into_iter().map(Some).collect();
+        for (i, slot) in tracked_slots.iter_mut().enumerate() {
+            // Matched tracks stay (unmatched unconfirmed ones are dropped here).
+            if tracked_hit[i].is_some() {
+                if let Some(t) = slot.take() {
+                    next.push((t, tracked_hit[i]));
+                }
+            }
+        }
+        next.extend(started.into_iter().map(|(t, d)| (t, Some(d))));
+        for &i in &refound {
+            if let Some(t) = lost_slots[i].take() {
+                next.push((t, lost_hit[i]));
+            }
+        }
+        for t in lost_slots.into_iter().flatten() {
+            if frame - t.last_seen <= p.track_buffer {
+                next_lost.push(t);
+            }
+        }
+        for &i in &newly_lost {
+            if let Some(t) = tracked_slots[i].take() {
+                next_lost.push(t);
+            }
+        }
+        let (next, next_lost) = drop_duplicates(next, next_lost);
+
+        let mut ids = vec![None; dets.len()];
+        for (t, d) in &next {
+            if let (Some(d), Some(id)) = (d, t.id) {
+                ids[*d] = Some(id);
+            }
+        }
+        self.tracked = next.into_iter().map(|(t, _)| t).collect();
+        self.lost = next_lost;
+        ids
+    }
+}
+
+/// A tracked and a lost track on the same object: the one tracked for less long goes.
+fn drop_duplicates(
+    tracked: Vec<(Track, Option<usize>)>,
+    lost: Vec<Track>,
+) -> (Vec<(Track, Option<usize>)>, Vec<Track>) {
+    let mut drop_tracked = vec![false; tracked.len()];
+    let mut drop_lost = vec![false; lost.len()];
+    for (i, (a, _)) in tracked.iter().enumerate() {
+        for (j, b) in lost.iter().enumerate() {
+            if iou(&a.rect(), &b.rect()) > DUPLICATE_IOU {
+                let (age_a, age_b) = (a.last_seen - a.start_frame, b.last_seen - b.start_frame);
+                if age_a > age_b {
+                    drop_lost[j] = true;
+                } else {
+                    drop_tracked[i] = true;
+                }
+            }
+        }
+    }
+    let tracked = tracked
+        .into_iter()
+        .zip(drop_tracked)
+        .filter_map(|(t, d)| (!d).then_some(t))
+        .collect();
+    let lost = lost
+        .into_iter()
+        .zip(drop_lost)
+        .filter_map(|(t, d)| (!d).then_some(t))
+        .collect();
+    (tracked, lost)
+}
+
+/// Track × detection similarity: IoU, times the detection's score when `fuse_score`; zero
+/// across classes when `class_aware`.
+fn similarity(
+    tracks: impl Iterator<Item = ([f64; 4], i64)>,
+    columns: &[usize],
+    dets: &[Detection],
+    fuse_score: bool,
+    class_aware: bool,
+) -> Vec<Vec<f64>> {
+    tracks
+        .map(|(rect, class)| {
+            columns
+                .iter()
+                .map(|&d| {
+                    let det = &dets[d];
+                    if class_aware && det.class_id != class {
+                        return 0.0;
+                    }
+                    let overlap = iou(&rect, &det.rect.map(f64::from));
+                    if fuse_score {
+                        overlap * f64::from(det.score)
+                    } else {
+                        overlap
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The (row, column) pairs of a maximum-weight matching among pairs with similarity at least
+/// `min` (each row and column used once).
+fn assign(sim: &[Vec<f64>], rows: usize, columns: usize, min: f64) -> Vec<(usize, usize)> {
+    if rows == 0 || columns == 0 {
+        return Vec::new();
+    }
+    let weight = |r: usize, c: usize| -> i64 {
+        let s = sim[r][c];
+        if s >= min {
+            ((s - min + PAIR_BONUS) * WEIGHT_SCALE).round() as i64
+        } else {
+            0
+        }
+    };
+    // kuhn_munkres needs no more rows than columns.
+    let transposed = rows > columns;
+    let (n, m) = if transposed {
+        (columns, rows)
+    } else {
+        (rows, columns)
+    };
+    let mut weights = Matrix::new(n, m, 0i64);
+    for a in 0..n {
+        for b in 0..m {
+            weights[(a, b)] = if transposed {
+                weight(b, a)
+            } else {
+                weight(a, b)
+            };
+        }
+    }
+    let (_, chosen) = kuhn_munkres(&weights);
+    let mut pairs: Vec<(usize, usize)> = chosen
+        .into_iter()
+        .enumerate()
+        .map(|(a, b)| if transposed { (b, a) } else { (a, b) })
+        .filter(|&(r, c)| sim[r][c] >= min)
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+/// Intersection over union of two `[x1, y1, x2, y2]` boxes; 0 when the union is empty.
+pub fn iou(a: &[f64; 4], b: &[f64; 4]) -> f64 {
+    let w = (a[2].min(b[2]) - a[0].max(b[0])).max(0.0);
+    let h = (a[3].min(b[3]) - a[1].max(b[1])).max(0.0);
+    let inter = w * h;
+    let area = |r: &[f64; 4]| (r[2] - r[0]).max(0.0) * (r[3] - r[1]).max(0.0);
+    let union = area(a) + area(b) - inter;
+    if union > 0.0 {
+        inter / union
+    } else {
+        0.0
+    }
+}
