@@ -173,12 +173,15 @@ impl VideoConfig {
             return Err(config_error("queue_size must be at least 1".into()).at("queue_size"));
         }
         if self.connect_attempts == 0 {
-            return Err(config_error("connect_attempts must be at least 1".into())
-                .at("connect_attempts"));
+            return Err(
+                config_error("connect_attempts must be at least 1".into()).at("connect_attempts")
+            );
         }
         let listed: Vec<CameraConfig> = match (&self.glob, self.cameras.is_empty()) {
             (Some(_), false) => {
-                return Err(config_error("give either `cameras` or `glob`, not both".into()))
+                return Err(config_error(
+                    "give either `cameras` or `glob`, not both".into(),
+                ))
             }
             (None, true) => {
                 return Err(config_error(
@@ -208,7 +211,10 @@ impl VideoConfig {
             }
             let every_nth = c.every_nth.or(self.every_nth).unwrap_or(1);
             if every_nth == 0 {
-                return Err(config_error(format!("camera `{}`: every_nth must be at least 1", c.id)));
+                return Err(config_error(format!(
+                    "camera `{}`: every_nth must be at least 1",
+                    c.id
+                )));
             }
             let sample_fps = c.sample_fps.or(self.sample_fps);
             if sample_fps.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
@@ -219,17 +225,21 @@ impl VideoConfig {
             }
             let max_frames = c.max_frames.or(self.max_frames);
             if max_frames == Some(0) {
-                return Err(config_error(format!("camera `{}`: max_frames must be at least 1", c.id)));
+                return Err(config_error(format!(
+                    "camera `{}`: max_frames must be at least 1",
+                    c.id
+                )));
             }
             cameras.push(Camera {
                 index,
                 id: c.id,
                 uri: c.uri,
                 live,
-                on_overload: c
-                    .on_overload
-                    .or(self.on_overload)
-                    .unwrap_or(if live { OnOverload::DropOldest } else { OnOverload::Wait }),
+                on_overload: c.on_overload.or(self.on_overload).unwrap_or(if live {
+                    OnOverload::DropOldest
+                } else {
+                    OnOverload::Wait
+                }),
                 max_frames,
                 every_nth,
                 sample_fps,
@@ -250,7 +260,11 @@ impl VideoConfig {
             })
             .collect();
         if let Some(dir) = self.glob.as_deref().and_then(Path::parent) {
-            paths.push(if dir.as_os_str().is_empty() { Path::new(".") } else { dir });
+            paths.push(if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            });
         }
         paths
     }
@@ -292,15 +306,19 @@ fn glob_cameras(pattern: &Path) -> DataflowResult<Vec<CameraConfig>> {
         .map_err(|e| DataflowError::io(format!("video source: listing {}", dir.display()), e))?;
     let mut files = Vec::new();
     for entry in listing {
-        let entry = entry
-            .map_err(|e| DataflowError::io(format!("video source: listing {}", dir.display()), e))?;
+        let entry = entry.map_err(|e| {
+            DataflowError::io(format!("video source: listing {}", dir.display()), e)
+        })?;
         let file = entry.file_name().to_string_lossy().into_owned();
         if wildcard_match(&name, &file) && entry.path().is_file() {
             files.push(entry.path());
         }
     }
     if files.is_empty() {
-        return Err(config_error(format!("no file matches `{}`", pattern.display())));
+        return Err(config_error(format!(
+            "no file matches `{}`",
+            pattern.display()
+        )));
     }
     files.sort();
     Ok(files

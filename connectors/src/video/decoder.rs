@@ -4,11 +4,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 
-use ffmpeg_next as ffmpeg;
 use ffmpeg::format::Pixel;
 use ffmpeg::software::scaling;
 use ffmpeg::util::frame::video::Video;
 use ffmpeg::{codec, format, media, Dictionary, Packet, Rational};
+use ffmpeg_next as ffmpeg;
 
 /// Why a camera's stream could not be opened or read.
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +81,8 @@ pub(crate) struct Image<'a> {
 impl Image<'_> {
     /// `(width, height, pixels)`: RGB8, interleaved, row-major, no padding.
     pub fn rgb(self) -> Result<(u32, u32, Vec<u8>), ffmpeg::Error> {
-        let (format, width, height) = (self.frame.format(), self.frame.width(), self.frame.height());
+        let (format, width, height) =
+            (self.frame.format(), self.frame.width(), self.frame.height());
         let fits = self.scaler.as_ref().is_some_and(|s| {
             let i = s.input();
             (i.format, i.width, i.height) == (format, width, height)
@@ -95,7 +96,9 @@ impl Image<'_> {
                 Pixel::RGB24,
                 width,
                 height,
-                scaling::Flags::BILINEAR | scaling::Flags::ACCURATE_RND,
+                scaling::Flags::BILINEAR
+                    | scaling::Flags::ACCURATE_RND
+                    | scaling::Flags::FULL_CHR_H_INT,
             )?);
         }
         let Some(scaler) = self.scaler.as_mut() else {

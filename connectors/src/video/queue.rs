@@ -191,7 +191,7 @@ impl Thinning {
     }
 
     pub fn keep(&mut self, frame: i64, pts_ms: i64) -> bool {
-        if frame.unsigned_abs() % self.every_nth != 0 {
+        if !frame.unsigned_abs().is_multiple_of(self.every_nth) {
             return false;
         }
         let Some(period) = self.period_ms else {

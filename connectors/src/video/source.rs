@@ -174,7 +174,13 @@ impl Drop for VideoPartition {
 
 impl Running {
     /// Up to `max` frames, one per camera in turn, with the cameras' dead letters.
-    fn take(&mut self, max: usize) -> (Vec<(usize, Frame)>, Vec<riffle_dataflow::dead_letter::DeadLetter>) {
+    fn take(
+        &mut self,
+        max: usize,
+    ) -> (
+        Vec<(usize, Frame)>,
+        Vec<riffle_dataflow::dead_letter::DeadLetter>,
+    ) {
         let mut rejected = Vec::new();
         for q in &self.queues {
             rejected.extend(q.take_rejected());
@@ -260,13 +266,21 @@ fn to_batch(cameras: &[Camera], frames: Vec<(usize, Frame)>) -> DataflowResult<R
         Arc::new(StringArray::from_iter_values(
             frames.iter().map(|(c, _)| cameras[*c].id.as_str()),
         )),
-        Arc::new(Int64Array::from_iter_values(frames.iter().map(|(_, f)| f.frame))),
-        Arc::new(Int64Array::from_iter_values(frames.iter().map(|(_, f)| f.pts_ms))),
+        Arc::new(Int64Array::from_iter_values(
+            frames.iter().map(|(_, f)| f.frame),
+        )),
+        Arc::new(Int64Array::from_iter_values(
+            frames.iter().map(|(_, f)| f.pts_ms),
+        )),
         Arc::new(Int64Array::from_iter_values(
             frames.iter().map(|(_, f)| f.ingest_ms),
         )),
-        Arc::new(UInt32Array::from_iter_values(frames.iter().map(|(_, f)| f.width))),
-        Arc::new(UInt32Array::from_iter_values(frames.iter().map(|(_, f)| f.height))),
+        Arc::new(UInt32Array::from_iter_values(
+            frames.iter().map(|(_, f)| f.width),
+        )),
+        Arc::new(UInt32Array::from_iter_values(
+            frames.iter().map(|(_, f)| f.height),
+        )),
         Arc::new(BinaryArray::from_iter_values(
             frames.iter().map(|(_, f)| f.pixels.as_slice()),
         )),

@@ -91,7 +91,9 @@ fn a_glob_names_cameras_by_file_stem_in_order_and_uris_tell_files_from_streams()
     let cameras = c.resolve().unwrap();
     let ids: Vec<&str> = cameras.iter().map(|c| c.id.as_str()).collect();
     assert_eq!(ids, ["bikes-0", "bikes-1", "bikes-2", "bikes-3"]);
-    assert!(cameras.iter().all(|c| !c.live && c.on_overload == OnOverload::Wait));
+    assert!(cameras
+        .iter()
+        .all(|c| !c.live && c.on_overload == OnOverload::Wait));
     assert_eq!(c.paths(), [dir.as_path()]);
 
     let c = config(
@@ -105,7 +107,10 @@ fn a_glob_names_cameras_by_file_stem_in_order_and_uris_tell_files_from_streams()
         CameraUri::parse("file:///v/a.mp4"),
         CameraUri::File("/v/a.mp4".into())
     );
-    assert_eq!(CameraUri::parse("v/a.mp4"), CameraUri::File("v/a.mp4".into()));
+    assert_eq!(
+        CameraUri::parse("v/a.mp4"),
+        CameraUri::File("v/a.mp4".into())
+    );
 }
 
 #[test]
@@ -115,21 +120,41 @@ fn bad_configurations_are_refused_with_the_reason() {
     for (yaml, expected) in [
         ("{}".to_string(), "no cameras"),
         (
-            format!("{{ glob: \"{}/*.mp4\", cameras: [{}] }}", dir.display(), file_camera("a", &f)),
+            format!(
+                "{{ glob: \"{}/*.mp4\", cameras: [{}] }}",
+                dir.display(),
+                file_camera("a", &f)
+            ),
             "not both",
         ),
         (
-            format!("cameras: [{}, {}]", file_camera("a", &f), file_camera("a", &f)),
+            format!(
+                "cameras: [{}, {}]",
+                file_camera("a", &f),
+                file_camera("a", &f)
+            ),
             "used twice",
         ),
         (
             format!("cameras: [{}]", file_camera("a", &dir.join("nope.mp4"))),
             "is not a file",
         ),
-        (format!("{{ glob: \"{}/*.nope\" }}", dir.display()), "no file matches"),
-        (format!("{{ cameras: [{}], every_nth: 0 }}", file_camera("a", &f)), "every_nth"),
-        (format!("{{ cameras: [{}], sample_fps: 0 }}", file_camera("a", &f)), "sample_fps"),
-        (format!("{{ cameras: [{}], queue_size: 0 }}", file_camera("a", &f)), "queue_size"),
+        (
+            format!("{{ glob: \"{}/*.nope\" }}", dir.display()),
+            "no file matches",
+        ),
+        (
+            format!("{{ cameras: [{}], every_nth: 0 }}", file_camera("a", &f)),
+            "every_nth",
+        ),
+        (
+            format!("{{ cameras: [{}], sample_fps: 0 }}", file_camera("a", &f)),
+            "sample_fps",
+        ),
+        (
+            format!("{{ cameras: [{}], queue_size: 0 }}", file_camera("a", &f)),
+            "queue_size",
+        ),
     ] {
         let err = config(&yaml).resolve().unwrap_err().to_string();
         assert!(err.contains(expected), "{yaml}: {err}");
@@ -206,14 +231,26 @@ fn full_queues_drop_oldest_or_newest_or_wait() {
 #[test]
 fn h264_and_h265_in_mp4_mkv_and_ts_decode_every_frame_in_order() {
     let dir = videos();
-    for file in ["bikes-0.mp4", "hevc/bikes-0.mp4", "mkv/bikes-0.mkv", "ts/bikes-0.ts"] {
-        let s = source(&format!("cameras: [{}]", file_camera("cam", &dir.join(file))));
+    for file in [
+        "bikes-0.mp4",
+        "hevc/bikes-0.mp4",
+        "mkv/bikes-0.mkv",
+        "ts/bikes-0.ts",
+    ] {
+        let s = source(&format!(
+            "cameras: [{}]",
+            file_camera("cam", &dir.join(file))
+        ));
         let (rows, dead) = read_all(&s, 0, 1);
         assert!(dead.is_empty(), "{file}: {dead:?}");
         let frames: Vec<i64> = rows.iter().map(|r| r.frame).collect();
         assert_eq!(frames, (0..63).collect::<Vec<_>>(), "{file}");
         for r in &rows {
-            assert_eq!((r.camera.as_str(), r.width, r.height), ("cam", 640, 272), "{file}");
+            assert_eq!(
+                (r.camera.as_str(), r.width, r.height),
+                ("cam", 640, 272),
+                "{file}"
+            );
             assert_eq!(r.bytes, 640 * 272 * 3);
             // 25 fps from the stream's start.
             assert!((r.pts_ms - r.frame * 40).abs() <= 1, "{file}: {r:?}");
@@ -224,7 +261,10 @@ fn h264_and_h265_in_mp4_mkv_and_ts_decode_every_frame_in_order() {
 #[test]
 fn cameras_go_to_worker_index_mod_workers_each_in_order() {
     let dir = videos();
-    let s = source(&format!("{{ glob: \"{}/*.mp4\", batch_size: 5 }}", dir.display()));
+    let s = source(&format!(
+        "{{ glob: \"{}/*.mp4\", batch_size: 5 }}",
+        dir.display()
+    ));
     let (rows, _) = read_all(&s, 1, 2);
     let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for r in rows {
@@ -234,18 +274,27 @@ fn cameras_go_to_worker_index_mod_workers_each_in_order() {
     assert_eq!(per["bikes-1"], (0..62).collect::<Vec<_>>());
     assert_eq!(per["bikes-3"], (0..62).collect::<Vec<_>>());
     let (rows, _) = read_all(&s, 2, 3);
-    assert!(rows.iter().all(|r| r.camera == "bikes-2"), "camera 2 of 3 workers");
+    assert!(
+        rows.iter().all(|r| r.camera == "bikes-2"),
+        "camera 2 of 3 workers"
+    );
 }
 
 #[test]
 fn every_nth_sample_fps_and_max_frames_thin_and_end_a_camera() {
     let f = videos().join("bikes-0.mp4");
     let frames = |extra: &str| -> Vec<i64> {
-        let s = source(&format!("{{ cameras: [{}], {extra} }}", file_camera("c", &f)));
+        let s = source(&format!(
+            "{{ cameras: [{}], {extra} }}",
+            file_camera("c", &f)
+        ));
         read_all(&s, 0, 1).0.iter().map(|r| r.frame).collect()
     };
     assert_eq!(frames("every_nth: 10"), [0, 10, 20, 30, 40, 50, 60]);
-    assert_eq!(frames("sample_fps: 5"), [0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60]);
+    assert_eq!(
+        frames("sample_fps: 5"),
+        [0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60]
+    );
     assert_eq!(frames("max_frames: 4"), [0, 1, 2, 3]);
     assert_eq!(frames("every_nth: 2, max_frames: 3"), [0, 2, 4]);
 }
