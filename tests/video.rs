@@ -487,7 +487,11 @@ fn a_camera_that_never_comes_up_fails_alone() {
     let dead = read_jsonl(&tmp.path().join("out.jsonl.dead"));
     assert_eq!(dead.len(), 1, "{dead:?}");
     let reason = dead[0]["reason"].as_str().unwrap();
-    assert!(reason.contains("camera `gone` failed") && reason.contains("3 attempts"), "{reason}");
+    assert!(
+        reason.contains("camera `gone` failed") && reason.contains("3 attempts"),
+        "{reason}"
+    );
+}
 
 #[test]
 fn video_files_resume_from_a_checkpoint_with_every_frame_exactly_once() {
