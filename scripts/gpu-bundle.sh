@@ -2,12 +2,15 @@
 # Packs what scripts/gpu-check.sh needs on a GPU host without a Rust toolchain into one folder
 # (default: gpu-bundle/, git-ignored): the release binary, the ONNX Runtime library, the CTR
 # model, 64 frames and the script. Prints its size (a device run carries at most 64 MiB).
+# The binary is built without the `video` feature, so it needs no FFmpeg libraries.
 #   scripts/gpu-bundle.sh && (cd gpu-bundle && ./scripts/gpu-check.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-gpu-bundle}"
 scripts/setup.sh >/dev/null
-cargo build --release --bin riffle
+# Without the video source: a GPU host may lack FFmpeg's shared libraries, and gpu-check
+# needs no video.
+cargo build --release --bin riffle --no-default-features
 lib=$(ls "${XDG_CACHE_HOME:-$HOME/.cache}"/riffle/onnxruntime-*/libonnxruntime.so.* | head -1)
 rm -rf "$out"
 mkdir -p "$out/scripts" "$out/models" "$out/data/frames/bikes"

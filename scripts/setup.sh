@@ -7,6 +7,9 @@
 # - the `onnx` Python package (into the cache, never the system Python) for
 #   scripts/split-model.py, and the bundled MobileNetV2 split into two parts with it
 #   (models/parts/, generated, not committed).
+# - the Debian packages the video source and its tests need (FFmpeg's libraries and command,
+#   pkg-config and clang for the bindings, GStreamer's RTSP server for the test cameras), and
+#   the test videos made from the bundled frames (scripts/media.sh, into data/videos/).
 # Idempotent: each part does nothing when its files are already in place.
 set -euo pipefail
 
@@ -146,3 +149,25 @@ else
     "supervision==$SUPERVISION_VERSION" "motmetrics==$MOTMETRICS_VERSION"
   echo "setup: supervision and motmetrics installed at $track_venv"
 fi
+
+# Debian packages: only those missing are installed (the machines run as root).
+DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
+  libavfilter-dev pkg-config clang libclang-dev python3-gi gir1.2-gst-rtsp-server-1.0
+  gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad)
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: Debian packages for video present"
+else
+  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: ${missing[*]}" >&2; exit 1; }
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing Debian packages: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Test and demo videos (idempotent itself).
+"$root/scripts/media.sh"

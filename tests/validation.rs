@@ -418,8 +418,14 @@ fn plan_shows_placement_and_workers_auto_follows_the_cores() {
 #[test]
 fn every_shipped_file_pipeline_validates() {
     require_onnx_runtime();
+    // camera-video.yaml reads the videos scripts/media.sh makes; validation checks they exist.
+    assert!(
+        repo().join("data/videos/bikes-0.mp4").is_file(),
+        "data/videos/ missing: run `scripts/media.sh` (needs ffmpeg: apt-get install -y ffmpeg)"
+    );
     for name in [
         "camera-perception.yaml",
+        "camera-video.yaml",
         "camera-classify.yaml",
         "camera-classify-split.yaml",
         "clickstream-recs.yaml",

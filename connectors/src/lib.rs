@@ -6,6 +6,8 @@
 //! - [`csv`] and [`jsonl`]: text files, chunks of lines per worker; malformed lines become
 //!   dead letters instead of failing the run.
 //! - [`kafka`]: a topic's partitions, messages decoded as JSON, CSV, raw bytes or JPEG.
+//! - [`video`]: video files and live streams (RTSP, HTTP), one camera each, decoded to RGB8
+//!   frames by FFmpeg's libraries (the `video` feature).
 //!
 //! Decoding of payloads (JSON, CSV, raw bytes, JPEG) into Arrow batches, schema inference and
 //! per-record rejection live in one place, [`formats`], shared by the file and Kafka sources.
@@ -24,6 +26,7 @@ pub mod jsonl;
 pub mod kafka;
 pub mod stdout;
 mod text;
+pub mod video;
 
 use std::path::{Path, PathBuf};
 
@@ -36,6 +39,7 @@ pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
 pub use crate::jsonl::{JsonLinesSink, JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
 pub use crate::stdout::StdoutSinkConfig;
+pub use crate::video::VideoConfig;
 
 /// Where a pipeline's records come from (externally tagged: `source: { images: {...} }`).
 #[derive(Clone, Debug, Deserialize)]
@@ -46,6 +50,7 @@ pub enum SourceConfig {
     Csv(CsvSourceConfig),
     Jsonl(JsonlSourceConfig),
     Kafka(kafka::KafkaSourceConfig),
+    Video(VideoConfig),
 }
 
 impl SourceConfig {
@@ -58,6 +63,7 @@ impl SourceConfig {
             SourceConfig::Csv(c) => Box::new(CsvSource::new(c)?),
             SourceConfig::Jsonl(c) => Box::new(JsonlSource::new(c)?),
             SourceConfig::Kafka(c) => Box::new(kafka::KafkaSourceFactory::new(c)?),
+            SourceConfig::Video(c) => video::build(c)?,
         })
     }
 
@@ -69,6 +75,7 @@ impl SourceConfig {
             SourceConfig::Csv(c) => vec![c.path.as_path()],
             SourceConfig::Jsonl(c) => vec![c.path.as_path()],
             SourceConfig::Kafka(_) => Vec::new(),
+            SourceConfig::Video(c) => c.paths(),
         }
     }
 
@@ -80,6 +87,7 @@ impl SourceConfig {
             SourceConfig::Csv(c) => vec![&mut c.path],
             SourceConfig::Jsonl(c) => vec![&mut c.path],
             SourceConfig::Kafka(_) => Vec::new(),
+            SourceConfig::Video(c) => c.paths_mut(),
         }
     }
 }

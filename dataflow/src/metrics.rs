@@ -19,6 +19,8 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
 ];
+/// Metric families of connectors that the end-of-run summary lists.
+const CONNECTOR_PREFIXES: &[&str] = &["riffle_kafka_", "riffle_video_"];
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 1024.0];
 
 /// All metrics of one process.
@@ -173,11 +175,15 @@ impl Metrics {
         String::from_utf8(buf).map_err(|e| DataflowError::Config(e.to_string()))
     }
 
-    /// Values of metrics that connectors registered (`riffle_kafka_*`), one line each.
+    /// Values of metrics that connectors registered (`riffle_kafka_*`, `riffle_video_*`), one
+    /// line each.
     fn connector_values(&self) -> Vec<(String, f64)> {
         let mut out = Vec::new();
         for family in self.registry.gather() {
-            if !family.name().starts_with("riffle_kafka_") {
+            if !CONNECTOR_PREFIXES
+                .iter()
+                .any(|p| family.name().starts_with(p))
+            {
                 continue;
             }
             for metric in family.get_metric() {
@@ -291,7 +297,8 @@ pub struct Summary {
     pub end_to_end_p99: Duration,
     /// Rows that reached the sink.
     pub results: u64,
-    /// Connector metrics (Kafka lag, bytes, produce errors) by name and labels.
+    /// Connector metrics (Kafka lag, bytes, produce errors; video drops, reconnects) by name
+    /// and labels.
     pub connectors: Vec<(String, f64)>,
     /// Bytes of batches this process received from other processes.
     pub exchange_bytes_in: u64,

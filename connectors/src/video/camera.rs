@@ -1,0 +1,235 @@
+//! One camera's decoding thread: opens its stream, reconnects a broken live stream with
+//! backoff, thins and converts frames and queues them under the camera's overload policy.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use riffle_dataflow::dead_letter::DeadLetter;
+
+use super::config::Camera;
+use super::decoder::{self, Decoded, Ended, Flow, OpenOptions};
+use super::metrics::CameraMetrics;
+use super::queue::{Frame, FrameQueue, Pushed, Thinning};
+
+/// Retry settings of live cameras.
+#[derive(Clone, Debug)]
+pub(crate) struct Retry {
+    pub attempts: u32,
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+/// Everything a camera's thread needs.
+pub(crate) struct CameraTask {
+    pub camera: Camera,
+    pub open: OpenOptions,
+    pub retry: Retry,
+    /// Frames numbered below this were delivered by an earlier run (resume): skipped.
+    pub resume_from: i64,
+    pub queue: Arc<FrameQueue>,
+    pub metrics: CameraMetrics,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Where the camera stands, across reconnections.
+struct Progress {
+    /// Number of the next decoded frame (frame numbers go on across reconnections).
+    next_frame: i64,
+    /// Frames kept by the thinning so far (what `max_frames` counts).
+    kept: u64,
+    thinning: Thinning,
+    started: Instant,
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+impl CameraTask {
+    pub fn spawn(self) -> std::io::Result<std::thread::JoinHandle<()>> {
+        std::thread::Builder::new()
+            .name(format!("video-{}", self.camera.id))
+            .spawn(move || self.run())
+    }
+
+    fn run(self) {
+        let camera = &self.camera;
+        let uri = camera.uri.as_ffmpeg();
+        let mut progress = Progress {
+            next_frame: 0,
+            kept: 0,
+            thinning: Thinning::new(camera.every_nth, camera.sample_fps),
+            started: Instant::now(),
+        };
+        let mut failures = 0u32;
+        let mut backoff = self.retry.backoff;
+        // Since when a live stream has been down (`None` while up, or before it first came up).
+        let mut outage: Option<Instant> = None;
+        loop {
+            if self.stopped() {
+                return self.queue.finish();
+            }
+            let mut stream = match decoder::open(&uri, &self.open) {
+                Ok(stream) => stream,
+                Err(e) => {
+                    failures += 1;
+                    if !camera.live || failures >= self.retry.attempts {
+                        return self.give_up(&format!("{e} ({failures} attempts)"));
+                    }
+                    if failures == 1 && outage.is_none() {
+                        tracing::warn!("camera `{}`: {e}; retrying with backoff", camera.id);
+                    }
+                    self.sleep(backoff);
+                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                    continue;
+                }
+            };
+            if let Some(since) = outage.take() {
+                self.metrics.reconnects.inc();
+                tracing::info!(
+                    "camera `{}`: reconnected after {:.1} s",
+                    camera.id,
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            failures = 0;
+            backoff = self.retry.backoff;
+            let ended = stream.run(&self.stop, &mut |d| self.handle(d, &mut progress));
+            match ended {
+                Ok(Ended::Stopped) => return self.queue.finish(),
+                Ok(Ended::Eof) if !camera.live => return self.queue.finish(),
+                Err(e) if !camera.live => return self.give_up(&e.to_string()),
+                // Logged once per outage; the retries stay quiet until it ends.
+                Ok(Ended::Eof) => {
+                    tracing::warn!("camera `{}`: stream ended; reconnecting", camera.id)
+                }
+                Err(e) => tracing::warn!("camera `{}`: {e}; reconnecting", camera.id),
+            }
+            outage = Some(Instant::now());
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed) || self.queue.is_closed()
+    }
+
+    /// Sleeps `how_long`, waking early when stopped.
+    fn sleep(&self, how_long: Duration) {
+        let until = Instant::now() + how_long;
+        while !self.stopped() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(50)));
+        }
+    }
+
+    /// The camera is given up: logged, counted and reported as a dead letter; the other cameras
+    /// go on.
+    fn give_up(&self, reason: &str) {
+        let camera = &self.camera;
+        tracing::error!("camera `{}` failed: {reason}", camera.id);
+        self.metrics.failures.inc();
+        self.queue.reject(DeadLetter {
+            stage: "source".into(),
+            reason: format!("camera `{}` failed: {reason}", camera.id),
+            record: serde_json::json!({
+                "camera_id": camera.id,
+                "uri": camera.uri.to_string(),
+            })
+            .to_string(),
+        });
+        self.queue.finish();
+    }
+
+    fn handle(&self, decoded: Decoded<'_>, p: &mut Progress) -> Flow {
+        let camera = &self.camera;
+        let started = p.started;
+        let elapsed = || started.elapsed().as_millis() as i64;
+        match decoded {
+            Decoded::Corrupt {
+                pts_ms,
+                reason,
+                frame,
+            } => {
+                let number = p.next_frame;
+                if frame {
+                    p.next_frame += 1;
+                }
+                // Reported by the run that delivered the frames around it.
+                if number < self.resume_from {
+                    return Flow::Continue;
+                }
+                let mut record = serde_json::json!({
+                    "camera_id": camera.id,
+                    "uri": camera.uri.to_string(),
+                    "pts_ms": pts_ms,
+                });
+                if frame {
+                    record["frame"] = number.into();
+                }
+                self.queue.reject(DeadLetter {
+                    stage: "source".into(),
+                    reason: format!("camera `{}`: {reason}", camera.id),
+                    record: record.to_string(),
+                });
+                Flow::Continue
+            }
+            Decoded::Frame { pts_ms, image } => {
+                let number = p.next_frame;
+                p.next_frame += 1;
+                // Streams without timestamps are timed by when their frames arrive.
+                let pts_ms = pts_ms.unwrap_or_else(elapsed);
+                if !p.thinning.keep(number, pts_ms) {
+                    return Flow::Continue;
+                }
+                p.kept += 1;
+                let last = camera.max_frames.is_some_and(|m| p.kept >= m);
+                let end = if last { Flow::Stop } else { Flow::Continue };
+                if number < self.resume_from {
+                    return end;
+                }
+                let (width, height, pixels) = match image.rgb() {
+                    Ok(rgb) => rgb,
+                    Err(e) => {
+                        self.queue.reject(DeadLetter {
+                            stage: "source".into(),
+                            reason: format!("camera `{}`: converting to RGB: {e}", camera.id),
+                            record: serde_json::json!({
+                                "camera_id": camera.id,
+                                "frame": number,
+                                "pts_ms": pts_ms,
+                            })
+                            .to_string(),
+                        });
+                        return end;
+                    }
+                };
+                self.metrics.frames.inc();
+                let pushed = self.queue.push(Frame {
+                    frame: number,
+                    pts_ms,
+                    ingest_ms: now_ms(),
+                    width,
+                    height,
+                    pixels,
+                });
+                self.metrics
+                    .queue_high_water
+                    .set(self.queue.high_water() as i64);
+                match pushed {
+                    Pushed::Queued => end,
+                    Pushed::DroppedOldest | Pushed::DroppedNewest => {
+                        self.metrics.dropped.inc();
+                        end
+                    }
+                    Pushed::Closed => Flow::Stop,
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! Unit tests of the video source: configuration, thinning, queues, and decoding the test
+//! videos `scripts/media.sh` makes.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int64Type, UInt32Type};
+use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::SourceFactory;
+
+use super::config::wildcard_match;
+use super::queue::{Bell, Frame, FrameQueue, Pushed, Thinning};
+use super::*;
+
+fn videos() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data/videos");
+    assert!(
+        dir.join("bikes-0.mp4").is_file(),
+        "test videos missing in {}: run `scripts/media.sh` (needs ffmpeg: apt-get install -y ffmpeg)",
+        dir.display()
+    );
+    dir
+}
+
+fn config(yaml: &str) -> VideoConfig {
+    serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"))
+}
+
+fn file_camera(id: &str, path: &std::path::Path) -> String {
+    format!("{{ id: {id}, uri: \"{}\" }}", path.display())
+}
+
+/// One row read from the source.
+#[derive(Debug, PartialEq)]
+struct Row {
+    camera: String,
+    frame: i64,
+    pts_ms: i64,
+    width: u32,
+    height: u32,
+    bytes: usize,
+}
+
+/// Everything partition `index` of `peers` reads, and its dead letters.
+fn read_all(source: &dyn SourceFactory, index: usize, peers: usize) -> (Vec<Row>, Vec<DeadLetter>) {
+    let mut part = source.partition(index, peers).unwrap();
+    let (mut rows, mut dead) = (Vec::new(), Vec::new());
+    while let Some(batch) = part.next_batch().unwrap() {
+        let r = &batch.records;
+        let cameras = r.column(0).as_string::<i32>();
+        let frames = r.column(1).as_primitive::<Int64Type>();
+        let pts = r.column(2).as_primitive::<Int64Type>();
+        let widths = r.column(4).as_primitive::<UInt32Type>();
+        let heights = r.column(5).as_primitive::<UInt32Type>();
+        let pixels = r.column(6).as_binary::<i32>();
+        for i in 0..r.num_rows() {
+            rows.push(Row {
+                camera: cameras.value(i).to_string(),
+                frame: frames.value(i),
+                pts_ms: pts.value(i),
+                width: widths.value(i),
+                height: heights.value(i),
+                bytes: pixels.value(i).len(),
+            });
+        }
+        dead.extend(batch.rejected);
+    }
+    (rows, dead)
+}
+
+fn source(yaml: &str) -> VideoSource {
+    VideoSource::new(&config(yaml)).unwrap()
+}
+
+#[test]
+fn wildcards_match_like_a_shell() {
+    assert!(wildcard_match("*.mp4", "bikes-0.mp4"));
+    assert!(wildcard_match("bikes-?.mp4", "bikes-3.mp4"));
+    assert!(!wildcard_match("*.mp4", "bikes-0.mkv"));
+    assert!(!wildcard_match("bikes-?.mp4", "bikes-10.mp4"));
+    assert!(wildcard_match("*", ""));
+}
+
+#[test]
+fn a_glob_names_cameras_by_file_stem_in_order_and_uris_tell_files_from_streams() {
+    let dir = videos();
+    let c = config(&format!("glob: \"{}/*.mp4\"", dir.display()));
+    let cameras = c.resolve().unwrap();
+    let ids: Vec<&str> = cameras.iter().map(|c| c.id.as_str()).collect();
+    assert_eq!(ids, ["bikes-0", "bikes-1", "bikes-2", "bikes-3"]);
+    assert!(cameras
+        .iter()
+        .all(|c| !c.live && c.on_overload == OnOverload::Wait));
+    assert_eq!(c.paths(), [dir.as_path()]);
+
+    let c = config(
+        "cameras: [{ id: a, uri: \"rtsp://127.0.0.1:1/a\" }, { id: b, uri: \"rtsp://h/b\", on_overload: wait }]",
+    );
+    let cameras = c.resolve().unwrap();
+    assert!(cameras[0].live && cameras[0].on_overload == OnOverload::DropOldest);
+    assert_eq!(cameras[1].on_overload, OnOverload::Wait);
+    assert!(c.paths().is_empty(), "streams are not files");
+    assert_eq!(
+        CameraUri::parse("file:///v/a.mp4"),
+        CameraUri::File("/v/a.mp4".into())
+    );
+    assert_eq!(
+        CameraUri::parse("v/a.mp4"),
+        CameraUri::File("v/a.mp4".into())
+    );
+}
+
+#[test]
+fn bad_configurations_are_refused_with_the_reason() {
+    let dir = videos();
+    let f = dir.join("bikes-0.mp4");
+    for (yaml, expected) in [
+        ("{}".to_string(), "no cameras"),
+        (
+            format!(
+                "{{ glob: \"{}/*.mp4\", cameras: [{}] }}",
+                dir.display(),
+                file_camera("a", &f)
+            ),
+            "not both",
+        ),
+        (
+            format!(
+                "cameras: [{}, {}]",
+                file_camera("a", &f),
+                file_camera("a", &f)
+            ),
+            "used twice",
+        ),
+        (
+            format!("cameras: [{}]", file_camera("a", &dir.join("nope.mp4"))),
+            "is not a file",
+        ),
+        (
+            format!("{{ glob: \"{}/*.nope\" }}", dir.display()),
+            "no file matches",
+        ),
+        (
+            format!("{{ cameras: [{}], every_nth: 0 }}", file_camera("a", &f)),
+            "every_nth",
+        ),
+        (
+            format!("{{ cameras: [{}], sample_fps: 0 }}", file_camera("a", &f)),
+            "sample_fps",
+        ),
+        (
+            format!("{{ cameras: [{}], queue_size: 0 }}", file_camera("a", &f)),
+            "queue_size",
+        ),
+    ] {
+        let err = config(&yaml).resolve().unwrap_err().to_string();
+        assert!(err.contains(expected), "{yaml}: {err}");
+    }
+    let typo = serde_saphyr::from_str::<VideoConfig>("{ glob: x, sample_fsp: 3 }");
+    assert!(typo.is_err(), "unknown keys are refused");
+}
+
+#[test]
+fn thinning_keeps_every_nth_frame_and_at_most_sample_fps() {
+    let mut every = Thinning::new(5, None);
+    let kept: Vec<i64> = (0..20).filter(|f| every.keep(*f, f * 40)).collect();
+    assert_eq!(kept, [0, 5, 10, 15]);
+    // 25 fps sampled at 10 fps: slots every 100 ms, each taking the first frame at or after it.
+    let mut fps = Thinning::new(1, Some(10.0));
+    let kept: Vec<i64> = (0..20).filter(|f| fps.keep(*f, f * 40)).collect();
+    assert_eq!(kept, [0, 3, 5, 8, 10, 13, 15, 18]);
+    // A stream whose clock restarts (a reconnection) keeps being sampled.
+    assert!(fps.keep(20, 0));
+    assert!(!fps.keep(21, 40));
+    assert!(fps.keep(22, 120));
+}
+
+fn frame(n: i64) -> Frame {
+    Frame {
+        frame: n,
+        pts_ms: n * 40,
+        ingest_ms: 0,
+        width: 1,
+        height: 1,
+        pixels: vec![0; 3],
+    }
+}
+
+#[test]
+fn full_queues_drop_oldest_or_newest_or_wait() {
+    let bell = Arc::new(Bell::default());
+    let q = FrameQueue::new(2, OnOverload::DropOldest, bell.clone());
+    assert_eq!(q.push(frame(0)), Pushed::Queued);
+    assert_eq!(q.push(frame(1)), Pushed::Queued);
+    assert_eq!(q.push(frame(2)), Pushed::DroppedOldest);
+    let left: Vec<i64> = std::iter::from_fn(|| q.pop()).map(|f| f.frame).collect();
+    assert_eq!(left, [1, 2]);
+    assert_eq!(q.high_water(), 2);
+
+    let q = FrameQueue::new(2, OnOverload::DropNewest, bell.clone());
+    for n in 0..3 {
+        q.push(frame(n));
+    }
+    let left: Vec<i64> = std::iter::from_fn(|| q.pop()).map(|f| f.frame).collect();
+    assert_eq!(left, [0, 1]);
+
+    let q = Arc::new(FrameQueue::new(1, OnOverload::Wait, bell));
+    q.push(frame(0));
+    let pusher = {
+        let q = q.clone();
+        std::thread::spawn(move || q.push(frame(1)))
+    };
+    // The pusher waits for room: the first frame comes out, then the second.
+    assert_eq!(q.pop().map(|f| f.frame), Some(0));
+    assert_eq!(pusher.join().unwrap(), Pushed::Queued);
+    assert_eq!(q.pop().map(|f| f.frame), Some(1));
+    // A closed queue releases a waiting pusher.
+    q.push(frame(2));
+    let pusher = {
+        let q = q.clone();
+        std::thread::spawn(move || q.push(frame(3)))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    q.close();
+    assert_eq!(pusher.join().unwrap(), Pushed::Closed);
+}
+
+#[test]
+fn h264_and_h265_in_mp4_mkv_and_ts_decode_every_frame_in_order() {
+    let dir = videos();
+    for file in [
+        "bikes-0.mp4",
+        "hevc/bikes-0.mp4",
+        "mkv/bikes-0.mkv",
+        "ts/bikes-0.ts",
+    ] {
+        let s = source(&format!(
+            "cameras: [{}]",
+            file_camera("cam", &dir.join(file))
+        ));
+        let (rows, dead) = read_all(&s, 0, 1);
+        assert!(dead.is_empty(), "{file}: {dead:?}");
+        let frames: Vec<i64> = rows.iter().map(|r| r.frame).collect();
+        assert_eq!(frames, (0..63).collect::<Vec<_>>(), "{file}");
+        for r in &rows {
+            assert_eq!(
+                (r.camera.as_str(), r.width, r.height),
+                ("cam", 640, 272),
+                "{file}"
+            );
+            assert_eq!(r.bytes, 640 * 272 * 3);
+            // 25 fps from the stream's start.
+            assert!((r.pts_ms - r.frame * 40).abs() <= 1, "{file}: {r:?}");
+        }
+    }
+}
+
+#[test]
+fn cameras_go_to_worker_index_mod_workers_each_in_order() {
+    let dir = videos();
+    let s = source(&format!(
+        "{{ glob: \"{}/*.mp4\", batch_size: 5 }}",
+        dir.display()
+    ));
+    let (rows, _) = read_all(&s, 1, 2);
+    let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in rows {
+        per.entry(r.camera).or_default().push(r.frame);
+    }
+    assert_eq!(per.keys().collect::<Vec<_>>(), ["bikes-1", "bikes-3"]);
+    assert_eq!(per["bikes-1"], (0..62).collect::<Vec<_>>());
+    assert_eq!(per["bikes-3"], (0..62).collect::<Vec<_>>());
+    let (rows, _) = read_all(&s, 2, 3);
+    assert!(
+        rows.iter().all(|r| r.camera == "bikes-2"),
+        "camera 2 of 3 workers"
+    );
+}
+
+#[test]
+fn every_nth_sample_fps_and_max_frames_thin_and_end_a_camera() {
+    let f = videos().join("bikes-0.mp4");
+    let frames = |extra: &str| -> Vec<i64> {
+        let s = source(&format!(
+            "{{ cameras: [{}], {extra} }}",
+            file_camera("c", &f)
+        ));
+        read_all(&s, 0, 1).0.iter().map(|r| r.frame).collect()
+    };
+    assert_eq!(frames("every_nth: 10"), [0, 10, 20, 30, 40, 50, 60]);
+    assert_eq!(
+        frames("sample_fps: 5"),
+        [0, 5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55, 60]
+    );
+    assert_eq!(frames("max_frames: 4"), [0, 1, 2, 3]);
+    assert_eq!(frames("every_nth: 2, max_frames: 3"), [0, 2, 4]);
+}
+
+#[test]
+fn resuming_skips_exactly_the_frames_before_each_cameras_offset() {
+    let dir = videos();
+    let s = source(&format!("{{ glob: \"{}/bikes-?.mp4\" }}", dir.display()));
+    let id = s.checkpoint_id().unwrap();
+    assert_eq!(id, "video:bikes-0,bikes-1,bikes-2,bikes-3");
+    let offsets = BTreeMap::from([(0, 60), (1, 62), (3, 1)]);
+    let resumed = s.resume(&offsets).unwrap().unwrap();
+    let (rows, _) = read_all(resumed.as_ref(), 0, 1);
+    let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in rows {
+        per.entry(r.camera).or_default().push(r.frame);
+    }
+    assert_eq!(per["bikes-0"], [60, 61, 62]);
+    assert!(!per.contains_key("bikes-1"), "bikes-1 was finished");
+    assert_eq!(per["bikes-2"].len(), 63);
+    assert_eq!(per["bikes-3"], (1..62).collect::<Vec<_>>());
+    // Live streams cannot be rewound.
+    let live = source("cameras: [{ id: a, uri: \"rtsp://127.0.0.1:9/a\" }]");
+    assert!(live.checkpoint_id().is_none());
+    assert!(live.resume(&offsets).unwrap().is_none());
+}
+
+#[test]
+fn a_camera_that_cannot_be_decoded_fails_alone_as_a_dead_letter() {
+    let dir = videos();
+    let tmp = tempfile::tempdir().unwrap();
+    let junk = tmp.path().join("junk.mp4");
+    std::fs::write(&junk, b"this is not a video").unwrap();
+    let s = source(&format!(
+        "cameras: [{}, {}]",
+        file_camera("junk", &junk),
+        file_camera("good", &dir.join("bikes-1.mp4"))
+    ));
+    let (rows, dead) = read_all(&s, 0, 1);
+    assert_eq!(rows.len(), 62);
+    assert!(rows.iter().all(|r| r.camera == "good"));
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].reason.contains("camera `junk` failed"), "{dead:?}");
+    assert!(dead[0].record.contains("junk.mp4"), "{dead:?}");
+}
+
+#[test]
+fn a_live_camera_that_never_comes_up_is_given_up_after_its_attempts() {
+    // Nothing listens on port 9 (discard) of the loopback: every connection is refused.
+    let s = source(
+        "{ cameras: [{ id: gone, uri: \"rtsp://127.0.0.1:9/gone\" }], connect_attempts: 2, backoff_ms: 10 }",
+    );
+    let (rows, dead) = read_all(&s, 0, 1);
+    assert!(rows.is_empty());
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(dead[0].reason.contains("2 attempts"), "{dead:?}");
+}

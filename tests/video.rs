@@ -1,0 +1,529 @@
+//! The video source end to end: MP4 cameras give the detections the JPEG frames give; live RTSP
+//! cameras survive an outage, drop (and count) frames when overloaded, fail alone when they
+//! never come up; file cameras resume from a checkpoint with every frame exactly once.
+//!
+//! Needs the videos of `scripts/media.sh` and, for RTSP, GStreamer's RTSP server for the system
+//! Python (`scripts/rtsp_server.py`); `scripts/setup.sh` installs both.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+fn videos() -> PathBuf {
+    let dir = repo().join("data/videos");
+    assert!(
+        dir.join("bikes-3.mp4").is_file() && dir.join("live/bikes-2.mp4").is_file(),
+        "test videos missing in {}: run `scripts/media.sh` (needs ffmpeg: apt-get install -y ffmpeg)",
+        dir.display()
+    );
+    dir
+}
+
+const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+
+/// Fails (never skips) when the RTSP test server cannot run, saying how to install it.
+fn require_rtsp_server() {
+    let ok = Command::new(SYSTEM_PYTHON)
+        .args([
+            "-c",
+            "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer",
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "GStreamer's RTSP server for {SYSTEM_PYTHON} is missing: apt-get install -y python3-gi \
+         gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
+         gstreamer1.0-plugins-bad (or run scripts/setup.sh)"
+    );
+}
+
+/// One live camera: `scripts/rtsp_server.py` serving `file` at rtsp://127.0.0.1:PORT/ID.
+struct RtspCamera {
+    id: String,
+    file: PathBuf,
+    port: u16,
+    server: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+impl RtspCamera {
+    fn start(id: &str, file: &Path) -> Self {
+        let mut camera = RtspCamera {
+            id: id.to_string(),
+            file: file.to_path_buf(),
+            port: free_port(),
+            server: None,
+        };
+        camera.restart();
+        camera
+    }
+
+    fn uri(&self) -> String {
+        format!("rtsp://127.0.0.1:{}/{}", self.port, self.id)
+    }
+
+    /// Starts the server (again, on the same port) and waits until it listens.
+    fn restart(&mut self) {
+        let mut child = Command::new(SYSTEM_PYTHON)
+            .arg(repo().join("scripts/rtsp_server.py"))
+            .args(["--port", &self.port.to_string()])
+            .arg(format!("{}={}", self.id, self.file.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting scripts/rtsp_server.py");
+        let mut line = String::new();
+        let stdout = child.stdout.take().unwrap();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        if !line.starts_with("ready") {
+            let mut err = String::new();
+            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+            panic!("rtsp_server.py for {} did not start: {line}{err}", self.id);
+        }
+        self.server = Some(child);
+    }
+
+    /// Kills the server (SIGKILL: an abrupt outage).
+    fn kill(&mut self) {
+        if let Some(mut child) = self.server.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RtspCamera {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A running `riffle run`.
+struct Run {
+    child: Child,
+    started: Instant,
+}
+
+fn spawn_run(pipeline: &Path) -> Run {
+    let child = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", pipeline.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    Run {
+        child,
+        started: Instant::now(),
+    }
+}
+
+impl Run {
+    /// Waits for the run to end by itself; its stderr (log and summary), failing unless it
+    /// succeeded.
+    fn finish(mut self) -> String {
+        let deadline = self.started + Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("the run did not end by itself");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let mut stderr = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert!(status.success(), "{stderr}");
+        stderr
+    }
+}
+
+/// A connector metric from the end-of-run summary (`riffle_video_…{camera=ID} value`); 0 when
+/// the camera never touched it.
+fn metric(summary: &str, name: &str, camera: &str) -> f64 {
+    let key = format!("riffle_video_{name}{{camera={camera}}} ");
+    summary
+        .lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Rows of `path` by camera: (frame, ingest_ms), in output order.
+fn by_camera(rows: &[Value]) -> BTreeMap<String, Vec<(i64, i64)>> {
+    let mut per: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
+    for r in rows {
+        per.entry(r["camera_id"].as_str().unwrap().to_string())
+            .or_default()
+            .push((
+                r["frame"].as_i64().unwrap(),
+                r["ingest_ms"].as_i64().unwrap_or(0),
+            ));
+    }
+    per
+}
+
+fn epoch_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A pipeline reading `cameras` (YAML list entries) with `source_extra` source keys, through
+/// `stages`, into `out`.
+fn live_pipeline(
+    cameras: &[String],
+    source_extra: &str,
+    stages: &str,
+    runtime: &str,
+    out: &Path,
+) -> String {
+    format!(
+        "name: test-video\n\
+         source:\n  video: {{ cameras: [{}], backoff_ms: 200, max_backoff_ms: 1000{source_extra} }}\n\
+         stages:\n{stages}\n\
+         sink:\n  jsonl: {{ path: \"{}\" }}\n\
+         dead_letter:\n  jsonl: {{ path: \"{}.dead\" }}\n\
+         runtime: {{ epoch_records: 8{runtime} }}\n",
+        cameras.join(", "),
+        out.display(),
+        out.display(),
+    )
+}
+
+const SELECT_ONLY: &str =
+    "  - select: { columns: [camera_id, frame, pts_ms, ingest_ms, width, height] }";
+
+fn camera_entry(id: &str, uri: &str) -> String {
+    format!("{{ id: {id}, uri: \"{uri}\" }}")
+}
+
+#[test]
+fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
+    require_onnx_runtime();
+    videos();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |pipeline: &str| -> Vec<Value> {
+        let out = tmp.path().join(format!("{pipeline}.jsonl"));
+        let p = repo().join("pipelines").join(pipeline);
+        riffle_ok(&[
+            "run",
+            "-q",
+            p.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        read_jsonl(&out)
+    };
+    let images = run("camera-perception.yaml");
+    let video = run("camera-video.yaml");
+    assert_eq!(images.len(), 250);
+    assert_eq!(video.len(), 250, "every frame of the 4 videos");
+    // The images source keeps the files' numbers (camera k starts at frame ceil(k*250/4)); the
+    // video source numbers each camera's frames from 0.
+    let first = |camera: &str| -> i64 {
+        let k: i64 = camera.rsplit('-').next().unwrap().parse().unwrap();
+        (k * 250 + 3) / 4
+    };
+    let key = |r: &Value, from_zero: bool| {
+        let camera = r["camera_id"].as_str().unwrap().to_string();
+        let frame = r["frame"].as_i64().unwrap();
+        let frame = if from_zero {
+            frame + first(&camera)
+        } else {
+            frame
+        };
+        (camera, frame)
+    };
+    let images: BTreeMap<_, _> = images.iter().map(|r| (key(r, false), r)).collect();
+    let video: BTreeMap<_, _> = video.iter().map(|r| (key(r, true), r)).collect();
+    assert_eq!(
+        images.keys().collect::<Vec<_>>(),
+        video.keys().collect::<Vec<_>>(),
+        "same cameras and frames"
+    );
+    // JPEG and (lossless) H.264 frames differ by their YUV → RGB conversions, which moves scores
+    // by up to ~0.03: detections clear of the 0.5 threshold must match one to one; those near it
+    // may appear on one side only.
+    const CLEAR: f64 = 0.55;
+    let score = |d: &Value| d["score"].as_f64().unwrap();
+    let (mut persons_a, mut persons_b) = (0, 0);
+    for (k, a) in &images {
+        let b = video[k];
+        assert_eq!(
+            (b["width"].as_u64(), b["height"].as_u64()),
+            (Some(640), Some(272))
+        );
+        let clear = |r: &Value| -> Vec<Value> {
+            let all = r["detections"].as_array().unwrap();
+            all.iter().filter(|d| score(d) >= CLEAR).cloned().collect()
+        };
+        let (da, db) = (clear(a), clear(b));
+        let near = |r: &Value| {
+            let all = r["detections"].as_array().unwrap();
+            all.iter().any(|d| (score(d) - CLEAR).abs() < 0.05)
+        };
+        if da.len() != db.len() && (near(a) || near(b)) {
+            continue;
+        }
+        assert_eq!(da.len(), db.len(), "{k:?}: detections\n{a}\n{b}");
+        persons_a += usize::from(a["detections_count"].as_i64() > Some(0));
+        persons_b += usize::from(b["detections_count"].as_i64() > Some(0));
+        for (x, y) in da.iter().zip(&db) {
+            assert!((score(x) - score(y)).abs() < 0.06, "{k:?}: {x} vs {y}");
+            for c in ["x1", "y1", "x2", "y2"] {
+                let (p, q) = (x[c].as_f64().unwrap(), y[c].as_f64().unwrap());
+                // A few percent of the 640-pixel width.
+                assert!((p - q).abs() < 24.0, "{k:?} {c}: {p} vs {q} px");
+            }
+        }
+    }
+    assert!(persons_a >= 50, "{persons_a} frames with a person");
+    assert!(
+        persons_a.abs_diff(persons_b) <= 4,
+        "frames with a person: {persons_a} vs {persons_b}"
+    );
+}
+
+#[test]
+fn a_live_camera_comes_back_after_its_server_dies_and_the_others_never_stop() {
+    require_rtsp_server();
+    let dir = videos();
+    let mut cameras: Vec<RtspCamera> = (0..3)
+        .map(|k| {
+            RtspCamera::start(
+                &format!("bikes-{k}"),
+                &dir.join(format!("live/bikes-{k}.mp4")),
+            )
+        })
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let entries: Vec<String> = cameras
+        .iter()
+        .map(|c| camera_entry(&c.id, &c.uri()))
+        .collect();
+    // 150 frames = 6 s of each camera at 25 fps. One worker reads all three: with several, a
+    // worker whose only camera is down closes no epochs and the runtime's flow control holds
+    // the other workers back until it returns (see the video section of docs/pipeline-spec.md).
+    let text = live_pipeline(
+        &entries,
+        ", max_frames: 150",
+        SELECT_ONLY,
+        ", workers: 1",
+        &out,
+    );
+    let p = write(tmp.path(), "live.yaml", &text);
+    let run = spawn_run(&p);
+    std::thread::sleep(Duration::from_millis(2000));
+    let killed_at = epoch_ms();
+    cameras[1].kill();
+    std::thread::sleep(Duration::from_millis(1500));
+    cameras[1].restart();
+    let restarted_at = epoch_ms();
+    let summary = run.finish();
+
+    let rows = read_jsonl(&out);
+    let per = by_camera(&rows);
+    assert_eq!(per.len(), 3, "{summary}");
+    for (camera, frames) in &per {
+        let numbers: Vec<i64> = frames.iter().map(|f| f.0).collect();
+        assert!(
+            numbers.windows(2).all(|w| w[0] < w[1]),
+            "{camera} in order: {numbers:?}"
+        );
+        // The run ends by max_frames: every kept frame arrived or was counted as dropped.
+        let dropped = metric(&summary, "frames_dropped_total", camera) as usize;
+        assert_eq!(frames.len() + dropped, 150, "{camera}\n{summary}");
+    }
+    let during = |camera: &str| {
+        per[camera]
+            .iter()
+            .filter(|f| f.1 > killed_at + 200 && f.1 < restarted_at)
+            .count()
+    };
+    assert!(
+        during("bikes-0") > 10 && during("bikes-2") > 10,
+        "the others go on during the outage"
+    );
+    assert!(
+        per["bikes-1"].iter().any(|f| f.1 > restarted_at),
+        "bikes-1's frames arrive after its server came back"
+    );
+    assert!(
+        metric(&summary, "reconnects_total", "bikes-1") >= 1.0,
+        "{summary}"
+    );
+    assert_eq!(
+        metric(&summary, "reconnects_total", "bikes-0"),
+        0.0,
+        "{summary}"
+    );
+    assert_eq!(
+        metric(&summary, "camera_failures_total", "bikes-1"),
+        0.0,
+        "{summary}"
+    );
+}
+
+/// The camera pipeline on one live camera with a model slowed to a few frames a second.
+fn overloaded(policy: &str) -> (Vec<Value>, String) {
+    let dir = videos();
+    let camera = RtspCamera::start("cam", &dir.join("live/bikes-2.mp4"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let stages = format!(
+        "  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n  \
+         - model:\n      path: \"{}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      \
+         outputs: {{ \"detection_scores:0\": {{ column: scores, shape: [100] }} }}\n      \
+         batch: {{ max_size: 1 }}\n  \
+         - select: {{ columns: [camera_id, frame, ingest_ms] }}",
+        model("ssdlite_person.onnx").display()
+    );
+    let text = live_pipeline(
+        &[camera_entry("cam", &camera.uri())],
+        &format!(", max_frames: 40, queue_size: 4, batch_size: 1, on_overload: {policy}"),
+        &stages,
+        ", workers: 1, slow_worker: { worker: 0, delay_ms: 150 }",
+        &out,
+    );
+    let p = write(tmp.path(), "slow.yaml", &text);
+    let summary = spawn_run(&p).finish();
+    (read_jsonl(&out), summary)
+}
+
+#[test]
+fn an_overloaded_live_camera_drops_its_oldest_frames_and_counts_them_or_waits() {
+    require_onnx_runtime();
+    require_rtsp_server();
+    let (rows, summary) = overloaded("drop_oldest");
+    let dropped = metric(&summary, "frames_dropped_total", "cam") as usize;
+    assert!(
+        dropped > 5,
+        "a 25 fps camera into a ~6 fps model drops frames\n{summary}"
+    );
+    assert_eq!(
+        rows.len() + dropped,
+        40,
+        "every frame delivered or counted\n{summary}"
+    );
+    assert!(
+        metric(&summary, "queue_high_water_frames", "cam") <= 4.0,
+        "the queue never holds more than queue_size\n{summary}"
+    );
+    // The freshest frames survive: the last one always arrives.
+    assert!(rows.iter().any(|r| r["frame"] == 39), "{summary}");
+
+    let (rows, summary) = overloaded("wait");
+    assert_eq!(
+        metric(&summary, "frames_dropped_total", "cam"),
+        0.0,
+        "{summary}"
+    );
+    let frames: Vec<i64> = rows.iter().map(|r| r["frame"].as_i64().unwrap()).collect();
+    assert_eq!(frames, (0..40).collect::<Vec<_>>(), "wait loses nothing");
+}
+
+#[test]
+fn a_camera_that_never_comes_up_fails_alone() {
+    require_rtsp_server();
+    let dir = videos();
+    let good = RtspCamera::start("good", &dir.join("live/bikes-0.mp4"));
+    // A port nothing listens on.
+    let gone = format!("rtsp://127.0.0.1:{}/gone", free_port());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let text = live_pipeline(
+        &[
+            camera_entry("gone", &gone),
+            camera_entry("good", &good.uri()),
+        ],
+        ", max_frames: 50, connect_attempts: 3",
+        SELECT_ONLY,
+        ", workers: 2",
+        &out,
+    );
+    let p = write(tmp.path(), "gone.yaml", &text);
+    let summary = spawn_run(&p).finish();
+    let per = by_camera(&read_jsonl(&out));
+    assert_eq!(per.keys().collect::<Vec<_>>(), ["good"], "{summary}");
+    assert_eq!(
+        per["good"].len() + metric(&summary, "frames_dropped_total", "good") as usize,
+        50
+    );
+    assert_eq!(
+        metric(&summary, "camera_failures_total", "gone"),
+        1.0,
+        "{summary}"
+    );
+    assert_eq!(
+        metric(&summary, "camera_failures_total", "good"),
+        0.0,
+        "{summary}"
+    );
+    assert!(
+        summary.contains("camera `gone` failed"),
+        "logged: {summary}"
+    );
+    let dead = read_jsonl(&tmp.path().join("out.jsonl.dead"));
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let reason = dead[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("camera `gone` failed") && reason.contains("3 attempts"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn video_files_resume_from_a_checkpoint_with_every_frame_exactly_once() {
+    let dir = videos();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let run = |max_frames: &str| {
+        let text = format!(
+            "name: resume\n\
+             source:\n  video: {{ glob: \"{}/*.mp4\", batch_size: 3{max_frames} }}\n\
+             stages:\n{SELECT_ONLY}\n\
+             sink:\n  jsonl: {{ path: \"{}\" }}\n\
+             runtime: {{ workers: 2, epoch_records: 4, checkpoint: {{ dir: \"{}\" }} }}\n",
+            dir.display(),
+            out.display(),
+            tmp.path().join("ckpt").display()
+        );
+        let p = write(tmp.path(), "resume.yaml", &text);
+        riffle_ok(&["run", "-q", p.to_str().unwrap()]);
+        camera_frames(&out)
+    };
+    // The first run stops each camera after 20 frames; the second resumes from the checkpoint.
+    let first = run(", max_frames: 20");
+    assert_eq!(first.len(), 80, "{first:?}");
+    let all = run("");
+    let unique: BTreeSet<_> = all.iter().cloned().collect();
+    assert_eq!(unique.len(), all.len(), "no frame twice");
+    let expected: BTreeSet<(String, i64)> = (0..4)
+        .flat_map(|k| {
+            let n = if k % 2 == 0 { 63 } else { 62 };
+            (0..n).map(move |f| (format!("bikes-{k}"), f))
+        })
+        .collect();
+    assert_eq!(unique, expected, "every frame once across both runs");
+}
