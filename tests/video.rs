@@ -322,14 +322,13 @@ fn a_live_camera_comes_back_after_its_server_dies_and_the_others_never_stop() {
         .iter()
         .map(|c| camera_entry(&c.id, &c.uri()))
         .collect();
-    // 150 frames = 6 s of each camera at 25 fps. One worker reads all three: with several, a
-    // worker whose only camera is down closes no epochs and the runtime's flow control holds
-    // the other workers back until it returns (see the video section of docs/pipeline-spec.md).
+    // 150 frames = 6 s of each camera at 25 fps. Three workers, one camera each: the worker
+    // whose camera is down has nothing to read and must not hold the others back.
     let text = live_pipeline(
         &entries,
         ", max_frames: 150",
         SELECT_ONLY,
-        ", workers: 1",
+        ", workers: 3",
         &out,
     );
     let p = write(tmp.path(), "live.yaml", &text);

@@ -279,6 +279,10 @@ pub struct Checkpointer {
     workers: usize,
     committed: Offsets,
     written: Option<Epoch>,
+    /// Newest epoch a checkpoint was considered for (written, or found unchanged).
+    considered: Option<Epoch>,
+    /// Offsets and state of the last checkpoint written.
+    last_content: Option<(Offsets, BTreeMap<String, String>)>,
     /// Highest epoch any position was received for (the last one, once everything is done).
     seen: Option<Epoch>,
     /// The results sink's position after each completed epoch, when the sink has one: a
@@ -326,6 +330,8 @@ impl Checkpointer {
             committed: start.resumed.clone(),
             // The checkpoint resumed from is already written.
             written: start.first_epoch.checked_sub(1),
+            considered: None,
+            last_content: None,
             seen: None,
             sink_positions,
         }
@@ -390,7 +396,12 @@ impl Checkpointer {
             Some(target)
         };
         let Some(epoch) = epoch else { return Ok(()) };
-        if self.written.is_some_and(|w| w >= epoch) || self.committed.is_empty() {
+        if self
+            .written
+            .max(self.considered)
+            .is_some_and(|w| w >= epoch)
+            || self.committed.is_empty()
+        {
             return Ok(());
         }
         let last = target == Epoch::MAX;
@@ -408,13 +419,21 @@ impl Checkpointer {
             state.fold_through(epoch);
             entries.extend(state.serialise()?);
         }
+        self.considered = Some(epoch);
+        // Epochs in which nothing moved (idle workers close empty ones) need no new checkpoint:
+        // the last one already says the same.
+        let content = (self.committed.clone(), entries);
+        if self.last_content.as_ref() == Some(&content) {
+            return Ok(());
+        }
         let checkpoint = Checkpoint {
             epoch,
             workers: self.workers,
-            sources: BTreeMap::from([(self.source_id.clone(), self.committed.clone())]),
-            state: entries,
+            sources: BTreeMap::from([(self.source_id.clone(), content.0.clone())]),
+            state: content.1.clone(),
         };
         self.store.write(&checkpoint)?;
+        self.last_content = Some(content);
         self.written = Some(epoch);
         self.last_write = Some(Instant::now());
         // The checkpoint makes the epochs final; readers learn it from the commit markers (a

@@ -19,6 +19,9 @@ use crate::metrics::Metrics;
 use crate::operators::{SinkOptions, WriteToSink};
 use crate::{Batch, DataflowError, Epoch};
 
+/// How often a worker with nothing to read closes an empty epoch.
+const IDLE_EPOCH: Duration = Duration::from_millis(100);
+
 pub(crate) fn run_worker(
     worker: &mut timely::worker::Worker,
     job: &Job,
@@ -113,6 +116,7 @@ pub(crate) fn run_worker(
     input.advance_to(epoch);
     positions.input.advance_to(epoch);
     let mut records_in_epoch = 0;
+    let mut last_epoch = Instant::now();
     loop {
         let read_started = Instant::now();
         let Some(batch) = source.next_batch()? else {
@@ -136,9 +140,13 @@ pub(crate) fn run_worker(
         let read = rows + batch.rejected.len();
         records_in_epoch += read;
         // An epoch closes when full, or when the source goes idle (an empty read from a
-        // stream), so results of a quiet stream still complete and get flushed.
-        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) {
+        // stream), so results of a quiet stream still complete and get flushed. A worker with
+        // nothing to read (its cameras down, its partitions quiet) still closes empty epochs
+        // now and then: its open epoch would otherwise hold back every other worker's.
+        let idle = read == 0 && records_in_epoch == 0 && last_epoch.elapsed() >= IDLE_EPOCH;
+        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) || idle {
             records_in_epoch = 0;
+            last_epoch = Instant::now();
             epoch += 1;
             input.advance_to(epoch);
             positions.input.advance_to(epoch);
