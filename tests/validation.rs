@@ -430,6 +430,7 @@ fn every_shipped_file_pipeline_validates() {
         "camera-classify-split.yaml",
         "clickstream-recs.yaml",
         "camera-tracking.yaml",
+        "camera-cascade.yaml",
     ] {
         let file = repo().join("pipelines").join(name);
         riffle_ok(&["validate", file.to_str().unwrap()]);

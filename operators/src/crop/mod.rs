@@ -72,6 +72,10 @@ pub struct CropConfig {
     /// detections; makes the stage stateful, per `key`). Unset: every object of every frame.
     #[serde(default)]
     pub reinfer_every: Option<i64>,
+    /// Crop only objects on a track (`track_id` not null): a tracker's unconfirmed, low-score
+    /// detections are left out (needs `track_id` in the detections).
+    #[serde(default)]
+    pub tracked_only: bool,
     /// With `reinfer_every`: the column whose values each have their own state.
     #[serde_inline_default("camera_id".to_string())]
     pub key: String,
@@ -268,6 +272,13 @@ impl Crop {
         }
         let tracked =
             check_detections(input, &c.detections, false).map_err(|e| e.at("detections"))?;
+        if c.tracked_only && !tracked {
+            return Err(DataflowError::Config(format!(
+                "{NAME}: tracked_only needs `track_id` in `{}` (a `track` stage before)",
+                c.detections
+            ))
+            .at("tracked_only"));
+        }
         if c.reinfer_every.is_some() {
             if !tracked {
                 return Err(DataflowError::Config(format!(
@@ -389,6 +400,9 @@ impl Crop {
                 .map_err(|e| DataflowError::stage(NAME, format!("bad source image: {e}")))?;
             for object in objects {
                 if !c.classes.is_empty() && !c.classes.contains(&object.class_id) {
+                    continue;
+                }
+                if c.tracked_only && object.track_id.is_none() {
                     continue;
                 }
                 let Some(region) = crop_region(object.rect, c.padding, c.min_size, w, h) else {

@@ -369,3 +369,33 @@ fn config_errors_are_located_at_their_keys() {
         Some("key")
     );
 }
+
+#[test]
+fn tracked_only_leaves_out_objects_without_a_track() {
+    let batch = frames(
+        vec![(
+            0,
+            vec![
+                det(Some(3), 1, [0.0, 0.0, 8.0, 8.0]),
+                det(None, 1, [10.0, 10.0, 20.0, 20.0]),
+                det(Some(5), 1, [30.0, 0.0, 40.0, 8.0]),
+            ],
+        )],
+        true,
+    );
+    let all = crop(config(serde_json::json!({})), &batch);
+    assert_eq!(all.records.num_rows(), 3);
+    let tracked = crop(config(serde_json::json!({ "tracked_only": true })), &batch);
+    let ids = tracked
+        .records
+        .column_by_name("track_id")
+        .expect("track_id")
+        .as_primitive::<Int64Type>();
+    assert_eq!(ids.iter().collect::<Vec<_>>(), vec![Some(3), Some(5)]);
+    // Without track ids the option cannot apply: an error at its key.
+    let untracked = frames(vec![(0, vec![det(None, 1, [0.0, 0.0, 8.0, 8.0])])], false);
+    let err = config(serde_json::json!({ "tracked_only": true }))
+        .output_schema(&untracked.schema())
+        .expect_err("tracked_only needs track ids");
+    assert_eq!(err.located().0, Some("tracked_only"));
+}
