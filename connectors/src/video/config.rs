@@ -76,7 +76,7 @@ pub struct CameraConfig {
     pub live: Option<bool>,
 }
 
-/// See [`CameraOptions::on_overload`].
+/// What a camera does when the pipeline falls behind (`on_overload`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OnOverload {
