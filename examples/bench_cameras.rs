@@ -49,6 +49,10 @@ struct Args {
     /// Camera counts to try.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,6,8")]
     cameras: Vec<usize>,
+    /// The pipeline's `runtime.epoch_records`: results are released when their epoch
+    /// completes, so with paced cameras an epoch of E records waits for E frames to arrive.
+    #[arg(long, default_value_t = 4)]
+    epoch_records: usize,
     /// Rounds of the decode comparison (0: skip it).
     #[arg(long, default_value_t = 3)]
     decode_rounds: usize,
@@ -87,11 +91,11 @@ fn main() -> anyhow::Result<()> {
     for &n in &args.cameras {
         for round in 0..args.rounds {
             serial += 1;
-            let p = run_pipeline(&repo, n, args.seconds, serial, tick)?;
+            let p = run_pipeline(&repo, n, &args, serial, tick)?;
             eprintln!("N={n} round {round}: pipeline {p:?}");
             pipeline_runs.entry(n).or_default().push(p);
             serial += 1;
-            let l = run_loop(&repo, n, args.seconds, serial, tick)?;
+            let l = run_loop(&repo, n, &args, serial, tick)?;
             eprintln!("N={n} round {round}: straight loop {l:?}");
             loop_runs.entry(n).or_default().push(l);
         }
@@ -103,12 +107,15 @@ fn main() -> anyhow::Result<()> {
     );
     for (title, runs, e2e) in [
         (
-            "Riffle pipeline (YAML, 2 workers × 1 ORT thread)",
+            format!(
+                "Riffle pipeline (YAML, 2 workers × 1 ORT thread, epoch_records {})",
+                args.epoch_records
+            ),
             &pipeline_runs,
             "runtime e2e p50 / p99 ms",
         ),
         (
-            "Straight loop (2 threads × 1 ORT thread)",
+            "Straight loop (2 threads × 1 ORT thread)".to_string(),
             &loop_runs,
             "read → result p50 / p99 ms",
         ),
@@ -159,12 +166,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// The detector + tracker job of `pipelines/camera-tracking.yaml` over `n` paced cameras.
-fn yaml(repo: &Path, n: usize, seconds: usize, serial: usize) -> String {
+fn yaml(repo: &Path, n: usize, seconds: usize, epoch_records: usize, serial: usize) -> String {
     let cameras: String = (0..n)
         .map(|k| {
             format!(
                 "      - {{ id: \"r{serial}-cam{k}\", uri: \"{}\" }}\n",
-                repo.join(format!("data/videos/bikes-{}.mp4", k % 4)).display()
+                repo.join(format!("data/videos/bikes-{}.mp4", k % 4))
+                    .display()
             )
         })
         .collect();
@@ -215,7 +223,7 @@ sink:
 runtime:
   workers: {WORKERS}
   intra_op_threads: 1
-  epoch_records: 16
+  epoch_records: {epoch_records}
   max_epochs_in_flight: 4
   latency_column: latency_ms
 "#,
@@ -227,10 +235,15 @@ runtime:
     )
 }
 
-fn load(repo: &Path, n: usize, seconds: usize, serial: usize) -> anyhow::Result<Pipeline> {
-    let file =
-        std::env::temp_dir().join(format!("bench-cameras-{}-{serial}.yaml", std::process::id()));
-    std::fs::write(&file, yaml(repo, n, seconds, serial))?;
+fn load(repo: &Path, n: usize, args: &Args, serial: usize) -> anyhow::Result<Pipeline> {
+    let file = std::env::temp_dir().join(format!(
+        "bench-cameras-{}-{serial}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &file,
+        yaml(repo, n, args.seconds, args.epoch_records, serial),
+    )?;
     let pipeline = riffle_pipelines::load(&file, None);
     let _ = std::fs::remove_file(&file);
     Ok(pipeline?)
@@ -288,11 +301,11 @@ impl Sink for Arrivals {
 fn run_pipeline(
     repo: &Path,
     n: usize,
-    seconds: usize,
+    args: &Args,
     serial: usize,
     tick: f64,
 ) -> anyhow::Result<Run> {
-    let mut pipeline = load(repo, n, seconds, serial)?;
+    let mut pipeline = load(repo, n, args, serial)?;
     let arrivals = Arrivals::default();
     pipeline.sink = Arc::new(arrivals.clone());
     let source = pipeline.source.clone();
@@ -324,14 +337,8 @@ fn run_pipeline(
 /// The same job without the dataflow: one thread per core reads its cameras (camera k on
 /// thread k mod 2) from the same video source partition (same decoder, pacing and queues),
 /// then runs the same stages on each batch it reads, the tracker's logic called per camera.
-fn run_loop(
-    repo: &Path,
-    n: usize,
-    seconds: usize,
-    serial: usize,
-    tick: f64,
-) -> anyhow::Result<Run> {
-    let pipeline = load(repo, n, seconds, serial)?;
+fn run_loop(repo: &Path, n: usize, args: &Args, serial: usize, tick: f64) -> anyhow::Result<Run> {
+    let pipeline = load(repo, n, args, serial)?;
     let arrivals = Arrivals::default();
     let read_to_result: Arc<Mutex<Vec<f64>>> = Arc::default();
     let (cpu0, t0) = (cpu_seconds(tick)?, Instant::now());

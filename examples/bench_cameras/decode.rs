@@ -92,7 +92,14 @@ fn ours(file: &Path, round: usize, tick: f64) -> anyhow::Result<Decoded> {
 fn ffmpeg(file: &Path, extra: &[&str]) -> anyhow::Result<Decoded> {
     let t0 = Instant::now();
     let out = Command::new("ffmpeg")
-        .args(["-hide_banner", "-nostdin", "-benchmark", "-threads", "1", "-i"])
+        .args([
+            "-hide_banner",
+            "-nostdin",
+            "-benchmark",
+            "-threads",
+            "1",
+            "-i",
+        ])
         .arg(file)
         .args(extra)
         .args(["-f", "rawvideo", "-pix_fmt", "rgb24", "-y", "/dev/null"])
