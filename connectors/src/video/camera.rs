@@ -10,6 +10,7 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use super::config::Camera;
 use super::decoder::{self, Decoded, Ended, Flow, OpenOptions};
 use super::metrics::CameraMetrics;
+use super::pace::{Looping, Pacer};
 use super::queue::{Frame, FrameQueue, Pushed, Thinning};
 
 /// Retry settings of live cameras.
@@ -40,6 +41,10 @@ struct Progress {
     kept: u64,
     thinning: Thinning,
     started: Instant,
+    /// `realtime`: when each frame is released.
+    pacer: Pacer,
+    /// `loop`: presentation times shifted pass after pass.
+    looping: Looping,
 }
 
 pub(crate) fn now_ms() -> i64 {
@@ -63,6 +68,8 @@ impl CameraTask {
             kept: 0,
             thinning: Thinning::new(camera.every_nth, camera.sample_fps),
             started: Instant::now(),
+            pacer: Pacer::default(),
+            looping: Looping::default(),
         };
         let mut failures = 0u32;
         let mut backoff = self.retry.backoff;
@@ -100,6 +107,13 @@ impl CameraTask {
             let ended = stream.run(&self.stop, &mut |d| self.handle(d, &mut progress));
             match ended {
                 Ok(Ended::Stopped) => return self.queue.finish(),
+                // A looped file plays again, its frame numbers and times going on.
+                Ok(Ended::Eof) if camera.looped && !camera.live => {
+                    if !progress.looping.next_pass() {
+                        return self.queue.finish();
+                    }
+                    continue;
+                }
                 Ok(Ended::Eof) if !camera.live => return self.queue.finish(),
                 Err(e) if !camera.live => return self.give_up(&e.to_string()),
                 // Logged once per outage; the retries stay quiet until it ends.
@@ -183,7 +197,11 @@ impl CameraTask {
                 let number = p.next_frame;
                 p.next_frame += 1;
                 // Streams without timestamps are timed by when their frames arrive.
-                let pts_ms = pts_ms.unwrap_or_else(elapsed);
+                let pts_ms = match pts_ms {
+                    Some(pts) if camera.looped => p.looping.shift(pts),
+                    Some(pts) => pts,
+                    None => elapsed(),
+                };
                 if !p.thinning.keep(number, pts_ms) {
                     return Flow::Continue;
                 }
@@ -193,6 +211,17 @@ impl CameraTask {
                 if number < self.resume_from {
                     return end;
                 }
+                // A realtime file waits for the frame's time; it is stamped as captured then.
+                let ingest_ms = if camera.realtime {
+                    let due = p.pacer.due(pts_ms, Instant::now(), now_ms());
+                    self.sleep(due.at.saturating_duration_since(Instant::now()));
+                    if self.stopped() {
+                        return Flow::Stop;
+                    }
+                    due.wall_ms
+                } else {
+                    now_ms()
+                };
                 let (width, height, pixels) = match image.rgb() {
                     Ok(rgb) => rgb,
                     Err(e) => {
@@ -213,7 +242,7 @@ impl CameraTask {
                 let pushed = self.queue.push(Frame {
                     frame: number,
                     pts_ms,
-                    ingest_ms: now_ms(),
+                    ingest_ms,
                     width,
                     height,
                     pixels,

@@ -32,9 +32,17 @@ pub struct VideoConfig {
     #[serde(default)]
     pub every_nth: Option<u64>,
     /// What a camera's full queue does to a new frame; default `wait` for files, `drop_oldest`
-    /// for live streams.
+    /// for live streams and `realtime` files.
     #[serde(default)]
     pub on_overload: Option<OnOverload>,
+    /// Files only: release each frame at its presentation time from the first (like
+    /// `ffmpeg -re`), so the file behaves as a live camera at its native rate.
+    #[serde(default)]
+    pub realtime: Option<bool>,
+    /// Files only: start again at the end, frame numbers and presentation times going on
+    /// (a short file feeds a long run; end it with `max_frames`).
+    #[serde(default, rename = "loop")]
+    pub looped: Option<bool>,
     /// Each camera ends after this many frames (those kept by `sample_fps` / `every_nth`,
     /// dropped ones included): what ends a run over live cameras.
     #[serde(default)]
@@ -70,6 +78,10 @@ pub struct CameraConfig {
     pub on_overload: Option<OnOverload>,
     #[serde(default)]
     pub max_frames: Option<u64>,
+    #[serde(default)]
+    pub realtime: Option<bool>,
+    #[serde(default, rename = "loop")]
+    pub looped: Option<bool>,
     /// Whether the URI is a live stream (reconnects, drops when overloaded, cannot resume);
     /// default: any URI with a scheme other than `file:`.
     #[serde(default)]
@@ -157,6 +169,10 @@ pub struct Camera {
     pub max_frames: Option<u64>,
     pub every_nth: u64,
     pub sample_fps: Option<f64>,
+    /// Frames released at their presentation time (a file played as a live camera).
+    pub realtime: bool,
+    /// The file starts again at its end.
+    pub looped: bool,
 }
 
 fn config_error(message: String) -> DataflowError {
@@ -230,16 +246,29 @@ impl VideoConfig {
                     c.id
                 )));
             }
+            let realtime = c.realtime.or(self.realtime).unwrap_or(false);
+            let looped = c.looped.or(self.looped).unwrap_or(false);
+            if live && (realtime || looped) {
+                return Err(config_error(format!(
+                    "camera `{}`: `realtime` and `loop` apply to files, not live streams",
+                    c.id
+                )));
+            }
             cameras.push(Camera {
                 index,
                 id: c.id,
                 uri: c.uri,
                 live,
-                on_overload: c.on_overload.or(self.on_overload).unwrap_or(if live {
-                    OnOverload::DropOldest
-                } else {
-                    OnOverload::Wait
-                }),
+                realtime,
+                looped,
+                on_overload: c
+                    .on_overload
+                    .or(self.on_overload)
+                    .unwrap_or(if live || realtime {
+                        OnOverload::DropOldest
+                    } else {
+                        OnOverload::Wait
+                    }),
                 max_frames,
                 every_nth,
                 sample_fps,
@@ -333,6 +362,8 @@ fn glob_cameras(pattern: &Path) -> DataflowResult<Vec<CameraConfig>> {
             every_nth: None,
             on_overload: None,
             max_frames: None,
+            realtime: None,
+            looped: None,
             live: None,
         })
         .collect())

@@ -37,6 +37,8 @@ mod decoder;
 #[cfg(feature = "video")]
 mod metrics;
 #[cfg(feature = "video")]
+mod pace;
+#[cfg(feature = "video")]
 mod queue;
 #[cfg(feature = "video")]
 mod source;

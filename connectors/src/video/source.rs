@@ -19,8 +19,11 @@ use super::metrics::{self, video_metrics};
 use super::queue::{Bell, Frame, FrameQueue};
 
 /// How long an idle worker waits for a frame before returning an empty batch (which closes
-/// its epoch, so results of a quiet stream still get flushed).
-const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// its epoch, so results of a quiet stream still get flushed). Short: the worker steps its
+/// dataflow once per read, so while it waits here the frames already read make no progress
+/// (at 50 ms, a live camera's results took ~150 ms through a 25 ms model; see
+/// docs/benchmarks/cameras.md).
+const IDLE_WAIT: Duration = Duration::from_millis(5);
 
 /// A configured video source: its cameras, resolved and checked.
 #[derive(Clone, Debug)]

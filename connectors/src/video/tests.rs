@@ -352,3 +352,116 @@ fn a_live_camera_that_never_comes_up_is_given_up_after_its_attempts() {
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert!(dead[0].reason.contains("2 attempts"), "{dead:?}");
 }
+
+#[test]
+fn the_pacer_releases_frames_at_their_presentation_time_from_the_first() {
+    use super::pace::Pacer;
+    let mut pacer = Pacer::default();
+    let t0 = std::time::Instant::now();
+    // The first frame is due when first asked, whatever its timestamp.
+    let first = pacer.due(1000, t0, 5_000);
+    assert_eq!((first.at, first.wall_ms), (t0, 5_000));
+    // Later ones at the difference of timestamps, however late the question comes.
+    let late = t0 + Duration::from_secs(3);
+    for pts in [1040, 1080, 2000] {
+        let due = pacer.due(pts, late, 9_999);
+        let ahead = (pts - 1000) as u64;
+        assert_eq!(due.at, t0 + Duration::from_millis(ahead), "{pts}");
+        assert_eq!(due.wall_ms, 5_000 + ahead as i64, "{pts}");
+    }
+    // A timestamp before the first's is due at once (never before the schedule started).
+    assert_eq!(pacer.due(500, late, 0).at, t0);
+}
+
+#[test]
+fn a_looped_file_goes_on_one_frame_step_after_each_pass() {
+    use super::pace::Looping;
+    let mut looping = Looping::default();
+    let pass: Vec<i64> = (0..3).map(|f| looping.shift(f * 40)).collect();
+    assert_eq!(pass, [0, 40, 80]);
+    assert!(looping.next_pass());
+    let pass: Vec<i64> = (0..3).map(|f| looping.shift(f * 40)).collect();
+    assert_eq!(pass, [120, 160, 200]);
+    assert!(looping.next_pass());
+    // A pass without frames ends the loop rather than spinning.
+    assert!(!looping.next_pass());
+}
+
+#[test]
+fn realtime_and_loop_are_for_files_and_realtime_drops_oldest() {
+    let f = videos().join("bikes-0.mp4");
+    let c = config(&format!(
+        "{{ cameras: [{}], realtime: true, loop: true }}",
+        file_camera("a", &f)
+    ));
+    let cameras = c.resolve().unwrap();
+    assert!(cameras[0].realtime && cameras[0].looped);
+    assert_eq!(cameras[0].on_overload, OnOverload::DropOldest);
+    let c = config(&format!(
+        "{{ cameras: [{{ id: a, uri: \"{}\", realtime: true, on_overload: wait }}] }}",
+        f.display()
+    ));
+    assert_eq!(c.resolve().unwrap()[0].on_overload, OnOverload::Wait);
+    for key in ["realtime", "loop"] {
+        let c = config(&format!(
+            "cameras: [{{ id: a, uri: \"rtsp://127.0.0.1:9/a\", {key}: true }}]"
+        ));
+        let err = c.resolve().unwrap_err().to_string();
+        assert!(err.contains("apply to files"), "{key}: {err}");
+    }
+}
+
+#[test]
+fn a_looped_file_numbers_and_times_frames_on_across_passes() {
+    let f = videos().join("bikes-0.mp4");
+    let s = source(&format!(
+        "{{ cameras: [{}], loop: true, max_frames: 130 }}",
+        file_camera("c", &f)
+    ));
+    let (rows, dead) = read_all(&s, 0, 1);
+    assert!(dead.is_empty(), "{dead:?}");
+    let frames: Vec<i64> = rows.iter().map(|r| r.frame).collect();
+    assert_eq!(frames, (0..130).collect::<Vec<_>>());
+    // 63 frames a pass at 25 fps: times go on by 40 ms through the seams.
+    for r in &rows {
+        assert!((r.pts_ms - r.frame * 40).abs() <= 1, "{r:?}");
+    }
+}
+
+#[test]
+fn a_realtime_file_releases_no_frame_before_its_time() {
+    let f = videos().join("bikes-0.mp4");
+    let s = source(&format!(
+        "{{ cameras: [{}], realtime: true, max_frames: 10, batch_size: 1 }}",
+        file_camera("c", &f)
+    ));
+    let started = std::time::Instant::now();
+    let mut part = s.partition(0, 1).unwrap();
+    // (pts, stamped capture time, wall clock when read), all ms.
+    let mut seen: Vec<(i64, i64, i64)> = Vec::new();
+    while let Some(batch) = part.next_batch().unwrap() {
+        let read_ms = camera::now_ms();
+        let r = &batch.records;
+        let pts = r.column(2).as_primitive::<Int64Type>();
+        let ingest = r.column(3).as_primitive::<Int64Type>();
+        for i in 0..r.num_rows() {
+            seen.push((pts.value(i), ingest.value(i), read_ms));
+        }
+    }
+    assert_eq!(seen.len(), 10);
+    let (pts0, ingest0, _) = seen[0];
+    for w in seen.windows(2) {
+        assert!(w[1].0 > w[0].0, "presentation order: {seen:?}");
+    }
+    for &(pts, ingest, read) in &seen {
+        // Stamped at its due time: the first frame's plus the presentation-time difference.
+        assert_eq!(ingest - ingest0, pts - pts0, "{seen:?}");
+        // And not read before then (1 ms for the clocks' rounding).
+        assert!(
+            read >= ingest - 1,
+            "frame due at {ingest} read at {read}: {seen:?}"
+        );
+    }
+    // Nine frame intervals of 40 ms at least; no bound on how late (a shared machine).
+    assert!(started.elapsed() >= Duration::from_millis(9 * 40 - 5));
+}

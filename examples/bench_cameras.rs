@@ -1,0 +1,518 @@
+//! Camera capacity benchmark (not a test): how many live cameras at their native rate the
+//! detector + tracker pipeline sustains on this machine with no dropped frame and p99
+//! capture-to-result latency under 500 ms, against the same job written as a straight loop;
+//! and decode throughput of the video source against the `ffmpeg` command. Needs ONNX Runtime,
+//! FFmpeg's libraries and the `ffmpeg` command; `scripts/bench-cameras.sh` runs it in release
+//! and writes the table to `docs/benchmarks/cameras.md`.
+//!
+//!     cargo run --release --example bench_cameras -- [--seconds 10] [--rounds 3] \
+//!         [--cameras 1,2,3,4,6,8] [--decode-rounds 3]
+//!
+//! Cameras are the 4 bundled MP4s (25 fps, 640×272) played as live cameras: `realtime: true`
+//! (each frame released at its presentation time), `loop: true`, `max_frames` = 25 × seconds,
+//! camera k reading `bikes-(k mod 4).mp4`. All cameras start together (the worst case for
+//! latency: every 40 ms all N frames are due at once).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::Context;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{BooleanArray, RecordBatch};
+use clap::Parser;
+use riffle_dataflow::cluster::ClusterConfig;
+use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::sink::{Sink, SinkFactory};
+use riffle_dataflow::{DataflowResult, SourceFactory, Stage};
+use riffle_operators::keyed::KeyedLogic;
+use riffle_operators::track::{CameraTracks, Tracker};
+use riffle_pipelines::plan::build_stage;
+use riffle_pipelines::spec::StageSpec;
+use riffle_pipelines::Pipeline;
+
+/// The criterion: no frame dropped, p99 capture-to-result latency under this.
+const P99_LIMIT_MS: f64 = 500.0;
+const FPS: usize = 25;
+const WORKERS: usize = 2;
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds of video per camera and run.
+    #[arg(long, default_value_t = 10)]
+    seconds: usize,
+    /// Rounds of each camera count (pipeline and straight loop side by side in each).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Camera counts to try.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,6,8")]
+    cameras: Vec<usize>,
+    /// The pipeline's `runtime.epoch_records`: results are released when their epoch
+    /// completes, so with paced cameras an epoch of E records waits for E frames to arrive.
+    #[arg(long, default_value_t = 4)]
+    epoch_records: usize,
+    /// Rounds of the decode comparison (0: skip it).
+    #[arg(long, default_value_t = 3)]
+    decode_rounds: usize,
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    frames_in: f64,
+    dropped: f64,
+    results: usize,
+    delivered_fps: f64,
+    /// The runtime's end-to-end latency (source read → sink), ms; the loop's read → result.
+    e2e_p50: f64,
+    e2e_p99: f64,
+    /// Capture (the frame's due time) → result, ms: what the criterion uses.
+    capture_p50: f64,
+    capture_p99: f64,
+    /// Process CPU time over wall time, in cores.
+    cpu_cores: f64,
+}
+
+impl Run {
+    fn passes(&self) -> bool {
+        self.dropped == 0.0 && self.results > 0 && self.capture_p99 < P99_LIMIT_MS
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let tick = clock_ticks()?;
+    let mut serial = 0usize;
+    let mut pipeline_runs: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
+    let mut loop_runs: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
+    for &n in &args.cameras {
+        for round in 0..args.rounds {
+            serial += 1;
+            let p = run_pipeline(&repo, n, &args, serial, tick)?;
+            eprintln!("N={n} round {round}: pipeline {p:?}");
+            pipeline_runs.entry(n).or_default().push(p);
+            serial += 1;
+            let l = run_loop(&repo, n, &args, serial, tick)?;
+            eprintln!("N={n} round {round}: straight loop {l:?}");
+            loop_runs.entry(n).or_default().push(l);
+        }
+    }
+
+    println!(
+        "### Live cameras ({FPS} fps, 640×272, {} s each, {} round(s); median (min–max))\n",
+        args.seconds, args.rounds
+    );
+    for (title, runs, e2e) in [
+        (
+            format!(
+                "Riffle pipeline (YAML, 2 workers × 1 ORT thread, epoch_records {})",
+                args.epoch_records
+            ),
+            &pipeline_runs,
+            "runtime e2e p50 / p99 ms",
+        ),
+        (
+            "Straight loop (2 threads × 1 ORT thread)".to_string(),
+            &loop_runs,
+            "read → result p50 / p99 ms",
+        ),
+    ] {
+        println!("**{title}**\n");
+        println!("| cameras | offered fps | frames in | dropped | delivered fps | capture → result p50 ms | capture → result p99 ms | {e2e} | CPU (cores) | passes |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
+        for (n, rs) in runs {
+            let col = |f: fn(&Run) -> f64, digits: usize| spread(rs.iter().map(f), digits);
+            println!(
+                "| {n} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+                n * FPS,
+                col(|r| r.frames_in, 0),
+                col(|r| r.dropped, 0),
+                col(|r| r.delivered_fps, 1),
+                col(|r| r.capture_p50, 0),
+                col(|r| r.capture_p99, 0),
+                col(|r| r.e2e_p50, 0),
+                col(|r| r.e2e_p99, 0),
+                col(|r| r.cpu_cores, 2),
+                if rs.iter().all(Run::passes) {
+                    "yes"
+                } else {
+                    "no"
+                },
+            );
+        }
+        println!();
+    }
+    let capacity = |runs: &BTreeMap<usize, Vec<Run>>| {
+        runs.iter()
+            .filter(|(_, rs)| rs.iter().all(Run::passes))
+            .map(|(n, _)| *n)
+            .max()
+            .unwrap_or(0)
+    };
+    println!(
+        "**Capacity** (largest camera count tried with zero drops and p99 capture → result < {P99_LIMIT_MS:.0} ms in every round): \
+         Riffle pipeline **{}**, straight loop **{}**.\n",
+        capacity(&pipeline_runs),
+        capacity(&loop_runs)
+    );
+
+    if args.decode_rounds > 0 {
+        decode_table(&repo, args.decode_rounds, tick)?;
+    }
+    Ok(())
+}
+
+/// The detector + tracker job of `pipelines/camera-tracking.yaml` over `n` paced cameras.
+fn yaml(repo: &Path, n: usize, seconds: usize, epoch_records: usize, serial: usize) -> String {
+    let cameras: String = (0..n)
+        .map(|k| {
+            format!(
+                "      - {{ id: \"r{serial}-cam{k}\", uri: \"{}\" }}\n",
+                repo.join(format!("data/videos/bikes-{}.mp4", k % 4))
+                    .display()
+            )
+        })
+        .collect();
+    format!(
+        r#"name: bench-cameras
+source:
+  video:
+    cameras:
+{cameras}    realtime: true
+    loop: true
+    max_frames: {frames}
+    batch_size: 4
+    queue_size: 8
+stages:
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: {model}
+      inputs:
+        "image_tensor:0": tensor
+      outputs:
+        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+        "detection_classes:0": {{ column: classes, shape: [100] }}
+      batch: {{ max_size: 4, max_delay_ms: 10 }}
+  - detections:
+      boxes: boxes
+      scores: scores
+      classes: classes
+      box_format: yxyx_normalized
+      score_threshold: 0.1
+      keep_classes: [1]
+      labels: {{ 1: person }}
+      iou_threshold: 0.5
+  - track:
+      camera: camera_id
+      frame: frame
+      input: detections
+      output: detections
+      high_threshold: 0.5
+      low_threshold: 0.1
+      new_track_threshold: 0.6
+      match_iou: 0.2
+      track_buffer: 30
+  - select:
+      columns: [camera_id, frame, ingest_ms, detections_count]
+sink:
+  jsonl: {{ path: {out} }}
+runtime:
+  workers: {WORKERS}
+  intra_op_threads: 1
+  epoch_records: {epoch_records}
+  max_epochs_in_flight: 4
+  latency_column: latency_ms
+"#,
+        frames = seconds * FPS,
+        model = repo.join("models/ssdlite_person.onnx").display(),
+        out = std::env::temp_dir()
+            .join(format!("bench-cameras-{}.jsonl", std::process::id()))
+            .display(),
+    )
+}
+
+fn load(repo: &Path, n: usize, args: &Args, serial: usize) -> anyhow::Result<Pipeline> {
+    let file = std::env::temp_dir().join(format!(
+        "bench-cameras-{}-{serial}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(
+        &file,
+        yaml(repo, n, args.seconds, args.epoch_records, serial),
+    )?;
+    let pipeline = riffle_pipelines::load(&file, None);
+    let _ = std::fs::remove_file(&file);
+    Ok(pipeline?)
+}
+
+/// Capture → result latencies, noted as results arrive.
+#[derive(Clone, Default)]
+struct Arrivals(Arc<Mutex<Vec<(i64, i64)>>>);
+
+impl Arrivals {
+    /// Notes each row's (capture ms, now ms).
+    fn note(&self, batch: &RecordBatch) {
+        let now = now_ms();
+        if let Some(ingest) = batch
+            .column_by_name("ingest_ms")
+            .and_then(|c| c.as_primitive_opt::<Int64Type>())
+        {
+            let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            v.extend(ingest.values().iter().map(|i| (*i, now)));
+        }
+    }
+
+    /// (results, delivered fps, p50, p99 of capture → result ms).
+    fn figures(&self) -> (usize, f64, f64, f64) {
+        let v = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut lat: Vec<f64> = v.iter().map(|(c, n)| (n - c) as f64).collect();
+        let first = v.iter().map(|(c, _)| *c).min().unwrap_or(0);
+        let last = v.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        let fps = v.len() as f64 / ((last - first).max(1) as f64 / 1000.0);
+        (
+            v.len(),
+            fps,
+            quantile(&mut lat, 0.5),
+            quantile(&mut lat, 0.99),
+        )
+    }
+}
+
+impl SinkFactory for Arrivals {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Sink for Arrivals {
+    fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
+        self.note(batch);
+        Ok(())
+    }
+    fn flush(&mut self) -> DataflowResult<()> {
+        Ok(())
+    }
+}
+
+fn run_pipeline(
+    repo: &Path,
+    n: usize,
+    args: &Args,
+    serial: usize,
+    tick: f64,
+) -> anyhow::Result<Run> {
+    let mut pipeline = load(repo, n, args, serial)?;
+    let arrivals = Arrivals::default();
+    pipeline.sink = Arc::new(arrivals.clone());
+    let source = pipeline.source.clone();
+    let metrics = Metrics::new()?;
+    let (cpu0, t0) = (cpu_seconds(tick)?, Instant::now());
+    let report = riffle_pipelines::run(
+        Arc::new(pipeline),
+        riffle_pipelines::RunOptions {
+            cluster: ClusterConfig::single_process(WORKERS),
+            metrics,
+        },
+    )?;
+    let cpu = (cpu_seconds(tick)? - cpu0) / t0.elapsed().as_secs_f64();
+    let (results, delivered_fps, capture_p50, capture_p99) = arrivals.figures();
+    let (frames_in, dropped) = video_counters(source.as_ref(), serial)?;
+    Ok(Run {
+        frames_in,
+        dropped,
+        results,
+        delivered_fps,
+        e2e_p50: report.summary.end_to_end_p50.as_secs_f64() * 1000.0,
+        e2e_p99: report.summary.end_to_end_p99.as_secs_f64() * 1000.0,
+        capture_p50,
+        capture_p99,
+        cpu_cores: cpu,
+    })
+}
+
+/// The same job without the dataflow: one thread per core reads its cameras (camera k on
+/// thread k mod 2) from the same video source partition (same decoder, pacing and queues),
+/// then runs the same stages on each batch it reads, the tracker's logic called per camera.
+fn run_loop(repo: &Path, n: usize, args: &Args, serial: usize, tick: f64) -> anyhow::Result<Run> {
+    let pipeline = load(repo, n, args, serial)?;
+    let arrivals = Arrivals::default();
+    let read_to_result: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let (cpu0, t0) = (cpu_seconds(tick)?, Instant::now());
+    std::thread::scope(|scope| -> anyhow::Result<()> {
+        let mut threads = Vec::new();
+        for t in 0..WORKERS {
+            let (pipeline, arrivals, read_to_result) = (&pipeline, &arrivals, &read_to_result);
+            threads.push(scope.spawn(move || -> anyhow::Result<()> {
+                straight_loop(pipeline, t, arrivals, read_to_result)
+            }));
+        }
+        for t in threads {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("a loop thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let cpu = (cpu_seconds(tick)? - cpu0) / t0.elapsed().as_secs_f64();
+    let (results, delivered_fps, capture_p50, capture_p99) = arrivals.figures();
+    let mut e2e = read_to_result
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let (frames_in, dropped) = video_counters(pipeline.source.as_ref(), serial)?;
+    Ok(Run {
+        frames_in,
+        dropped,
+        results,
+        delivered_fps,
+        e2e_p50: quantile(&mut e2e, 0.5),
+        e2e_p99: quantile(&mut e2e, 0.99),
+        capture_p50,
+        capture_p99,
+        cpu_cores: cpu,
+    })
+}
+
+fn straight_loop(
+    pipeline: &Pipeline,
+    thread: usize,
+    arrivals: &Arrivals,
+    read_to_result: &Mutex<Vec<f64>>,
+) -> anyhow::Result<()> {
+    let mut before: Vec<Box<dyn Stage>> = Vec::new();
+    let mut after: Vec<Box<dyn Stage>> = Vec::new();
+    let mut tracker = None;
+    for s in &pipeline.spec.stages {
+        if let StageSpec::Track(config) = &s.value {
+            tracker = Some(Tracker::new(config.clone())?);
+            continue;
+        }
+        let stage = build_stage(&s.value, &pipeline.runtime, thread)?
+            .ok_or_else(|| anyhow::anyhow!("stage {} is not batch-by-batch", s.value.kind()))?;
+        if tracker.is_none() {
+            before.push(stage);
+        } else {
+            after.push(stage);
+        }
+    }
+    let mut tracker = tracker.context("no track stage")?;
+    let mut tracks: BTreeMap<String, CameraTracks> = BTreeMap::new();
+    let mut source = pipeline.source.partition(thread, WORKERS)?;
+    while let Some(read) = source.next_batch()? {
+        if read.records.num_rows() == 0 {
+            continue;
+        }
+        let read_at = Instant::now();
+        let mut batch = read.records;
+        for stage in before.iter_mut() {
+            batch = stage.process_batch(&batch)?.records;
+        }
+        // The tracker takes one camera's rows at a time, in frame order.
+        let cameras = batch
+            .column_by_name("camera_id")
+            .and_then(|c| c.as_string_opt::<i32>())
+            .context("camera_id")?
+            .clone();
+        let mut ids: Vec<&str> = cameras.iter().flatten().collect();
+        ids.dedup();
+        ids.sort_unstable();
+        ids.dedup();
+        for id in ids {
+            let mask: BooleanArray = cameras.iter().map(|c| Some(c == Some(id))).collect();
+            let rows = arrow_select::filter::filter_record_batch(&batch, &mask)?;
+            let state = tracks.entry(id.to_string()).or_default();
+            let mut out = tracker.process(id, state, &rows)?.records;
+            for stage in after.iter_mut() {
+                out = stage.process_batch(&out)?.records;
+            }
+            arrivals.note(&out);
+        }
+        let ms = read_at.elapsed().as_secs_f64() * 1000.0;
+        let mut v = read_to_result.lock().unwrap_or_else(|p| p.into_inner());
+        v.extend(std::iter::repeat_n(ms, batch.num_rows()));
+    }
+    Ok(())
+}
+
+/// Frames the run's cameras queued and dropped (the source's Prometheus counters; they are
+/// process-wide, so each run's cameras have ids of their own).
+fn video_counters(source: &dyn SourceFactory, serial: usize) -> anyhow::Result<(f64, f64)> {
+    let metrics = Metrics::new()?;
+    source.attach_metrics(&metrics)?;
+    let label = format!("camera=r{serial}-cam");
+    let sum = |family: &str| -> f64 {
+        metrics
+            .summary(std::time::Duration::ZERO)
+            .connectors
+            .iter()
+            .filter(|(name, _)| name.starts_with(family) && name.contains(&label))
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    Ok((
+        sum("riffle_video_frames_total{"),
+        sum("riffle_video_frames_dropped_total{"),
+    ))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The `q` quantile (nearest rank) of `v`, 0 when empty.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// "median (min–max)", or the value alone when all rounds agree or there is one.
+fn spread(values: impl Iterator<Item = f64>, digits: usize) -> String {
+    let mut v: Vec<f64> = values.collect();
+    if v.is_empty() {
+        return "—".into();
+    }
+    let (min, max) = (
+        v.iter().copied().fold(f64::MAX, f64::min),
+        v.iter().copied().fold(f64::MIN, f64::max),
+    );
+    let median = quantile(&mut v, 0.5);
+    let f = |x: f64| format!("{x:.digits$}");
+    if f(min) == f(max) {
+        f(median)
+    } else {
+        format!("{} ({}–{})", f(median), f(min), f(max))
+    }
+}
+
+/// Clock ticks per second of /proc's CPU times.
+fn clock_ticks() -> anyhow::Result<f64> {
+    let out = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .context("getconf CLK_TCK")?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+/// CPU seconds (user + system) this process has used.
+fn cpu_seconds(tick: f64) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')').context("/proc/self/stat")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11).context("utime")?.parse()?;
+    let stime: f64 = fields.get(12).context("stime")?.parse()?;
+    Ok((utime + stime) / tick)
+}
+
+#[path = "bench_cameras/decode.rs"]
+mod decode;
+use decode::decode_table;
