@@ -15,11 +15,11 @@ use std::time::Instant;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
-use arrow_array::{Array, Int64Array, RecordBatch, StringArray, UInt32Array};
+use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::DataType;
 use riffle_dataflow::dead_letter::{self, DeadLetter};
 use riffle_dataflow::metrics::StageMetrics;
-use riffle_dataflow::operators::{worker_for, BatchStream, ExchangeByKey, StateUpdates};
+use riffle_dataflow::operators::{take_rows, worker_for, BatchStream, ExchangeByKey, StateUpdates};
 use riffle_dataflow::runtime::StatefulStep;
 use riffle_dataflow::{Batch, BatchKind, DataflowError, DataflowResult, Epoch, StageOutput};
 use serde::de::DeserializeOwned;
@@ -199,7 +199,7 @@ fn run_keyed<L: KeyedLogic>(
     let mut out = Vec::with_capacity(groups.len());
     for (key, rows) in groups {
         let started = Instant::now();
-        let part = match take(&batch.data, rows) {
+        let part = match take_rows(&batch.data, rows) {
             Ok(part) => part,
             Err(e) => {
                 out.push(Err(letters_for(logic.name(), batch, &batch.data, &e)));
@@ -297,19 +297,6 @@ fn key_text(keys: &dyn Array, row: usize) -> DataflowResult<String> {
             other.to_string(),
         )),
     }
-}
-
-fn take(batch: &RecordBatch, rows: Vec<u32>) -> DataflowResult<RecordBatch> {
-    if rows.len() == batch.num_rows() {
-        return Ok(batch.clone());
-    }
-    let indices = UInt32Array::from(rows);
-    let columns = batch
-        .columns()
-        .iter()
-        .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// The checkpointed keys this worker owns: key → (record, state). A record is `key\tjson`.

@@ -9,7 +9,7 @@ use riffle_dataflow::runtime::{
 use riffle_dataflow::{Compression, DataflowError, DataflowResult, Stage};
 use riffle_operators::StageContext;
 
-use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec, Workers};
+use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec};
 use crate::validate::Pipeline;
 
 /// The job the runtime runs for `pipeline`.
@@ -102,23 +102,7 @@ pub fn placed_on(
     exchange: &ExchangeConfig,
     runtime: &RuntimeConfig,
 ) -> DataflowResult<Option<Vec<usize>>> {
-    Ok(match &exchange.workers {
-        None => None,
-        Some(Workers::List(list)) => Some(list.clone()),
-        Some(Workers::Named(name)) => {
-            Some(runtime.placement.get(name).cloned().ok_or_else(|| {
-                DataflowError::Config(format!(
-                    "no placement `{name}` in runtime.placement (it has: {})",
-                    runtime
-                        .placement
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            })?)
-        }
-    })
+    exchange.placed_on(runtime).map_err(DataflowError::Config)
 }
 
 /// The stage a spec describes as `worker` builds it, or `None` for steps that are not

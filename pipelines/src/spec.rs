@@ -126,6 +126,30 @@ pub struct ExchangeConfig {
     pub ordered_by: Option<String>,
 }
 
+impl ExchangeConfig {
+    /// The workers this exchange places the following stages on, if it does; a name must be
+    /// a `runtime.placement` group.
+    pub fn placed_on(&self, runtime: &RuntimeConfig) -> Result<Option<Vec<usize>>, String> {
+        Ok(match &self.workers {
+            None => None,
+            Some(Workers::List(list)) => Some(list.clone()),
+            Some(Workers::Named(name)) => {
+                Some(runtime.placement.get(name).cloned().ok_or_else(|| {
+                    format!(
+                        "no placement `{name}` in runtime.placement (it has: {})",
+                        runtime
+                            .placement
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?)
+            }
+        })
+    }
+}
+
 /// Workers by index, or by the name of a `runtime.placement` group.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(untagged)]

@@ -14,7 +14,7 @@ use riffle_operators::StageContext;
 
 use crate::error::PipelineError;
 use crate::locate::{parser_message, Locator};
-use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec, Workers};
+use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec};
 
 /// A validated pipeline, ready to run.
 pub struct Pipeline {
@@ -375,22 +375,8 @@ fn check_exchange(
             ));
         }
     }
-    if let Some(Workers::Named(name)) = &e.workers {
-        if !runtime.placement.contains_key(name) {
-            return Err((
-                "workers",
-                format!(
-                    "no placement `{name}` in runtime.placement (it has: {})",
-                    runtime
-                        .placement
-                        .keys()
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            ));
-        }
-    }
+    e.placed_on(runtime)
+        .map_err(|message| ("workers", message))?;
     if let Some(key) = &e.key {
         match schema.field_with_name(key).map(|f| f.data_type().clone()) {
             Ok(t) if riffle_dataflow::operators::is_key_type(&t) => {}

@@ -139,7 +139,7 @@ pub(crate) fn give_parts<S: FnMut(Batch)>(
 }
 
 /// The given rows of `batch`, in that order (the batch itself when that is all of it).
-pub(crate) fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DataflowResult<RecordBatch> {
+pub fn take_rows(batch: &RecordBatch, rows: Vec<u32>) -> DataflowResult<RecordBatch> {
     if rows.len() == batch.num_rows() && rows.iter().enumerate().all(|(i, r)| i as u32 == *r) {
         return Ok(batch.clone());
     }

@@ -11,7 +11,9 @@ mod write_to_sink;
 pub use apply_stage::{run_stage, ApplyStage};
 pub use balance::{service, Balance, DelayReports, Service, ServiceCell};
 pub use dynamic_batch::{BatchPolicy, DynamicBatch};
-pub use exchange_by_key::{is_key_type, route_rows, worker_for, worker_for_int, ExchangeByKey};
+pub use exchange_by_key::{
+    is_key_type, route_rows, take_rows, worker_for, worker_for_int, ExchangeByKey,
+};
 pub use place::Place;
 pub use rebalance::Rebalance;
 pub use write_to_sink::{SinkOptions, WriteToSink};
