@@ -12,15 +12,14 @@ use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Fields, SchemaRef};
-use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::runtime::Step;
 use riffle_dataflow::{DataflowError, DataflowResult, StageOutput};
 use serde::{Deserialize, Serialize};
 use serde_inline_default::serde_inline_default;
 
 use super::{
-    check_common, crosses, extend_schema, finite_point, frame_order, int64_column, kept_with,
-    list_field, side, Anchor, DetectionsColumn, ListColumn, Object,
+    check_common, crosses, each_row, extend_schema, finite_point, frame_order, int64_column,
+    kept_with, list_field, side, Anchor, DetectionsColumn, ListColumn, Object,
 };
 use crate::keyed::{Keyed, KeyedLogic};
 
@@ -378,25 +377,15 @@ impl KeyedLogic for LineCount {
         let detections = DetectionsColumn::new(rows, &self.config.detections, true)?;
         let frames = int64_column(rows, &self.config.frame)?;
         let mut columns = Columns::new(rows.num_rows());
-        let mut keep = Vec::with_capacity(rows.num_rows());
-        let mut rejected = Vec::new();
-        for row in 0..rows.num_rows() {
+        let (keep, rejected) = each_row(rows, NAME, |row| {
             let frame = frames.is_valid(row).then(|| frames.value(row));
             // Checked before anything changes, so a bad row leaves the state as it was.
-            let checked = frame_order(frame, state.last_frame)
-                .and_then(|f| detections.row(row).map(|objects| (f, objects)));
-            match checked {
-                Ok((frame, objects)) => {
-                    let crossings = self.count(state, frame, &objects);
-                    columns.push(&self.config.lines, &crossings, state);
-                    keep.push(true);
-                }
-                Err(reason) => {
-                    rejected.push(DeadLetter::for_row(NAME, rows, row, reason));
-                    keep.push(false);
-                }
-            }
-        }
+            let frame = frame_order(frame, state.last_frame)?;
+            let objects = detections.row(row)?;
+            let crossings = self.count(state, frame, &objects);
+            columns.push(&self.config.lines, &crossings, state);
+            Ok(())
+        });
         let records = kept_with(rows, keep, schema, columns.finish()?)?;
         Ok(StageOutput { records, rejected })
     }

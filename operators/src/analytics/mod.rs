@@ -29,6 +29,7 @@ use arrow_array::types::{Float32Type, Int64Type};
 use arrow_array::{Array, ArrayRef, BooleanArray, Int64Array, ListArray, RecordBatch, StructArray};
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
+use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 pub use line_count::{LineCount, LineCountConfig};
@@ -361,6 +362,27 @@ pub(crate) fn kept_with(
     };
     columns.extend(added);
     Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// Runs `apply` on each row in order: the rows it accepts are kept, the others become dead
+/// letters of `stage` with its reason. Returns the keep mask for [`kept_with`].
+pub(crate) fn each_row(
+    rows: &RecordBatch,
+    stage: &str,
+    mut apply: impl FnMut(usize) -> Result<(), String>,
+) -> (Vec<bool>, Vec<DeadLetter>) {
+    let mut keep = Vec::with_capacity(rows.num_rows());
+    let mut rejected = Vec::new();
+    for row in 0..rows.num_rows() {
+        match apply(row) {
+            Ok(()) => keep.push(true),
+            Err(reason) => {
+                rejected.push(DeadLetter::for_row(stage, rows, row, reason));
+                keep.push(false);
+            }
+        }
+    }
+    (keep, rejected)
 }
 
 /// Why a row's frame cannot be processed after `last` (the camera's last processed frame).

@@ -13,15 +13,14 @@ use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
-use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::runtime::Step;
 use riffle_dataflow::{DataflowError, DataflowResult, StageOutput};
 use serde::{Deserialize, Serialize};
 use serde_inline_default::serde_inline_default;
 
 use super::{
-    check_column, check_common, extend_schema, finite_point, frame_order, inside, int64_column,
-    kept_with, list_field, Anchor, DetectionsColumn, ListColumn, Object,
+    check_column, check_common, each_row, extend_schema, finite_point, frame_order, inside,
+    int64_column, kept_with, list_field, Anchor, DetectionsColumn, ListColumn, Object,
 };
 use crate::keyed::{Keyed, KeyedLogic};
 
@@ -433,32 +432,20 @@ impl KeyedLogic for Zone {
             None
         };
         let mut columns = Columns::new(rows.num_rows());
-        let mut keep = Vec::with_capacity(rows.num_rows());
-        let mut rejected = Vec::new();
-        for row in 0..rows.num_rows() {
+        let (keep, rejected) = each_row(rows, NAME, |row| {
             let frame = frames.is_valid(row).then(|| frames.value(row));
             // Checked before anything changes, so a bad row leaves the state as it was.
-            let checked = frame_order(frame, state.last_frame).and_then(|frame| {
-                let ms = match pts {
-                    Some(p) if p.is_null(row) => return Err(format!("null `{}`", c.pts)),
-                    Some(p) => Some(p.value(row)),
-                    None => None,
-                };
-                let objects = detections.row(row)?;
-                Ok((Moment { frame, ms }, objects))
-            });
-            match checked {
-                Ok((now, objects)) => {
-                    let events = self.update(state, now, &objects);
-                    columns.push(&c.zones, &events, state);
-                    keep.push(true);
-                }
-                Err(reason) => {
-                    rejected.push(DeadLetter::for_row(NAME, rows, row, reason));
-                    keep.push(false);
-                }
-            }
-        }
+            let frame = frame_order(frame, state.last_frame)?;
+            let ms = match pts {
+                Some(p) if p.is_null(row) => return Err(format!("null `{}`", c.pts)),
+                Some(p) => Some(p.value(row)),
+                None => None,
+            };
+            let objects = detections.row(row)?;
+            let events = self.update(state, Moment { frame, ms }, &objects);
+            columns.push(&c.zones, &events, state);
+            Ok(())
+        });
         let records = kept_with(rows, keep, schema, columns.finish()?)?;
         Ok(StageOutput { records, rejected })
     }
