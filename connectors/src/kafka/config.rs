@@ -81,12 +81,43 @@ pub struct KafkaSinkConfig {
     /// Partitions of a topic the sink creates.
     #[serde_inline_default(4)]
     pub partitions: i32,
+    /// Replicas of a topic the sink creates (-1: the broker's `default.replication.factor`).
+    #[serde_inline_default(-1)]
+    pub replication_factor: i32,
+    /// Topic configs of a topic the sink creates (e.g. `retention.ms`, `min.insync.replicas`).
+    #[serde(default)]
+    pub topic_config: BTreeMap<String, String>,
+    /// How a run with checkpoints makes its output exactly-once (see [`ExactlyOnce`]).
+    #[serde(default)]
+    pub exactly_once: ExactlyOnce,
+    /// The producer's `transactional.id` in `transactions` mode; it must stay the same across
+    /// restarts of one pipeline and differ between pipelines (default:
+    /// `riffle-<pipeline>-<topic>`).
+    #[serde(default)]
+    pub transactional_id: Option<String>,
     /// How long `flush` waits for every delivery report before failing.
     #[serde_inline_default(30_000)]
     pub delivery_timeout_ms: u64,
     /// Any librdkafka producer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+/// How a Kafka sink with checkpoints writes each result once.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExactlyOnce {
+    /// `transactions` where the broker supports them, else `markers`.
+    #[default]
+    Auto,
+    /// Kafka transactions committed with each checkpoint: any `read_committed` consumer sees
+    /// every result once.
+    Transactions,
+    /// Commit and fence marker messages in the results topic, for brokers without
+    /// transactions: only a reader that applies them (`riffle consume`) sees every result once.
+    Markers,
+    /// At-least-once: results are written as they come, and a restart may repeat some.
+    Off,
 }
 
 /// Kafka sink value formats.

@@ -17,6 +17,6 @@ mod sink;
 mod source;
 
 pub use crate::formats::{ColumnType, MessageFormat};
-pub use config::{KafkaSinkConfig, KafkaSourceConfig, SinkFormat, StartAt};
+pub use config::{ExactlyOnce, KafkaSinkConfig, KafkaSourceConfig, SinkFormat, StartAt};
 pub use sink::KafkaSinkFactory;
 pub use source::KafkaSourceFactory;
