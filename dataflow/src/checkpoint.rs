@@ -112,6 +112,34 @@ impl CheckpointStore {
         Ok(())
     }
 
+    /// The checkpoint of `epoch`, if its file is present and intact.
+    pub fn at(&self, epoch: Epoch) -> DataflowResult<Option<Checkpoint>> {
+        let path = self.path_of(epoch);
+        if !path.exists() {
+            return Ok(None);
+        }
+        read(&path).map(Some).map_err(|why| {
+            DataflowError::Config(format!("checkpoint {} is unusable: {why}", path.display()))
+        })
+    }
+
+    /// Removes the checkpoints of epochs after `epoch` (all of them for `None`): written for
+    /// transactions that never committed, they must not be resumed from, nor push the one that
+    /// matches the output out of the `keep` newest.
+    pub fn discard_after(&self, epoch: Option<Epoch>) -> DataflowResult<usize> {
+        let mut removed = 0;
+        for e in self.epochs()? {
+            if epoch.is_none_or(|keep| e > keep) {
+                let path = self.path_of(e);
+                fs::remove_file(&path).map_err(|err| {
+                    DataflowError::io(format!("removing {}", path.display()), err)
+                })?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// The newest checkpoint that is complete and intact; corrupt ones are skipped with a
     /// warning.
     pub fn latest(&self) -> DataflowResult<Option<Checkpoint>> {
@@ -165,6 +193,21 @@ mod tests {
         assert_eq!(store.latest().unwrap(), Some(checkpoint(5, 50)));
         assert_eq!(store.epochs().unwrap(), vec![3, 4, 5], "pruned to 3");
         assert!(!dir.path().join("epoch-000000000005.ckpt.tmp").exists());
+    }
+
+    #[test]
+    fn a_given_epoch_is_found_and_newer_ones_discarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        for e in 1..=3 {
+            store.write(&checkpoint(e, e as i64 * 10)).unwrap();
+        }
+        assert_eq!(store.at(2).unwrap(), Some(checkpoint(2, 20)));
+        assert_eq!(store.at(7).unwrap(), None);
+        assert_eq!(store.discard_after(Some(1)).unwrap(), 2);
+        assert_eq!(store.latest().unwrap(), Some(checkpoint(1, 10)));
+        assert_eq!(store.discard_after(None).unwrap(), 1);
+        assert_eq!(store.latest().unwrap(), None);
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub mod tensor;
 pub use batch::{Batch, BatchKind};
 pub use compression::Compression;
 pub use error::{DataflowError, DataflowResult};
-pub use sink::{Committer, Sink};
+pub use sink::{Committer, Recovery, Sink};
 pub use source::{Source, SourceBatch, SourceFactory, SourcePosition};
 pub use stage::{Stage, StageOutput};
 

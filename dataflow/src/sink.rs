@@ -58,6 +58,24 @@ pub trait SinkFactory: Send + Sync {
     fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
         Ok(None)
     }
+
+    /// Called once per process before a run with checkpoints starts. A transactional
+    /// destination answers with what it last committed: the run then resumes from exactly the
+    /// checkpoint that commit recorded (newer checkpoints belong to transactions that never
+    /// committed). `leader`: this process opens the sink (and may fence older writers).
+    fn recover(&self, _leader: bool) -> DataflowResult<Recovery> {
+        Ok(Recovery::Latest)
+    }
+}
+
+/// Where a run with checkpoints resumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// From the newest intact checkpoint.
+    Latest,
+    /// From the checkpoint written by this generation for this epoch (`None`: nothing was
+    /// ever committed, so from the start).
+    Committed(Option<(u64, Epoch)>),
 }
 
 /// Exactly-once output without broker transactions. Every result is written with its run's
@@ -66,7 +84,35 @@ pub trait SinkFactory: Send + Sync {
 /// checkpoint it resumes from covers, then `fence`s: every result of an older generation not
 /// committed by then is void (it will be produced again). A committed reader releases a result
 /// when its commit arrives and drops those a fence voids.
+///
+/// A transactional committer (Kafka transactions) instead commits exactly what was written up
+/// to a cut: the checkpointer first [`seal`](Committer::seal)s the open transaction at the
+/// newest epoch the sink has written (later epochs wait outside it), writes the checkpoint for
+/// that epoch, then commits; the commit itself records the checkpoint's epoch, so a restart
+/// knows which checkpoint matches the output (see [`SinkFactory::recover`]).
 pub trait Committer: Send {
     fn commit(&mut self, generation: u64, through: Epoch) -> DataflowResult<()>;
     fn fence(&mut self, generation: u64) -> DataflowResult<()>;
+
+    /// Whether commits are transactions that must match a sealed cut exactly.
+    fn transactional(&self) -> bool {
+        false
+    }
+
+    /// Transactional: close the open transaction to epochs after `through`; `false`: not now
+    /// (results held back by the previous seal are not written yet), try again later.
+    fn seal(&mut self, _through: Epoch) -> bool {
+        true
+    }
+
+    /// Transactional: the epoch the open transaction is sealed at, if any.
+    fn sealed(&self) -> Option<Epoch> {
+        None
+    }
+
+    /// Transactional: lift a seal without committing (the checkpoint turned out unchanged, so
+    /// the transaction holds nothing new).
+    fn release(&mut self) -> DataflowResult<()> {
+        Ok(())
+    }
 }

@@ -247,6 +247,17 @@ fn validate(
         }
         None => default_dead_letter(&spec.sink.value),
     };
+    // One transactional.id per pipeline and topic, the same on every restart.
+    if let SinkConfig::Kafka(k) = &mut spec.sink.value {
+        if k.transactional_id.is_none() {
+            let pipeline = spec.name.clone().unwrap_or_else(|| {
+                file.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+            k.transactional_id = Some(format!("riffle-{pipeline}-{}", k.topic));
+        }
+    }
     let sink: Arc<dyn SinkFactory> = Arc::from(
         spec.sink
             .value

@@ -68,7 +68,9 @@ pub fn client_config(
         }
         Role::Admin => {}
         Role::ResultsReader => {
+            // Transactional output counts once committed; aborted attempts are skipped.
             c.set("group.id", "riffle-consume")
+                .set("isolation.level", "read_committed")
                 .set("enable.auto.commit", "false")
                 .set("enable.partition.eof", "true")
                 // Smaller fetches: a slow broker (tansu on sqlite serves ~1 ms per message)

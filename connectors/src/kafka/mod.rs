@@ -15,6 +15,7 @@ mod metrics;
 pub mod replay;
 mod sink;
 mod source;
+pub mod transactions;
 
 pub use crate::formats::{ColumnType, MessageFormat};
 pub use config::{ExactlyOnce, KafkaSinkConfig, KafkaSourceConfig, SinkFormat, StartAt};

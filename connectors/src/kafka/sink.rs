@@ -16,22 +16,53 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientConfig;
 use riffle_dataflow::metrics::Metrics;
-use riffle_dataflow::sink::{Committer, Sink, SinkFactory};
+use riffle_dataflow::sink::{Committer, Recovery, Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult};
 use tracing::warn;
 
 use super::client::Role;
-use super::config::{KafkaSinkConfig, SinkFormat};
+use super::config::{ExactlyOnce, KafkaSinkConfig, SinkFormat};
 use super::metrics::{self, kafka_metrics};
+use super::transactions::{
+    brokers_support_transactions, commit_log_topic, last_commit, recovery, Admitted, Transaction,
+    TransactionCommitter, COMMIT_RECORD,
+};
 
 /// Wait between polls while librdkafka's queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(50);
 
 /// A configured Kafka sink; each `open` creates its own producer.
-#[derive(Debug)]
 pub struct KafkaSinkFactory {
     config: KafkaSinkConfig,
+    /// How this run's output is exactly-once, settled by `recover` (runs with checkpoints).
+    mode: Mutex<Mode>,
 }
+
+/// A run's exactly-once mode.
+#[derive(Clone)]
+enum Mode {
+    /// Not settled (a run without checkpoints, or a direct user of the factory): results are
+    /// stamped for commit markers if the runtime asks for it.
+    Unsettled,
+    Off,
+    Markers,
+    /// `transaction` is the leader's initialised producer (other processes hold none).
+    Transactions {
+        transaction: Option<Arc<Transaction>>,
+    },
+}
+
+impl std::fmt::Debug for KafkaSinkFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSinkFactory")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long a restarted process waits for a pending transaction on the commit log to be
+/// resolved by the process that opens the sink.
+const PENDING_WAIT: Duration = Duration::from_secs(90);
 
 impl KafkaSinkFactory {
     /// Checks the configuration (including that librdkafka accepts every option).
@@ -47,7 +78,24 @@ impl KafkaSinkFactory {
             .map_err(|e| config_error(config, e))?;
         Ok(KafkaSinkFactory {
             config: config.clone(),
+            mode: Mutex::new(Mode::Unsettled),
         })
+    }
+
+    /// The producer's `transactional.id` in `transactions` mode.
+    pub fn transactional_id(&self) -> String {
+        self.config
+            .transactional_id
+            .clone()
+            .unwrap_or_else(|| format!("riffle-{}", self.config.topic))
+    }
+
+    fn mode(&self) -> Mode {
+        lock(&self.mode).clone()
+    }
+
+    fn ensure_topic(&self, topic: &str, partitions: i32) -> DataflowResult<()> {
+        super::replay::ensure_topic(&self.config.brokers, topic, partitions)
     }
 }
 
@@ -55,13 +103,22 @@ impl SinkFactory for KafkaSinkFactory {
     fn open(&self) -> DataflowResult<Box<dyn Sink>> {
         // Brokers differ on auto-creating topics; create ours explicitly, at run time only.
         if self.config.create_topic {
-            super::replay::ensure_topic(
-                &self.config.brokers,
-                &self.config.topic,
-                self.config.partitions,
-            )?;
+            self.ensure_topic(&self.config.topic, self.config.partitions)?;
         }
-        Ok(Box::new(KafkaSink::open(&self.config)?))
+        let sink = match self.mode() {
+            Mode::Transactions {
+                transaction: Some(t),
+            } => KafkaSink::transactional(&self.config, t)?,
+            Mode::Transactions { transaction: None } => {
+                return Err(config_error(
+                    &self.config,
+                    "the sink opened in a process that did not initialise its transactions",
+                ))
+            }
+            Mode::Off => KafkaSink::open(&self.config, false)?,
+            Mode::Unsettled | Mode::Markers => KafkaSink::open(&self.config, true)?,
+        };
+        Ok(Box::new(sink))
     }
 
     fn attach_metrics(&self, metrics: &Metrics) -> DataflowResult<()> {
@@ -69,7 +126,58 @@ impl SinkFactory for KafkaSinkFactory {
     }
 
     fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
-        Ok(Some(Box::new(MarkerWriter::open(&self.config)?)))
+        Ok(match self.mode() {
+            Mode::Off => None,
+            Mode::Transactions { transaction } => {
+                let transaction = transaction.ok_or_else(|| {
+                    config_error(&self.config, "no transactional producer in this process")
+                })?;
+                Some(Box::new(TransactionCommitter { transaction }))
+            }
+            Mode::Unsettled | Mode::Markers => Some(Box::new(MarkerWriter::open(&self.config)?)),
+        })
+    }
+
+    fn recover(&self, leader: bool) -> DataflowResult<Recovery> {
+        let id = self.transactional_id();
+        let transactions = match self.config.exactly_once {
+            ExactlyOnce::Transactions => true,
+            ExactlyOnce::Auto => {
+                let supported = brokers_support_transactions(&self.config, &id)?;
+                if !supported {
+                    tracing::warn!(
+                        topic = %self.config.topic,
+                        "the brokers have no transactions: exactly-once output uses commit \
+                         markers, which only `riffle consume` applies"
+                    );
+                }
+                supported
+            }
+            ExactlyOnce::Markers | ExactlyOnce::Off => false,
+        };
+        if !transactions {
+            *lock(&self.mode) = match self.config.exactly_once {
+                ExactlyOnce::Off => Mode::Off,
+                _ => Mode::Markers,
+            };
+            return Ok(Recovery::Latest);
+        }
+        let transaction = if leader {
+            self.ensure_topic(&commit_log_topic(&self.config.topic), 1)?;
+            let (context, _) = sink_context(&self.config)?;
+            Some(Arc::new(Transaction::init(&self.config, &id, context)?))
+        } else {
+            None
+        };
+        let last = last_commit(&self.config, &id, PENDING_WAIT)?;
+        tracing::info!(
+            topic = %self.config.topic,
+            transactional_id = %id,
+            "last committed transaction: {}",
+            last.map_or("none".to_string(), |c| format!("epoch {} of run {}", c.epoch, c.generation))
+        );
+        *lock(&self.mode) = Mode::Transactions { transaction };
+        Ok(recovery(last))
     }
 }
 
@@ -171,7 +279,7 @@ fn client_config(config: &KafkaSinkConfig) -> ClientConfig {
 
 /// Delivery outcomes, written by librdkafka's callbacks and read by the sink.
 #[derive(Default)]
-struct DeliveryState {
+pub(super) struct DeliveryState {
     failed: AtomicU64,
     first_error: Mutex<Option<String>>,
     /// Messages numbered in the order they were produced, and those not yet acknowledged.
@@ -203,7 +311,7 @@ impl DeliveryState {
     }
 }
 
-struct SinkContext {
+pub(super) struct SinkContext {
     state: Arc<DeliveryState>,
     records_out: IntCounter,
     bytes_out: IntCounter,
@@ -217,6 +325,8 @@ impl ProducerContext for SinkContext {
 
     fn delivery(&self, result: &DeliveryResult<'_>, n: usize) {
         match result {
+            // The commit record's fate is the commit's own outcome.
+            _ if n == COMMIT_RECORD => {}
             Ok(message) => {
                 self.state.acknowledged(n as u64);
                 self.records_out.inc();
@@ -237,35 +347,92 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The context of a sink's producer: its delivery state and metrics.
+fn sink_context(config: &KafkaSinkConfig) -> DataflowResult<(SinkContext, Arc<DeliveryState>)> {
+    let m = kafka_metrics()?;
+    let topic = [config.topic.as_str()];
+    let state = Arc::new(DeliveryState::default());
+    let context = SinkContext {
+        state: state.clone(),
+        records_out: m.records_out.with_label_values(&topic),
+        bytes_out: m.bytes_out.with_label_values(&topic),
+        produce_errors: m.produce_errors.with_label_values(&topic),
+    };
+    Ok((context, state))
+}
+
+/// A sink's producer: its own, or the transactional one it shares with the committer.
+enum Writer {
+    Plain(BaseProducer<SinkContext>),
+    Transactional(Arc<Transaction>),
+}
+
 /// An open Kafka sink. Delivery reports are served whenever it writes or flushes.
 pub struct KafkaSink {
     config: KafkaSinkConfig,
-    producer: BaseProducer<SinkContext>,
+    writer: Writer,
     state: Arc<DeliveryState>,
-    /// `(generation, epoch)` headers for the results being written, in exactly-once runs.
+    /// Stamp results for commit markers when the runtime announces epochs.
+    markers: bool,
+    /// `(generation, epoch)` headers for the results being written, in marker runs.
     stamp: Option<(String, String)>,
 }
 
 impl KafkaSink {
-    fn open(config: &KafkaSinkConfig) -> DataflowResult<Self> {
-        let m = kafka_metrics()?;
-        let topic = [config.topic.as_str()];
-        let state = Arc::new(DeliveryState::default());
-        let context = SinkContext {
-            state: state.clone(),
-            records_out: m.records_out.with_label_values(&topic),
-            bytes_out: m.bytes_out.with_label_values(&topic),
-            produce_errors: m.produce_errors.with_label_values(&topic),
-        };
+    fn open(config: &KafkaSinkConfig, markers: bool) -> DataflowResult<Self> {
+        let (context, state) = sink_context(config)?;
         let producer = client_config(config)
             .create_with_context(context)
             .map_err(|e| config_error(config, format!("creating a producer: {e}")))?;
         Ok(KafkaSink {
             config: config.clone(),
-            producer,
+            writer: Writer::Plain(producer),
             state,
+            markers,
             stamp: None,
         })
+    }
+
+    fn transactional(
+        config: &KafkaSinkConfig,
+        transaction: Arc<Transaction>,
+    ) -> DataflowResult<Self> {
+        let state = transaction.producer.context().state.clone();
+        Ok(KafkaSink {
+            config: config.clone(),
+            writer: Writer::Transactional(transaction),
+            state,
+            markers: false,
+            stamp: None,
+        })
+    }
+
+    fn producer(&self) -> &BaseProducer<SinkContext> {
+        match &self.writer {
+            Writer::Plain(p) => p,
+            Writer::Transactional(t) => &t.producer,
+        }
+    }
+
+    /// Encodes and sends one batch.
+    fn write_rows(&self, batch: &RecordBatch) -> DataflowResult<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        match self.config.format {
+            SinkFormat::Json => self.write_json(batch),
+            SinkFormat::Ipc => self.write_ipc(batch),
+        }
+    }
+
+    /// Writes results a lifted seal held back.
+    fn write_released(&self) -> DataflowResult<()> {
+        if let Writer::Transactional(t) = &self.writer {
+            for batch in t.releasable()? {
+                self.write_rows(&batch)?;
+            }
+        }
+        Ok(())
     }
 
     /// The error of any failed delivery so far.
@@ -313,12 +480,12 @@ impl KafkaSink {
             record = record.headers(headers);
         }
         loop {
-            match self.producer.send(record) {
+            match self.producer().send(record) {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
                     // Backpressure: serve delivery reports until messages leave the queue.
                     record = returned;
-                    self.producer.poll(QUEUE_FULL_WAIT);
+                    self.producer().poll(QUEUE_FULL_WAIT);
                     self.check_deliveries()?;
                 }
                 Err((e, _)) => {
@@ -438,23 +605,31 @@ impl<'a> Rendered<'a> {
 impl Sink for KafkaSink {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
         // Serve delivery reports so that an earlier failure stops the run here.
-        self.producer.poll(Duration::ZERO);
+        self.producer().poll(Duration::ZERO);
         self.check_deliveries()?;
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        match self.config.format {
-            SinkFormat::Json => self.write_json(batch)?,
-            SinkFormat::Ipc => self.write_ipc(batch)?,
+        if let Writer::Transactional(t) = &self.writer {
+            match t.admit(batch)? {
+                Admitted::Held => return Ok(()),
+                Admitted::Write(held) => {
+                    for earlier in &held {
+                        self.write_rows(earlier)?;
+                    }
+                }
+            }
         }
-        self.producer.poll(Duration::ZERO);
+        self.write_rows(batch)?;
+        self.producer().poll(Duration::ZERO);
         self.check_deliveries()
     }
 
     /// Called as epochs complete: serves delivery reports and surfaces failures without
     /// waiting for the broker, so worker 0 keeps running the model meanwhile.
     fn flush(&mut self) -> DataflowResult<()> {
-        self.producer.poll(Duration::ZERO);
+        self.write_released()?;
+        self.producer().poll(Duration::ZERO);
         self.check_deliveries()
     }
 
@@ -462,25 +637,44 @@ impl Sink for KafkaSink {
         Some(lock(&self.state.sequence).next)
     }
 
+    /// Transactions need no acknowledged position: the commit waits for every delivery.
     fn durable(&self) -> Option<Arc<AtomicU64>> {
-        Some(self.state.durable.clone())
+        match self.writer {
+            Writer::Plain(_) => Some(self.state.durable.clone()),
+            Writer::Transactional(_) => None,
+        }
     }
 
     fn begin_epoch(&mut self, generation: u64, epoch: riffle_dataflow::Epoch) {
-        self.stamp = Some((generation.to_string(), epoch.to_string()));
+        match &self.writer {
+            Writer::Transactional(t) => {
+                // Results a lifted seal held back come before this epoch's.
+                if let Err(e) = self.write_released() {
+                    lock(&self.state.first_error).get_or_insert_with(|| e.to_string());
+                    self.state.failed.fetch_add(1, Ordering::Relaxed);
+                }
+                t.enter_epoch(epoch);
+            }
+            Writer::Plain(_) if self.markers => {
+                self.stamp = Some((generation.to_string(), epoch.to_string()));
+            }
+            Writer::Plain(_) => {}
+        }
     }
 
-    /// End of the run: waits for every delivery report.
+    /// End of the run: waits for every delivery report (a transaction commits with the last
+    /// checkpoint).
     fn finish(&mut self) -> DataflowResult<()> {
+        self.write_released()?;
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
-        let flushed = self.producer.flush(timeout);
+        let flushed = self.producer().flush(timeout);
         self.check_deliveries()?;
         flushed.map_err(|e| {
             sink_error(
                 &self.config,
                 format!(
                     "{} message(s) still undelivered after {} ms: {e}",
-                    self.producer.in_flight_count(),
+                    self.producer().in_flight_count(),
                     self.config.delivery_timeout_ms
                 ),
             )
@@ -492,11 +686,11 @@ impl Drop for KafkaSink {
     fn drop(&mut self) {
         // Best effort: a run that ends without `flush` still gets its messages out.
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
-        if let Err(e) = self.producer.flush(timeout) {
+        if let Err(e) = self.producer().flush(timeout) {
             warn!(
                 topic = %self.config.topic,
                 "kafka sink: {} message(s) undelivered at shutdown: {e}",
-                self.producer.in_flight_count()
+                self.producer().in_flight_count()
             );
         }
         if let Err(e) = self.check_deliveries() {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
 use crate::operators::StateUpdates;
+use crate::sink::Recovery;
 use crate::{Committer, DataflowError, DataflowResult, Epoch, SourceFactory};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Exchange;
@@ -54,8 +55,10 @@ fn new_generation() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Opens the job's checkpoint store, if any, and resumes from its newest checkpoint.
-pub fn start(job: &Job) -> DataflowResult<Start> {
+/// Opens the job's checkpoint store, if any, and resumes from its newest checkpoint — or, when
+/// the sink is transactional, from the checkpoint its last committed transaction recorded.
+/// `leader`: this process opens the sink.
+pub fn start(job: &Job, leader: bool) -> DataflowResult<Start> {
     let Some(config) = &job.checkpoint else {
         return Ok(Start {
             source: job.source.clone(),
@@ -75,9 +78,13 @@ pub fn start(job: &Job) -> DataflowResult<Start> {
         )));
     };
     let store = CheckpointStore::open(&config.dir, config.keep)?;
-    let Some(checkpoint) = store.latest()? else {
+    let checkpoint = match job.sink.recover(leader)? {
+        Recovery::Latest => store.latest()?,
+        Recovery::Committed(committed) => committed_checkpoint(&store, committed, leader)?,
+    };
+    let Some(checkpoint) = checkpoint else {
         tracing::info!(
-            "no checkpoint in {}: starting from the source's start",
+            "no checkpoint to resume from in {}: starting from the source's start",
             config.dir.display()
         );
         return Ok(Start {
@@ -118,6 +125,35 @@ pub fn start(job: &Job) -> DataflowResult<Start> {
             .and_then(|g| g.parse().ok())
             .map(|g| (g, checkpoint.epoch)),
     })
+}
+
+/// The checkpoint a transactional sink's last commit recorded. The leader first removes newer
+/// ones: their transactions never committed, so their output is void and their input is read
+/// again.
+fn committed_checkpoint(
+    store: &CheckpointStore,
+    committed: Option<(u64, Epoch)>,
+    leader: bool,
+) -> DataflowResult<Option<Checkpoint>> {
+    if leader {
+        let discarded = store.discard_after(committed.map(|(_, e)| e))?;
+        if discarded > 0 {
+            tracing::info!("discarded {discarded} checkpoint(s) whose transaction never committed");
+        }
+    }
+    let Some((generation, epoch)) = committed else {
+        return Ok(None);
+    };
+    match store.at(epoch)? {
+        Some(c) if c.state.get(SINK_GENERATION) == Some(&generation.to_string()) => Ok(Some(c)),
+        _ => Err(DataflowError::Config(format!(
+            "the results topic's last transaction committed epoch {epoch} of run {generation}, \
+             but {} holds no checkpoint of it: this checkpoint directory is not the one that \
+             output was written with (use that directory, or give the sink a new \
+             `transactional_id` to start the output over)",
+            store.dir().display()
+        ))),
+    }
 }
 
 /// The operator states in a checkpoint's state map.
@@ -363,6 +399,12 @@ impl Checkpointer {
             },
             (None, None) => Epoch::MAX,
         };
+        if self.transactional() {
+            match self.cut(target)? {
+                Some(cut) => target = cut,
+                None => return Ok(()),
+            }
+        }
         let mut sink_position = None;
         if let Some(sink_positions) = &self.sink_positions {
             let known = sink_positions.borrow();
@@ -395,18 +437,20 @@ impl Checkpointer {
         } else {
             Some(target)
         };
-        let Some(epoch) = epoch else { return Ok(()) };
+        let Some(epoch) = epoch else {
+            return self.release();
+        };
         if self
             .written
             .max(self.considered)
             .is_some_and(|w| w >= epoch)
             || self.committed.is_empty()
         {
-            return Ok(());
+            return self.release();
         }
         let last = target == Epoch::MAX;
         if !last && self.last_write.is_some_and(|t| t.elapsed() < self.interval) {
-            return Ok(());
+            return self.release();
         }
         let mut entries = BTreeMap::new();
         if let Some(at) = sink_position {
@@ -424,7 +468,7 @@ impl Checkpointer {
         // the last one already says the same.
         let content = (self.committed.clone(), entries);
         if self.last_content.as_ref() == Some(&content) {
-            return Ok(());
+            return self.release();
         }
         let checkpoint = Checkpoint {
             epoch,
@@ -442,6 +486,53 @@ impl Checkpointer {
             committer.commit(g, epoch)?;
         }
         Ok(())
+    }
+}
+
+impl Checkpointer {
+    fn transactional(&self) -> bool {
+        self.committer.as_ref().is_some_and(|c| c.transactional())
+    }
+
+    /// A transactional sink's cut: the epoch its open transaction is sealed at, sealing it at
+    /// the newest epoch the sink has written once a checkpoint is due. `None` while the
+    /// checkpoint must wait (not due, or positions and state not yet through the cut).
+    fn cut(&mut self, target: Epoch) -> DataflowResult<Option<Epoch>> {
+        let Some(committer) = self.committer.as_mut() else {
+            return Ok(None);
+        };
+        let cut = match committer.sealed() {
+            Some(cut) => cut,
+            None => {
+                let end = target == Epoch::MAX;
+                if !end && self.last_write.is_some_and(|t| t.elapsed() < self.interval) {
+                    return Ok(None);
+                }
+                // The sink writes whole epochs in order, so its transaction holds exactly the
+                // epochs up to the newest one it has reported.
+                let newest = self
+                    .sink_positions
+                    .as_ref()
+                    .and_then(|p| p.borrow().last_key_value().map(|(e, _)| *e));
+                let Some(cut) = newest else { return Ok(None) };
+                if self.written.max(self.considered).is_some_and(|w| w >= cut) {
+                    return Ok(None);
+                }
+                if !committer.seal(cut) {
+                    return Ok(None);
+                }
+                cut
+            }
+        };
+        Ok((target >= cut).then_some(cut))
+    }
+
+    /// Lifts a seal that no checkpoint followed.
+    fn release(&mut self) -> DataflowResult<()> {
+        match self.committer.as_mut() {
+            Some(c) if c.sealed().is_some() => c.release(),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -185,7 +185,8 @@ pub fn run(
     job.source.attach_metrics(&metrics)?;
     job.sink.attach_metrics(&metrics)?;
     job.dead_letter.attach_metrics(&metrics)?;
-    let start = Arc::new(checkpointing::start(&job)?);
+    // Worker 0, which opens the sink, lives in process 0.
+    let start = Arc::new(checkpointing::start(&job, cluster.process == 0)?);
     let (builders, communication) = cluster.build().map_err(DataflowError::Cluster)?;
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();

@@ -54,6 +54,8 @@ pub(crate) fn run_worker(
     // the checkpoint we resume from covers, then void the rest of older runs' output.
     let committer = match (index, start.generation) {
         (0, Some(generation)) => match job.sink.committer()? {
+            // A transactional destination needs neither: what never committed is void.
+            Some(c) if c.transactional() => Some(c),
             Some(mut c) => {
                 if let Some((g, through)) = start.previous {
                     c.commit(g, through)?;

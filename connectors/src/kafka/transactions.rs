@@ -1,0 +1,391 @@
+//! Exactly-once output through Kafka transactions, in step with checkpoints.
+//!
+//! One producer (worker 0's sink) writes results inside a transaction. When a checkpoint is
+//! due the runtime seals the transaction at the newest epoch the sink has written (results of
+//! later epochs are held back), writes the checkpoint of that epoch, then commits. The commit
+//! carries one record to the commit log `<topic>.riffle-commits` (keyed by the
+//! `transactional.id`, compacted): `{"generation": G, "epoch": E}`. The results topic holds
+//! results only, so any `read_committed` consumer sees each one once.
+//!
+//! After a crash, `init_transactions` with the same `transactional.id` fences the old producer
+//! and completes or aborts its pending transaction; the commit log then names the one
+//! checkpoint that matches the committed output, and the run resumes from it (newer
+//! checkpoints are discarded: their transactions never committed).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use arrow_array::RecordBatch;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message as _;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use riffle_dataflow::sink::{Committer, Recovery};
+use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
+use serde::{Deserialize, Serialize};
+
+use super::client::{client_config, Role};
+use super::config::KafkaSinkConfig;
+use super::sink::SinkContext;
+
+/// Opaque of the commit-log record: not a result, so not counted as one.
+pub(super) const COMMIT_RECORD: usize = usize::MAX;
+
+/// The commit log of a results topic.
+pub fn commit_log_topic(topic: &str) -> String {
+    format!("{topic}.riffle-commits")
+}
+
+/// What one committed transaction recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Commit {
+    pub generation: u64,
+    pub epoch: Epoch,
+}
+
+/// The transactional producer shared by the sink (writes) and the committer (seals, commits).
+pub(super) struct Transaction {
+    pub producer: BaseProducer<SinkContext>,
+    pub id: String,
+    log_topic: String,
+    timeout: Duration,
+    control: Mutex<Control>,
+}
+
+#[derive(Default)]
+struct Control {
+    open: bool,
+    sealed: Option<Epoch>,
+    /// The epoch the sink is writing.
+    epoch: Option<Epoch>,
+    /// Results of epochs after the seal, written once the sealed transaction commits.
+    held: Vec<RecordBatch>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Transaction {
+    /// A producer with this sink's `transactional.id`, initialised: older producers with that
+    /// id are fenced and their pending transaction completed or aborted.
+    pub fn init(
+        config: &KafkaSinkConfig,
+        id: &str,
+        context: SinkContext,
+    ) -> DataflowResult<Transaction> {
+        let timeout = Duration::from_millis(config.delivery_timeout_ms);
+        let producer: BaseProducer<SinkContext> = transactional_config(config, id)
+            .create_with_context(context)
+            .map_err(|e| error(config, format!("creating a transactional producer: {e}")))?;
+        producer
+            .init_transactions(timeout)
+            .map_err(|e| error(config, format!("initialising transactions of `{id}`: {e}")))?;
+        Ok(Transaction {
+            producer,
+            id: id.to_string(),
+            log_topic: commit_log_topic(&config.topic),
+            timeout,
+            control: Mutex::new(Control::default()),
+        })
+    }
+
+    /// Makes sure a transaction is open.
+    fn begin(&self, control: &mut Control) -> DataflowResult<()> {
+        if !control.open {
+            self.producer
+                .begin_transaction()
+                .map_err(|e| self.failed("beginning a transaction", e))?;
+            control.open = true;
+        }
+        Ok(())
+    }
+
+    /// Called by the sink before it writes the results of `epoch`.
+    pub fn enter_epoch(&self, epoch: Epoch) {
+        lock(&self.control).epoch = Some(epoch);
+    }
+
+    /// What the sink does with a batch: hold it (its epoch is past the seal), or write it
+    /// after the held ones, in an open transaction.
+    pub fn admit(&self, batch: &RecordBatch) -> DataflowResult<Admitted> {
+        let mut control = lock(&self.control);
+        if let (Some(cut), Some(epoch)) = (control.sealed, control.epoch) {
+            if epoch > cut {
+                control.held.push(batch.clone());
+                return Ok(Admitted::Held);
+            }
+        }
+        self.begin(&mut control)?;
+        Ok(Admitted::Write(std::mem::take(&mut control.held)))
+    }
+
+    /// Held batches that may be written now (the seal was lifted), in an open transaction.
+    pub fn releasable(&self) -> DataflowResult<Vec<RecordBatch>> {
+        let mut control = lock(&self.control);
+        if control.sealed.is_some() || control.held.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.begin(&mut control)?;
+        Ok(std::mem::take(&mut control.held))
+    }
+
+    fn commit(&self, commit: Commit) -> DataflowResult<()> {
+        let mut control = lock(&self.control);
+        self.begin(&mut control)?;
+        let value = serde_json::to_vec(&commit)
+            .map_err(|e| DataflowError::stage("sink", format!("encoding a commit: {e}")))?;
+        let record = BaseRecord::<str, [u8], usize>::with_opaque_to(&self.log_topic, COMMIT_RECORD)
+            .partition(0)
+            .key(self.id.as_str())
+            .payload(&value);
+        self.producer
+            .send(record)
+            .map_err(|(e, _)| self.failed("writing the commit record", e))?;
+        if let Err(e) = self.producer.commit_transaction(self.timeout) {
+            // An abortable failure leaves the producer usable for the restart's sake; the run
+            // still fails, and resumes from the previous commit.
+            if let KafkaError::Transaction(t) = &e {
+                if t.txn_requires_abort() {
+                    let _ = self.producer.abort_transaction(self.timeout);
+                }
+            }
+            control.open = false;
+            return Err(self.failed("committing a transaction", e));
+        }
+        control.open = false;
+        control.sealed = None;
+        Ok(())
+    }
+
+    fn failed(&self, what: &str, e: KafkaError) -> DataflowError {
+        let fenced = matches!(
+            e.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::InvalidProducerEpoch | RDKafkaErrorCode::ProducerFenced)
+        );
+        let hint = if fenced {
+            " (another producer with this transactional.id took over: is a second run of this \
+             pipeline writing to the topic?)"
+        } else {
+            ""
+        };
+        DataflowError::stage(
+            "sink",
+            format!("kafka transaction `{}`: {what}: {e}{hint}", self.id),
+        )
+    }
+}
+
+/// What the sink does with a batch in a transactional run.
+pub(super) enum Admitted {
+    /// Held until the sealed transaction commits.
+    Held,
+    /// Write these held batches, then the batch.
+    Write(Vec<RecordBatch>),
+}
+
+/// The committer side of a transactional sink.
+pub(super) struct TransactionCommitter {
+    pub transaction: Arc<Transaction>,
+}
+
+impl Committer for TransactionCommitter {
+    fn commit(&mut self, generation: u64, through: Epoch) -> DataflowResult<()> {
+        self.transaction.commit(Commit {
+            generation,
+            epoch: through,
+        })
+    }
+
+    /// `init_transactions` fenced older producers already.
+    fn fence(&mut self, _generation: u64) -> DataflowResult<()> {
+        Ok(())
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn seal(&mut self, through: Epoch) -> bool {
+        let mut control = lock(&self.transaction.control);
+        // Held results of a previous seal go into the transaction first.
+        if !control.held.is_empty() {
+            return false;
+        }
+        control.sealed = Some(through);
+        true
+    }
+
+    fn sealed(&self) -> Option<Epoch> {
+        lock(&self.transaction.control).sealed
+    }
+
+    fn release(&mut self) -> DataflowResult<()> {
+        lock(&self.transaction.control).sealed = None;
+        Ok(())
+    }
+}
+
+fn transactional_config(config: &KafkaSinkConfig, id: &str) -> rdkafka::ClientConfig {
+    let mut c = client_config(&config.brokers, &config.options, Role::SinkProducer);
+    c.set("transactional.id", id);
+    c
+}
+
+fn error(config: &KafkaSinkConfig, message: impl std::fmt::Display) -> DataflowError {
+    DataflowError::Config(format!(
+        "kafka sink (topic `{}` on {}): {message}",
+        config.topic, config.brokers
+    ))
+}
+
+/// Whether the brokers support transactions: a producer with a throw-away transactional id
+/// initialises (brokers before 0.11, and Kafka-protocol brokers without transactions, refuse).
+pub fn brokers_support_transactions(config: &KafkaSinkConfig, id: &str) -> DataflowResult<bool> {
+    let probe: BaseProducer = transactional_config(config, &format!("{id}.probe"))
+        .create()
+        .map_err(|e| error(config, format!("creating a producer: {e}")))?;
+    match probe.init_transactions(Duration::from_millis(config.delivery_timeout_ms)) {
+        Ok(()) => Ok(true),
+        Err(e) if unsupported(e.rdkafka_error_code()) => Ok(false),
+        Err(e) => Err(error(config, format!("checking for transactions: {e}"))),
+    }
+}
+
+/// Error codes that mean "this broker has no transactions".
+fn unsupported(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::UnsupportedFeature
+                | RDKafkaErrorCode::UnsupportedVersion
+                | RDKafkaErrorCode::UnsupportedForMessageFormat
+                | RDKafkaErrorCode::InvalidRequest
+        )
+    )
+}
+
+/// The last commit recorded for `id` in the commit log, once no transaction on it is pending
+/// (the leader's `init_transactions` resolves one a crash left behind; other processes wait for
+/// that, so every process resumes from the same checkpoint).
+pub fn last_commit(
+    config: &KafkaSinkConfig,
+    id: &str,
+    wait: Duration,
+) -> DataflowResult<Option<Commit>> {
+    let topic = commit_log_topic(&config.topic);
+    let reader = |isolation: &str| -> DataflowResult<BaseConsumer> {
+        let mut c = client_config(&config.brokers, &config.options, Role::Admin);
+        c.set("group.id", format!("riffle-commits-{id}"))
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true")
+            .set("isolation.level", isolation);
+        c.create()
+            .map_err(|e| error(config, format!("reading the commit log: {e}")))
+    };
+    let committed = reader("read_committed")?;
+    let timeout = Duration::from_millis(config.delivery_timeout_ms);
+    let metadata = committed
+        .fetch_metadata(Some(&topic), timeout)
+        .map_err(|e| error(config, format!("reading `{topic}`'s metadata: {e}")))?;
+    let exists = metadata
+        .topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+    if !exists {
+        return Ok(None);
+    }
+    let uncommitted = reader("read_uncommitted")?;
+    let started = Instant::now();
+    // With read_committed, the end offset is the last stable offset: it equals the high
+    // watermark once no transaction on the log is pending.
+    let end = loop {
+        let (_, stable) = committed
+            .fetch_watermarks(&topic, 0, timeout)
+            .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
+        let (_, high) = uncommitted
+            .fetch_watermarks(&topic, 0, timeout)
+            .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
+        if stable >= high {
+            break high;
+        }
+        if started.elapsed() > wait {
+            return Err(error(
+                config,
+                format!(
+                    "a transaction on `{topic}` is still pending after {} s (is another run of \
+                     this pipeline writing?)",
+                    wait.as_secs()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(&topic, 0, Offset::Beginning)
+        .map_err(|e| error(config, e))?;
+    committed
+        .assign(&assignment)
+        .map_err(|e| error(config, format!("reading `{topic}`: {e}")))?;
+    let mut last = None;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match committed.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                if m.key() == Some(id.as_bytes()) {
+                    if let Some(commit) = m.payload().and_then(|p| serde_json::from_slice(p).ok()) {
+                        last = Some(commit);
+                    }
+                }
+                if m.offset() + 1 >= end {
+                    break;
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => return Err(error(config, format!("reading `{topic}`: {e}"))),
+            None if Instant::now() > deadline => {
+                return Err(error(
+                    config,
+                    format!("reading `{topic}` timed out before its end ({end})"),
+                ))
+            }
+            None => {}
+        }
+    }
+    Ok(last)
+}
+
+/// The recovery a transactional sink reports.
+pub fn recovery(last: Option<Commit>) -> Recovery {
+    Recovery::Committed(last.map(|c| (c.generation, c.epoch)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_transactions_are_told_apart_from_failures() {
+        assert!(unsupported(Some(RDKafkaErrorCode::UnsupportedFeature)));
+        assert!(unsupported(Some(RDKafkaErrorCode::UnsupportedVersion)));
+        assert!(!unsupported(Some(
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed
+        )));
+        assert!(!unsupported(Some(RDKafkaErrorCode::BrokerTransportFailure)));
+        assert!(!unsupported(None));
+    }
+
+    #[test]
+    fn a_commit_is_a_small_json_record() {
+        let c = Commit {
+            generation: 7,
+            epoch: 42,
+        };
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(text, r#"{"generation":7,"epoch":42}"#);
+        assert_eq!(serde_json::from_str::<Commit>(&text).unwrap(), c);
+        assert_eq!(commit_log_topic("detections"), "detections.riffle-commits");
+    }
+}
