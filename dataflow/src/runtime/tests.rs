@@ -17,7 +17,7 @@ use super::*;
 use crate::checkpoint::CheckpointStore;
 use crate::operators::worker_for;
 use crate::{Compression, DataflowResult};
-use doubles::{key_of, Collect, CountPerKey, Failing, Numbers, Tag, KEYS};
+use doubles::{key_of, Collect, CountPerKey, Failing, Numbers, Tag, Transactional, KEYS};
 
 /// A run that has not ended by then is hung: the test fails instead of blocking the suite.
 /// (A guard only; runs here take milliseconds.)
@@ -182,6 +182,59 @@ fn a_run_resumes_its_source_at_the_checkpointed_offsets() {
     assert_eq!(sorted(out2.results.ints("id")), Numbers::ids(3, 8, 14));
     assert_eq!(latest(dir.path()).0, offsets(3, 14));
     assert_eq!(out1.dead.rows() + out2.dead.rows(), 0);
+}
+
+/// A job writing to a transactional destination, checkpointing every 2 ms.
+fn transactional_job(source: Numbers, sink: &Transactional) -> Arc<Job> {
+    let (job, _) = job(source, vec![tag("read_by")], Some(&sink.dir));
+    let mut job = Arc::try_unwrap(job).unwrap_or_else(|_| unreachable!());
+    job.sink = Arc::new(sink.clone());
+    if let Some(c) = job.checkpoint.as_mut() {
+        c.interval = Duration::from_millis(2);
+    }
+    Arc::new(job)
+}
+
+#[test]
+fn transactions_commit_exactly_what_their_checkpoint_covers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut source = Numbers::new(3, 400);
+    source.batch_rows = 1;
+    let sink = Transactional {
+        log: Arc::default(),
+        dir: dir.path().to_path_buf(),
+        partitions: 3,
+        fail_commit: None,
+    };
+    run_on(transactional_job(source, &sink), 2).expect("run");
+    let log = sink.log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    assert!(log.commits() > 3, "several transactions: {}", log.commits());
+    assert_eq!(log.committed_ids(), Numbers::ids(3, 0, 400));
+}
+
+#[test]
+fn a_failed_commit_resumes_from_the_last_committed_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut source = Numbers::new(3, 300);
+    source.batch_rows = 1;
+    let mut sink = Transactional {
+        log: Arc::default(),
+        dir: dir.path().to_path_buf(),
+        partitions: 3,
+        fail_commit: Some(3),
+    };
+    // The third commit fails after its checkpoint was written: that checkpoint must not be
+    // resumed from, and what its transaction held is written again.
+    assert!(run_on(transactional_job(source.clone(), &sink), 2).is_err());
+    assert_eq!(sink.log.lock().unwrap().commits(), 2);
+    sink.fail_commit = None;
+    run_on(transactional_job(source.clone(), &sink), 3).expect("second run");
+    let resumed = source.resumed.lock().unwrap().clone();
+    assert_eq!(resumed.len(), 1, "the second run resumed once");
+    let log = sink.log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    assert_eq!(log.committed_ids(), Numbers::ids(3, 0, 300));
 }
 
 /// Per key, the running counts seen at the sink.

@@ -379,3 +379,187 @@ impl StatefulStep for CountPerKey {
         (rows, state)
     }
 }
+
+/// A transactional destination, as Kafka's: rows go into an open transaction; a commit makes
+/// them final and records its checkpoint's epoch; `recover` (a restart) aborts whatever was
+/// open and answers with the last commit. Each commit checks the two-phase invariant: the
+/// rows committed so far are exactly those the checkpoint of its epoch covers.
+#[derive(Clone)]
+pub struct Transactional {
+    pub log: Arc<Mutex<TxnLog>>,
+    /// The checkpoint directory, to check each commit against its checkpoint.
+    pub dir: std::path::PathBuf,
+    pub partitions: i32,
+    /// The commit (counted from 1 across runs) that fails, as a crash would.
+    pub fail_commit: Option<usize>,
+}
+
+#[derive(Default)]
+pub struct TxnLog {
+    open: Vec<RecordBatch>,
+    held: Vec<RecordBatch>,
+    committed: Vec<RecordBatch>,
+    commits: Vec<(u64, Epoch)>,
+    tried: usize,
+    sealed: Option<Epoch>,
+    epoch: Option<Epoch>,
+    pub violations: Vec<String>,
+}
+
+impl TxnLog {
+    fn ids(batches: &[RecordBatch]) -> Vec<i64> {
+        let mut ids: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                let column = b.column_by_name("id").expect("id column");
+                column.as_primitive::<Int64Type>().values().to_vec()
+            })
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    pub fn committed_ids(&self) -> Vec<i64> {
+        Self::ids(&self.committed)
+    }
+
+    pub fn commits(&self) -> usize {
+        self.commits.len()
+    }
+
+    fn release_held(&mut self) {
+        if self.sealed.is_none() {
+            let held = std::mem::take(&mut self.held);
+            self.open.extend(held);
+        }
+    }
+}
+
+impl Transactional {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TxnLog> {
+        self.log.lock().unwrap()
+    }
+}
+
+impl SinkFactory for Transactional {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        Ok(Box::new(self.clone()))
+    }
+
+    fn committer(&self) -> DataflowResult<Option<Box<dyn crate::Committer>>> {
+        Ok(Some(Box::new(self.clone())))
+    }
+
+    fn recover(&self, _leader: bool) -> DataflowResult<crate::Recovery> {
+        let mut log = self.lock();
+        log.open.clear();
+        log.held.clear();
+        log.sealed = None;
+        Ok(crate::Recovery::Committed(log.commits.last().copied()))
+    }
+}
+
+impl Sink for Transactional {
+    fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
+        let mut log = self.lock();
+        match (log.sealed, log.epoch) {
+            (Some(cut), Some(epoch)) if epoch > cut => log.held.push(batch.clone()),
+            _ => {
+                log.release_held();
+                log.open.push(batch.clone());
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> DataflowResult<()> {
+        self.lock().release_held();
+        Ok(())
+    }
+
+    fn position(&self) -> Option<u64> {
+        let log = self.lock();
+        Some((log.open.len() + log.held.len() + log.committed.len()) as u64)
+    }
+
+    fn begin_epoch(&mut self, _generation: u64, epoch: Epoch) {
+        let mut log = self.lock();
+        log.release_held();
+        log.epoch = Some(epoch);
+    }
+}
+
+impl crate::Committer for Transactional {
+    fn commit(&mut self, generation: u64, through: Epoch) -> DataflowResult<()> {
+        let mut log = self.lock();
+        log.tried += 1;
+        if Some(log.tried) == self.fail_commit {
+            return Err(crate::DataflowError::stage(
+                "sink",
+                "commit failed (a crash)",
+            ));
+        }
+        // The end of the input seals everything (`Epoch::MAX`).
+        if log.sealed != Some(through) && log.sealed != Some(Epoch::MAX) {
+            let sealed = log.sealed;
+            log.violations
+                .push(format!("commit of {through} while sealed at {sealed:?}"));
+        }
+        let open = std::mem::take(&mut log.open);
+        log.committed.extend(open);
+        let checkpoint = crate::checkpoint::CheckpointStore::open(&self.dir, 3)
+            .and_then(|s| s.at(through))?
+            .ok_or_else(|| crate::DataflowError::Config(format!("no checkpoint {through}")))?;
+        let covered: Vec<i64> = {
+            let offsets = checkpoint
+                .sources
+                .get("numbers")
+                .cloned()
+                .unwrap_or_default();
+            let partitions = self.partitions as i64;
+            let mut ids: Vec<i64> = offsets
+                .iter()
+                .flat_map(|(p, next)| (0..*next).map(move |o| o * partitions + *p as i64))
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        let committed = log.committed_ids();
+        if committed != covered {
+            log.violations.push(format!(
+                "commit of {through}: {} rows committed, the checkpoint covers {}",
+                committed.len(),
+                covered.len()
+            ));
+        }
+        log.commits.push((generation, through));
+        log.sealed = None;
+        Ok(())
+    }
+
+    fn fence(&mut self, _generation: u64) -> DataflowResult<()> {
+        Ok(())
+    }
+
+    fn transactional(&self) -> bool {
+        true
+    }
+
+    fn seal(&mut self, through: Epoch) -> bool {
+        let mut log = self.lock();
+        if !log.held.is_empty() {
+            return false;
+        }
+        log.sealed = Some(through);
+        true
+    }
+
+    fn sealed(&self) -> Option<Epoch> {
+        self.lock().sealed
+    }
+
+    fn release(&mut self) -> DataflowResult<()> {
+        self.lock().sealed = None;
+        Ok(())
+    }
+}
