@@ -615,6 +615,146 @@ fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
     assert!(redone > 0, "the trials exercised fencing");
 }
 
+/// The venv with kafka-python (a consumer that shares no code with librdkafka), made by
+/// `scripts/setup.sh`.
+fn kafka_python() -> std::path::PathBuf {
+    let cache = cache_dir();
+    let python = cache.join("kafka-venv/bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import kafka"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ready,
+        "{} has no kafka-python: run scripts/setup.sh (or `python3 -m venv {venv} && \
+         {venv}/bin/pip install kafka-python==3.0.12`)",
+        python.display(),
+        venv = cache.join("kafka-venv").display()
+    );
+    python
+}
+
+/// `(camera_id, frame)` of JSON result lines; fails on an empty line (a marker record).
+fn frames_of_lines(text: &str, reader: &str) -> Vec<(String, i64)> {
+    let mut got: Vec<(String, i64)> = text
+        .lines()
+        .map(|line| {
+            assert!(!line.trim().is_empty(), "{reader}: an empty message");
+            let v: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{reader}: not a result ({e}): {line:?}"));
+            (
+                v["camera_id"].as_str().unwrap().to_string(),
+                v["frame"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort();
+    got
+}
+
+/// Every message value of `topic` read by kcat (Debian's, an independent client) at
+/// `isolation`.
+fn kcat_values(brokers: &str, topic: &str, isolation: &str) -> String {
+    let out = Command::new("kcat")
+        .args([
+            "-C",
+            "-b",
+            brokers,
+            "-t",
+            topic,
+            "-o",
+            "beginning",
+            "-e",
+            "-q",
+        ])
+        .args(["-X", &format!("isolation.level={isolation}"), "-f", "%s\n"])
+        .output()
+        .expect("kcat (Debian package `kcat`; scripts/test.sh installs it)");
+    assert!(
+        out.status.success(),
+        "kcat: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn kill_9_at_random_moments_leaves_each_result_once_for_read_committed_consumers() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
+    require_onnx_runtime();
+    let brokers = brokers();
+    let python = kafka_python();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = frames_topic(&brokers, tmp.path(), "txn-in", 120);
+    let expected = split_cameras("street", 120, 4);
+    // Moments drawn from a seed printed here, so a failing trial can be replayed.
+    let seed = std::env::var("RIFFLE_KILL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos() as u64
+        });
+    eprintln!("kill moments from RIFFLE_KILL_SEED={seed}");
+    let mut state = seed | 1;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut aborted = 0;
+    for trial in 0..10 {
+        let victim = (next() % 2) as usize;
+        // A run reads for about 4 s after 1–2 s of start-up.
+        let after_ms = 1800 + next() % 2700;
+        let output = topic(&format!("txn-out{trial}"));
+        let pipeline = detection_from_kafka(
+            &brokers,
+            &input,
+            4,
+            Some(15),
+            &format!(
+                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: transactions }} }}\n\
+                 dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
+                 runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 500 }} }}"
+            ),
+        );
+        let dir = tmp.path().join(format!("trial{trial}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = write(&dir, "txn.yaml", &pipeline);
+        run_killing_one(&p, &[], victim, after_ms);
+        let what = format!("trial {trial} (process {victim} killed at {after_ms} ms)");
+        let kcat = frames_of_lines(&kcat_values(&brokers, &output, "read_committed"), "kcat");
+        assert_eq!(
+            kcat, expected,
+            "{what}: kcat read_committed sees every frame once"
+        );
+        let py = Command::new(&python)
+            .arg(repo().join("tests/interop/read_committed.py"))
+            .args([&brokers, &output])
+            .output()
+            .unwrap();
+        assert!(
+            py.status.success(),
+            "{what}: kafka-python: {}",
+            String::from_utf8_lossy(&py.stderr)
+        );
+        let py = frames_of_lines(&String::from_utf8(py.stdout).unwrap(), "kafka-python");
+        assert_eq!(
+            py, expected,
+            "{what}: kafka-python read_committed sees every frame once"
+        );
+        let all = kcat_values(&brokers, &output, "read_uncommitted");
+        aborted += all.lines().count() - expected.len();
+    }
+    // The killed runs had written results in transactions that never committed: a reader
+    // that ignores transactions sees them, read_committed ones do not.
+    assert!(aborted > 0, "the trials aborted some transactions");
+}
+
 #[test]
 fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
     let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());

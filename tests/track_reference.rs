@@ -18,11 +18,7 @@ const MIN_IDF1: f64 = 0.98;
 
 /// The venv scripts/setup.sh fills with supervision and motmetrics.
 fn reference_python() -> PathBuf {
-    let cache = std::env::var_os("RIFFLE_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("riffle")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/riffle")))
-        .unwrap_or_else(|| PathBuf::from(".cache/riffle"));
+    let cache = cache_dir();
     let python = cache.join("track-venv/bin/python");
     let ready = Command::new(&python)
         .args([

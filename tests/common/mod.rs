@@ -7,6 +7,15 @@ pub mod kafka;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// Riffle's cache (ONNX Runtime, tools, venvs), as scripts/setup.sh places it.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("RIFFLE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| PathBuf::from(c).join("riffle")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/riffle")))
+        .unwrap_or_else(|| PathBuf::from(".cache/riffle"))
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
