@@ -10,6 +10,8 @@
 # - the Debian packages the video source and its tests need (FFmpeg's libraries and command,
 #   pkg-config and clang for the bindings, GStreamer's RTSP server for the test cameras), and
 #   the test videos made from the bundled frames (scripts/media.sh, into data/videos/).
+# - the Apache Kafka broker's jars (scripts/kafka.sh install, through Maven from Maven Central;
+#   Java 17 and Maven from Debian when missing) for the Kafka tests and demos.
 # Idempotent: each part does nothing when its files are already in place.
 set -euo pipefail
 
@@ -171,3 +173,18 @@ fi
 
 # Test and demo videos (idempotent itself).
 "$root/scripts/media.sh"
+
+# Apache Kafka for the Kafka tests and demos: scripts/kafka.sh runs the broker from its jars,
+# which Maven fetches once into the cache; both need Java (17 or newer).
+kafka_missing=()
+command -v java >/dev/null || kafka_missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || kafka_missing+=(maven)
+if [ ${#kafka_missing[@]} -gt 0 ]; then
+  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: ${kafka_missing[*]}" >&2; exit 1; }
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing Debian packages for Kafka: ${kafka_missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${kafka_missing[@]}" >/dev/null
+fi
+"$root/scripts/kafka.sh" install

@@ -27,12 +27,15 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-# A broker of our own on a test port, so a demo broker on 9092 is left alone.
+# A broker of our own on test ports (PLAINTEXT 19092, SASL_SSL 19093, KRaft controller 19094),
+# so a demo broker on 9092 is left alone.
 export RIFFLE_KAFKA_PORT="${RIFFLE_KAFKA_PORT:-19092}"
 export RIFFLE_KAFKA_BROKERS="127.0.0.1:$RIFFLE_KAFKA_PORT"
 log=$(mktemp)
 trap 'scripts/kafka.sh stop; rm -f "$log"' EXIT
 scripts/kafka.sh start
+# The SASL_SSL address, its CA file and the SCRAM user, for the tests that authenticate.
+eval "$(scripts/kafka.sh env)"
 RIFFLE_KAFKA_PID=$(scripts/kafka.sh pid)
 export RIFFLE_KAFKA_PID
 
