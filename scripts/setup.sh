@@ -152,6 +152,22 @@ else
   echo "setup: supervision and motmetrics installed at $track_venv"
 fi
 
+# kafka-python: a Kafka consumer that shares no code with librdkafka, for tests/kafka.rs's
+# read_committed check (tests/interop/read_committed.py).
+KAFKA_PYTHON_VERSION=3.0.12
+kafka_venv="$cache/kafka-venv"
+if "$kafka_venv/bin/python" -c "
+import importlib.metadata as m, sys
+sys.exit(m.version('kafka-python') != '$KAFKA_PYTHON_VERSION')
+" 2>/dev/null; then
+  echo "setup: kafka-python $KAFKA_PYTHON_VERSION present at $kafka_venv"
+else
+  need_python "kafka-python"
+  echo "setup: installing kafka-python==$KAFKA_PYTHON_VERSION into $kafka_venv"
+  python3 -m venv "$kafka_venv"
+  PIP_ROOT_USER_ACTION=ignore "$kafka_venv/bin/pip" install --quiet "kafka-python==$KAFKA_PYTHON_VERSION"
+fi
+
 # Debian packages: only those missing are installed (the machines run as root).
 DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
   libavfilter-dev pkg-config clang libclang-dev python3-gi gir1.2-gst-rtsp-server-1.0

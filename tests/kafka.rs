@@ -1,4 +1,4 @@
-//! Pipelines on a real Kafka-protocol broker (tansu; `scripts/kafka.sh start`): frames in and
+//! Pipelines on a real Apache Kafka broker (`scripts/kafka.sh start`): frames in and
 //! detections out equal the file run, clicks as JSON, a topic written by kcat, poison messages
 //! in the dead-letter topic.
 
@@ -557,7 +557,7 @@ fn a_10_second_broker_outage_mid_run_loses_nothing() {
 }
 
 #[test]
-fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
+fn kill_9_into_a_kafka_sink_with_markers_leaves_every_result_committed_exactly_once() {
     let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
@@ -574,7 +574,7 @@ fn kill_9_into_a_kafka_sink_leaves_every_result_committed_exactly_once() {
             4,
             Some(15),
             &format!(
-                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2 }} }}\n\
+                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: markers }} }}\n\
                  dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
                  runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 700 }} }}"
             ),

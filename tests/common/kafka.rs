@@ -54,6 +54,8 @@ pub fn consume_all_with_partitions(brokers: &str, topic: &str) -> Vec<(i32, Rece
         .set("group.id", "riffle-tests")
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
+        // A transaction's commit marker takes the last offset: the end shows as EOF.
+        .set("enable.partition.eof", "true")
         .create()
         .unwrap();
     let metadata = consumer
@@ -83,10 +85,14 @@ pub fn consume_all_with_partitions(brokers: &str, topic: &str) -> Vec<(i32, Rece
             Instant::now() < deadline,
             "timed out reading {topic}: at {next:?} of {ends:?}"
         );
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            continue;
+        let message = match consumer.poll(Duration::from_millis(200)) {
+            None => continue,
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                next.insert(p, ends[&p]);
+                continue;
+            }
+            Some(m) => m.unwrap(),
         };
-        let message = message.unwrap();
         next.insert(message.partition(), message.offset() + 1);
         let headers = message
             .headers()
