@@ -3,6 +3,12 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::Mutex;
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::KafkaError;
 use rdkafka::ClientConfig;
 
 /// What a client is created for; each role sets the librdkafka options it depends on.
@@ -84,9 +90,84 @@ pub fn client_config(
     c
 }
 
+/// A client context that keeps the first client-wide error librdkafka reports (failed
+/// authentication, TLS handshake, unreachable broker) instead of logging every retry, so a
+/// request that then fails can say why, once.
+#[derive(Default)]
+pub struct Diagnosed {
+    first: Mutex<Option<String>>,
+}
+
+impl ClientContext for Diagnosed {
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.keep(format!("{error}: {reason}"));
+    }
+
+    // librdkafka reports a failed connection (authentication, TLS) as a log line, repeated on
+    // every retry: keep the first, print none.
+    fn log(&self, level: RDKafkaLogLevel, _facility: &str, message: &str) {
+        if (level as i32) <= (RDKafkaLogLevel::Error as i32) {
+            self.keep(message.to_string());
+        }
+    }
+}
+
+impl ConsumerContext for Diagnosed {}
+
+impl Diagnosed {
+    fn keep(&self, what: String) {
+        let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(what);
+    }
+
+    /// What most likely went wrong, and the first error behind it. librdkafka queues its
+    /// logs and errors for the client's poll: serve them first (`poll`).
+    pub fn explain(&self, fallback: &dyn std::fmt::Display) -> String {
+        let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let detail = first.unwrap_or_else(|| fallback.to_string());
+        format!("{}: {detail}", likely_cause(&detail))
+    }
+}
+
+/// A plain-words cause for a client error.
+fn likely_cause(detail: &str) -> &'static str {
+    let d = detail.to_ascii_lowercase();
+    if d.contains("authentication") || d.contains("invalid credentials") {
+        "authentication failed (check sasl.username, sasl.password and sasl.mechanisms)"
+    } else if d.contains("ssl") || d.contains("certificate") || d.contains("handshake") {
+        "the TLS connection failed (check security.protocol and ssl.ca.location)"
+    } else {
+        "the brokers are unreachable (check brokers and security.protocol)"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_errors_name_their_likely_cause() {
+        let d = Diagnosed::default();
+        d.error(
+            KafkaError::Global(rdkafka::types::RDKafkaErrorCode::Authentication),
+            "SASL authentication error: Authentication failed during authentication due to \
+             invalid credentials with SASL mechanism SCRAM-SHA-512",
+        );
+        d.error(
+            KafkaError::Global(rdkafka::types::RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down",
+        );
+        let text = d.explain(&"metadata timed out");
+        assert!(text.starts_with("authentication failed"), "{text}");
+        assert!(text.contains("invalid credentials"), "{text}");
+        assert!(
+            !text.contains("brokers are down"),
+            "the first error only: {text}"
+        );
+        let none = Diagnosed::default().explain(&"Broker transport failure");
+        assert!(none.starts_with("the brokers are unreachable"), "{none}");
+        assert!(likely_cause("SSL handshake failed").starts_with("the TLS"));
+    }
 
     #[test]
     fn options_override_the_role_settings() {

@@ -30,7 +30,7 @@ use rdkafka::consumer::BaseConsumer;
 use riffle_dataflow::metrics::Metrics;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 
-use super::client::{client_config, Role};
+use super::client::{client_config, Diagnosed, Role};
 use super::config::{KafkaSourceConfig, StartAt};
 use super::metrics;
 use crate::formats::{self, Decoder};
@@ -67,8 +67,8 @@ impl KafkaSourceFactory {
     /// before the dataflow starts.
     pub fn new(config: &KafkaSourceConfig) -> DataflowResult<Self> {
         validate(config)?;
-        let consumer: BaseConsumer = consumer_config(config, false, false)
-            .create()
+        let consumer: BaseConsumer<Diagnosed> = consumer_config(config, false, false)
+            .create_with_context(Diagnosed::default())
             .map_err(|e| config_error(config, format!("creating a consumer: {e}")))?;
         let partitions = assignment::fetch_partitions(&consumer, config)?;
         let decoder = match config.format.text() {
