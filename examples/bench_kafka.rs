@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace};
+use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace, TopicSpec};
 use riffle_connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
 use riffle_connectors::{CsvSourceConfig, ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::cluster::ClusterConfig;
@@ -30,7 +30,7 @@ fn main() -> anyhow::Result<()> {
 
     // 1. Ingest: 2,000 clicks replayed 20 times as JSON, and 1,000 frames as raw bytes.
     let clicks = format!("bench-clicks-{run_id}");
-    ensure_topic(&brokers, &clicks, 4)?;
+    ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&clicks, 4))?;
     let csv = SourceConfig::Csv(CsvSourceConfig {
         path: repo.join("data/clickstream/obd-random-all-2000.csv"),
         has_header: true,
@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
     for _ in 0..20 {
         replay(
             &brokers,
+            &Default::default(),
             &clicks,
             csv.as_ref(),
             Some("user_feature_0"),
@@ -50,10 +51,15 @@ fn main() -> anyhow::Result<()> {
         )?;
     }
     let frames_topic = format!("bench-frames-{run_id}");
-    ensure_topic(&brokers, &frames_topic, 4)?;
+    ensure_topic(
+        &brokers,
+        &Default::default(),
+        &TopicSpec::new(&frames_topic, 4),
+    )?;
     let frames = images(&repo, 4);
     replay(
         &brokers,
+        &Default::default(),
         &frames_topic,
         frames.as_ref(),
         None,
@@ -87,9 +93,10 @@ fn main() -> anyhow::Result<()> {
 
     // 2. End to end: the camera pipeline from Kafka vs from files, 250 frames, 2 workers.
     let cameras = format!("bench-cameras-{run_id}");
-    ensure_topic(&brokers, &cameras, 4)?;
+    ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&cameras, 4))?;
     replay(
         &brokers,
+        &Default::default(),
         &cameras,
         images(&repo, 1).as_ref(),
         None,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace};
+use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace, TopicSpec};
 use riffle_connectors::{ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::checkpoint::{Checkpoint, CheckpointStore};
 use riffle_dataflow::cluster::ClusterConfig;
@@ -27,7 +27,7 @@ fn main() -> anyhow::Result<()> {
     let tmp = std::env::temp_dir().join(format!("bench-recovery-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
     let topic = format!("bench-recovery-{}", std::process::id());
-    ensure_topic(&brokers, &topic, 4)?;
+    ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&topic, 4))?;
     let frames = SourceConfig::Images(ImagesConfig {
         path: repo.join("data/frames"),
         cameras: Some(4),
@@ -40,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     .build()?;
     let produced = replay(
         &brokers,
+        &Default::default(),
         &topic,
         frames.as_ref(),
         None,

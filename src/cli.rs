@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
@@ -61,6 +62,36 @@ pub struct ConsumeArgs {
     /// Every result message, committed or not (what a reader ignoring the markers sees).
     #[arg(long)]
     pub raw: bool,
+    #[command(flatten)]
+    pub kafka: KafkaOptions,
+}
+
+/// librdkafka properties for every client a command makes, as kcat's `-X`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct KafkaOptions {
+    /// A librdkafka property, e.g. `-X security.protocol=SASL_SSL` (repeatable; a later one
+    /// wins; applied over Riffle's settings).
+    #[arg(short = 'X', long = "option", value_name = "KEY=VALUE", value_parser = key_value)]
+    pub options: Vec<(String, String)>,
+}
+
+impl KafkaOptions {
+    pub fn map(&self) -> BTreeMap<String, String> {
+        self.options.iter().cloned().collect()
+    }
+}
+
+/// `KEY=VALUE` (the value may hold `=` and may be empty).
+pub fn key_value(s: &str) -> Result<(String, String), String> {
+    let Some((key, value)) = s.split_once('=') else {
+        return Err("expected KEY=VALUE (e.g. security.protocol=SASL_SSL): no `=`".into());
+    };
+    if key.is_empty() || key.contains(char::is_whitespace) {
+        return Err(format!(
+            "expected KEY=VALUE (e.g. security.protocol=SASL_SSL): `{key}` is not a property name"
+        ));
+    }
+    Ok((key.to_string(), value.to_string()))
 }
 
 #[derive(Args, Debug, Clone)]
@@ -74,6 +105,13 @@ pub struct ProduceArgs {
     /// Partitions of a topic this command creates.
     #[arg(long, default_value_t = 4)]
     pub partitions: i32,
+    /// Replicas of a topic this command creates (-1: the broker's default.replication.factor).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub replication_factor: i32,
+    /// A config of a topic this command creates, e.g. `--topic-config retention.ms=86400000`
+    /// (repeatable).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = key_value)]
+    pub topic_config: Vec<(String, String)>,
     /// A directory of frames: one message per image, key = camera id, headers frame and path.
     #[arg(long)]
     pub frames: Option<PathBuf>,
@@ -98,6 +136,8 @@ pub struct ProduceArgs {
     /// Column whose value is the message key (--csv/--jsonl).
     #[arg(long)]
     pub key: Option<String>,
+    #[command(flatten)]
+    pub kafka: KafkaOptions,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -224,4 +264,120 @@ pub struct BenchArgs {
     /// Runs of each variant; the table reports the median.
     #[arg(long, default_value_t = 3)]
     pub repeats: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from([&["riffle"], args].concat()).map(|c| c.command)
+    }
+
+    #[test]
+    fn produce_takes_librdkafka_options_and_topic_settings() {
+        let command = parse(&[
+            "produce",
+            "--topic",
+            "t",
+            "--csv",
+            "c.csv",
+            "-X",
+            "security.protocol=SASL_SSL",
+            "--option",
+            "sasl.password=a=b",
+            "-Xcompression.type=zstd",
+            "-X",
+            "compression.type=lz4",
+            "--replication-factor",
+            "3",
+            "--topic-config",
+            "retention.ms=60000",
+        ])
+        .unwrap();
+        let Command::Produce(args) = command else {
+            panic!("{command:?}")
+        };
+        assert_eq!(
+            args.kafka.map(),
+            BTreeMap::from([
+                ("compression.type".to_string(), "lz4".to_string()),
+                ("sasl.password".to_string(), "a=b".to_string()),
+                ("security.protocol".to_string(), "SASL_SSL".to_string()),
+            ])
+        );
+        assert_eq!(args.replication_factor, 3);
+        assert_eq!(
+            args.topic_config,
+            vec![("retention.ms".to_string(), "60000".to_string())]
+        );
+        let Command::Produce(args) = parse(&["produce", "--topic", "t"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(args.replication_factor, -1);
+        assert!(args.kafka.options.is_empty() && args.topic_config.is_empty());
+        let Command::Produce(args) =
+            parse(&["produce", "--topic", "t", "--replication-factor", "-1"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(args.replication_factor, -1);
+    }
+
+    #[test]
+    fn consume_takes_librdkafka_options() {
+        let Command::Consume(args) = parse(&[
+            "consume",
+            "--topic",
+            "t",
+            "-X",
+            "isolation.level=read_committed",
+            "-X",
+            "empty=",
+        ])
+        .unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            args.kafka.options,
+            vec![
+                ("isolation.level".to_string(), "read_committed".to_string()),
+                ("empty".to_string(), String::new()),
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_key_value_syntax_is_a_cli_error() {
+        for (args, why) in [
+            (
+                vec!["consume", "--topic", "t", "-X", "security.protocol"],
+                "no `=`",
+            ),
+            (
+                vec!["consume", "--topic", "t", "-X", "=x"],
+                "not a property name",
+            ),
+            (
+                vec!["produce", "--topic", "t", "--option", "a b=c"],
+                "not a property name",
+            ),
+            (
+                vec!["produce", "--topic", "t", "--topic-config", "retention"],
+                "no `=`",
+            ),
+        ] {
+            let e = parse(&args).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{args:?}"
+            );
+            let message = e.to_string();
+            assert!(
+                message.contains("KEY=VALUE") && message.contains(why),
+                "{message}"
+            );
+        }
+    }
 }

@@ -10,7 +10,8 @@ use crate::cli::ConsumeArgs;
 
 pub fn consume_command(args: ConsumeArgs) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    let summary = read_to_end(&args.brokers, &args.topic, args.raw, |value| {
+    let options = args.kafka.map();
+    let summary = read_to_end(&args.brokers, &options, &args.topic, args.raw, |value| {
         out.write_all(value)?;
         out.write_all(b"\n")
     })?;

@@ -198,6 +198,11 @@ fn run_command(args: RunArgs) -> Result<()> {
             metrics: metrics.clone(),
         },
     )
+    // A run-time error may quote the configuration (brokers, paths): never a secret `${VAR}`.
+    .map_err(|e| {
+        let message = format!("{:#}", anyhow::Error::from(e));
+        anyhow::anyhow!(pipeline.redactions.redact(&message))
+    })
     .with_context(|| format!("running {}", args.file.display()))?;
     if let Some((bar, ticker)) = progress {
         bar.finish_and_clear();

@@ -1,7 +1,7 @@
 //! `riffle produce`: replay bundled frames or clicks into a Kafka topic at a chosen rate.
 
 use anyhow::{bail, Result};
-use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace};
+use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace, TopicSpec};
 use riffle_connectors::{
     CsvSourceConfig, ImagesConfig, JsonlSourceConfig, PartitionBy, SourceConfig,
 };
@@ -48,9 +48,20 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
         _ => bail!("give exactly one of --frames DIR, --csv FILE, --jsonl FILE"),
     };
     let factory = source.build()?;
-    ensure_topic(&args.brokers, &args.topic, args.partitions)?;
+    let options = args.kafka.map();
+    ensure_topic(
+        &args.brokers,
+        &options,
+        &TopicSpec {
+            name: args.topic.clone(),
+            partitions: args.partitions,
+            replication_factor: args.replication_factor,
+            config: args.topic_config.iter().cloned().collect(),
+        },
+    )?;
     let done = replay(
         &args.brokers,
+        &options,
         &args.topic,
         factory.as_ref(),
         args.key.as_deref(),

@@ -9,6 +9,7 @@ use std::process::Command;
 
 use common::kafka::{brokers, consume_all, consume_committed, detection_from_kafka, topic};
 use common::*;
+use riffle_connectors::kafka::replay::{ensure_topic, TopicSpec};
 use serde_json::Value;
 
 /// Tests share the broker; the outage test pauses it and so runs alone.
@@ -218,13 +219,158 @@ fn kcat(args: &[&str], input: &str) {
     assert!(child.wait().unwrap().success(), "kcat {args:?} failed");
 }
 
+/// `riffle produce` creates its topic as asked (partitions, replication factor, topic configs),
+/// with its `-X` options on every client it makes.
+#[test]
+fn produce_creates_the_topic_with_its_settings() {
+    use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = write(tmp.path(), "in.csv", "user,item\n1,2\n3,4\n");
+    let name = topic("created");
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &name,
+        "--partitions",
+        "3",
+        "--replication-factor",
+        "1",
+        "--topic-config",
+        "retention.ms=3600000",
+        "-X",
+        "client.id=riffle-produce-test",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let metadata = admin
+        .inner()
+        .fetch_metadata(Some(&name), std::time::Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions();
+    assert_eq!(partitions.len(), 3);
+    assert!(partitions.iter().all(|p| p.replicas().len() == 1));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let described = runtime
+        .block_on(admin.describe_configs([&ResourceSpecifier::Topic(&name)], &AdminOptions::new()))
+        .unwrap();
+    let config = described.into_iter().next().unwrap().unwrap();
+    assert_eq!(
+        config.get("retention.ms").and_then(|e| e.value.as_deref()),
+        Some("3600000")
+    );
+    assert_eq!(consume_all(&brokers, &name).len(), 2);
+    // A bad -X is refused by librdkafka, naming the property.
+    let out = riffle(&[
+        "produce",
+        "--brokers",
+        &brokers,
+        "--topic",
+        &name,
+        "-X",
+        "no.such.property=1",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no.such.property"), "{stderr}");
+}
+
+/// The test broker's SASL_SSL listener and SCRAM user (`scripts/kafka.sh env`, which
+/// `scripts/test.sh` evaluates): the address and the `-X` options that log in.
+fn sasl_ssl() -> (String, Vec<String>) {
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set: run `eval \"$(scripts/kafka.sh env)\"` (scripts/test.sh does)"
+            )
+        })
+    };
+    let options = [
+        "security.protocol=SASL_SSL".to_string(),
+        "sasl.mechanisms=SCRAM-SHA-512".to_string(),
+        format!("sasl.username={}", var("RIFFLE_KAFKA_USER")),
+        format!("sasl.password={}", var("RIFFLE_KAFKA_PASSWORD")),
+        format!("ssl.ca.location={}", var("RIFFLE_KAFKA_CA")),
+    ];
+    (var("RIFFLE_KAFKA_SSL_BROKERS"), options.to_vec())
+}
+
+/// Over SASL_SSL (SCRAM-SHA-512): a sink configured from `${VAR}`s creates its topic and
+/// writes; `riffle produce` and `riffle consume` log in with `-X`.
+#[test]
+fn sink_produce_and_consume_over_sasl_ssl() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
+    brokers();
+    let (ssl, options) = sasl_ssl();
+    let x: Vec<&str> = options.iter().flat_map(|o| ["-X", o.as_str()]).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = write(tmp.path(), "in.csv", "user,item\n1,2\n3,4\n5,6\n");
+    let output = topic("sasl-out");
+    // The secrets come from the environment scripts/test.sh exported.
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "source:\n  csv: {{ path: in.csv }}\nstages: []\nsink:\n  kafka:\n    \
+             brokers: ${{RIFFLE_KAFKA_SSL_BROKERS}}\n    topic: {output}\n    partitions: 2\n    \
+             replication_factor: 1\n    topic_config: {{ retention.ms: \"3600000\" }}\n    \
+             options:\n      security.protocol: SASL_SSL\n      \
+             sasl.mechanisms: SCRAM-SHA-512\n      sasl.username: ${{RIFFLE_KAFKA_USER}}\n      \
+             sasl.password: ${{RIFFLE_KAFKA_PASSWORD}}\n      \
+             ssl.ca.location: ${{RIFFLE_KAFKA_CA}}\n      compression.type: zstd\n"
+        ),
+    );
+    riffle_ok(&["run", p.to_str().unwrap(), "--quiet"]);
+    let consume = |topic: &str| {
+        let out = riffle_ok(&[&["consume", "--brokers", &ssl, "--topic", topic], &x[..]].concat());
+        let mut values: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        values.sort_by_key(|v| v["user"].as_i64());
+        values
+    };
+    let results = consume(&output);
+    assert_eq!(results.len(), 3, "{results:?}");
+    assert_eq!(results[2]["item"], 6);
+
+    let input = topic("sasl-in");
+    let mut args = vec!["--brokers", &ssl, "--topic", &input, "--partitions", "3"];
+    args.extend([
+        "--replication-factor",
+        "1",
+        "--topic-config",
+        "retention.ms=3600000",
+    ]);
+    args.extend(["--csv", csv.to_str().unwrap()]);
+    args.extend(&x);
+    produce(&args);
+    assert_eq!(consume(&input).len(), 3);
+    // Without the options the SASL_SSL listener is not spoken to.
+    let out = riffle(&["consume", "--brokers", &ssl, "--topic", &input]);
+    assert!(!out.status.success());
+}
+
 #[test]
 fn topic_written_by_kcat_is_read_and_poison_goes_to_the_dead_letter_topic() {
     let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     let (input, output) = (topic("kcat-in"), topic("kcat-out"));
-    riffle_connectors::kafka::replay::ensure_topic(&brokers, &input, 2).unwrap();
+    ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&input, 2)).unwrap();
     // kcat: key and value separated by `|`, one message per line; one value is not JSON.
     let lines = "u1|{\"user\":\"u1\",\"item\":3,\"price\":9.5}\n\
                  u2|{\"user\":\"u2\",\"item\":7,\"price\":1.25}\n\
@@ -336,7 +482,7 @@ fn a_run_with_checkpoints_resumes_where_the_last_one_ended() {
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     let input = topic("resume-in");
-    riffle_connectors::kafka::replay::ensure_topic(&brokers, &input, 2).unwrap();
+    ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&input, 2)).unwrap();
     let send = |from: i64, to: i64| {
         let lines: String = (from..to)
             .map(|i| format!("k{i}|{{\"n\":{i}}}\n"))

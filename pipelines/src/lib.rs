@@ -4,6 +4,7 @@
 //! pipeline.yaml ──parse──▶ PipelineSpec ──validate──▶ Pipeline ──plan──▶ Job ──▶ runtime::run
 //!                 (spec)                 (validate)            (plan)        (riffle-dataflow)
 //! ```
+//! - [`env`](mod@env): `${VAR}` / `${VAR:-default}` substituted into the file's text before parsing.
 //! - [`spec`]: the structs the YAML maps onto, one-to-one (stage configs live beside their
 //!   operators in `riffle-operators`, connector configs in `riffle-connectors`).
 //! - [`validate`]: everything that can be checked before data flows (files, model signatures,
@@ -14,6 +15,7 @@
 //!
 //! No stage kind is listed here except in [`spec`]'s one registration line per kind.
 
+pub mod env;
 pub mod error;
 mod locate;
 pub mod plan;

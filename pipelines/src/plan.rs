@@ -176,7 +176,8 @@ pub fn uses_gpus(pipeline: &Pipeline) -> bool {
         .any(|s| s.may_use_gpu())
 }
 
-/// A human-readable plan: where each stage runs, with what threads and batches.
+/// A human-readable plan: where each stage runs, with what threads and batches (secret
+/// `${VAR}` values shown as `${VAR}`).
 pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String {
     let mut out = String::new();
     let runtime = &pipeline.runtime;
@@ -240,7 +241,7 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
             c.keep
         ));
     }
-    out
+    pipeline.redactions.redact(&out)
 }
 
 fn describe_exchange(e: &ExchangeConfig, runtime: &RuntimeConfig) -> String {

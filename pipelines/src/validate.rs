@@ -12,6 +12,7 @@ use serde_saphyr::Spanned;
 
 use riffle_operators::StageContext;
 
+use crate::env::{substitute, Redactions};
 use crate::error::PipelineError;
 use crate::locate::{parser_message, Locator};
 use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec};
@@ -26,6 +27,8 @@ pub struct Pipeline {
     pub dead_letter: Arc<dyn SinkFactory>,
     /// Schema after the source (index 0) and after each stage.
     pub schemas: Vec<SchemaRef>,
+    /// Values of secret `${VAR}`s in the file, kept out of what is shown (`riffle plan`).
+    pub redactions: Redactions,
 }
 
 impl Pipeline {
@@ -45,15 +48,31 @@ impl Pipeline {
 }
 
 /// Reads, parses and validates a pipeline file. `output` replaces the sink's file path.
+/// `${VAR}` and `${VAR:-default}` are replaced from the environment first ([`crate::env`]);
+/// every command that takes a pipeline file comes through here.
 pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineError> {
-    let text = std::fs::read_to_string(file).map_err(|e| PipelineError {
+    let written = std::fs::read_to_string(file).map_err(|e| PipelineError {
         file: file.to_path_buf(),
         line: None,
         field: String::new(),
         message: format!("cannot read the pipeline file: {e}"),
     })?;
-    let spec = parse(file, &text)?;
-    validate(file, &text, spec, output)
+    let env = substitute(&written, |name| std::env::var(name)).map_err(|e| PipelineError {
+        file: file.to_path_buf(),
+        line: Some(e.line),
+        field: e.key.clone(),
+        message: e.to_string(),
+    })?;
+    // Messages may quote values (a wrong type, a path not found): never a secret's.
+    let redact = |mut e: PipelineError| {
+        e.field = env.redactions.redact(&e.field);
+        e.message = env.redactions.redact(&e.message);
+        e
+    };
+    let spec = parse(file, &env.text).map_err(redact)?;
+    let mut pipeline = validate(file, &env.text, spec, output).map_err(redact)?;
+    pipeline.redactions = env.redactions;
+    Ok(pipeline)
 }
 
 /// Parses YAML into a spec; syntax errors, unknown keys and wrong types carry their line.
@@ -281,6 +300,7 @@ fn validate(
         sink,
         dead_letter,
         schemas,
+        redactions: Redactions::default(),
     })
 }
 

@@ -189,4 +189,31 @@ mod tests {
         assert_eq!(c.get("enable.partition.eof"), Some("true"));
         assert_eq!(c.get("statistics.interval.ms"), None);
     }
+
+    /// librdkafka is built with OpenSSL (SASL_SSL, SCRAM) and zstd (rdkafka features `ssl` and
+    /// `zstd`): without them these settings are refused when the client is configured or made.
+    #[test]
+    fn librdkafka_accepts_sasl_ssl_scram_zstd_and_lz4() {
+        use rdkafka::producer::BaseProducer;
+        for compression in ["zstd", "lz4"] {
+            let options: BTreeMap<String, String> = [
+                ("security.protocol", "SASL_SSL"),
+                ("sasl.mechanisms", "SCRAM-SHA-512"),
+                ("sasl.username", "riffle"),
+                ("sasl.password", "not-a-secret"),
+                ("compression.type", compression),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            // No broker listens there; creating a client does not connect.
+            let config = client_config("127.0.0.1:9", &options, Role::SinkProducer);
+            if let Err(e) = config.create_native_config() {
+                panic!("librdkafka refused the settings with {compression}: {e}");
+            }
+            if let Err(e) = config.create::<BaseProducer>() {
+                panic!("creating a SASL_SSL producer with {compression}: {e}");
+            }
+        }
+    }
 }

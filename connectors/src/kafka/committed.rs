@@ -193,15 +193,17 @@ const STALL_LIMIT: Duration = Duration::from_secs(120);
 
 /// Reads every partition of `topic` from the beginning to the end it has now, and passes each
 /// visible value to `show`, in order per partition: through the committed view, or with `raw`
-/// every message but the commit and fence markers.
+/// every message but the commit and fence markers. `options` are librdkafka consumer options,
+/// applied over Riffle's.
 pub fn read_to_end(
     brokers: &str,
+    options: &BTreeMap<String, String>,
     topic: &str,
     raw: bool,
     mut show: impl FnMut(&[u8]) -> std::io::Result<()>,
 ) -> DataflowResult<ReadSummary> {
     let error = |e| kafka_error(brokers, topic, e);
-    let consumer: BaseConsumer = client_config(brokers, &BTreeMap::new(), Role::ResultsReader)
+    let consumer: BaseConsumer = client_config(brokers, options, Role::ResultsReader)
         .create()
         .map_err(error)?;
     let metadata = consumer

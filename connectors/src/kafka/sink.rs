@@ -2,7 +2,7 @@
 //! Arrow IPC message per batch. A message Kafka fails to deliver fails the next write or the
 //! flush: deliveries are never dropped silently.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -94,8 +94,24 @@ impl KafkaSinkFactory {
         lock(&self.mode).clone()
     }
 
-    fn ensure_topic(&self, topic: &str, partitions: i32) -> DataflowResult<()> {
-        super::replay::ensure_topic(&self.config.brokers, topic, partitions)
+    /// Creates `name` unless it exists, through the sink's client options (SASL, TLS) and with
+    /// its replication factor; `config`: topic configs (the results topic's `topic_config`).
+    fn ensure_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        config: &BTreeMap<String, String>,
+    ) -> DataflowResult<()> {
+        super::replay::ensure_topic(
+            &self.config.brokers,
+            &self.config.options,
+            &super::replay::TopicSpec {
+                name: name.to_string(),
+                partitions,
+                replication_factor: self.config.replication_factor,
+                config: config.clone(),
+            },
+        )
     }
 }
 
@@ -103,7 +119,11 @@ impl SinkFactory for KafkaSinkFactory {
     fn open(&self) -> DataflowResult<Box<dyn Sink>> {
         // Brokers differ on auto-creating topics; create ours explicitly, at run time only.
         if self.config.create_topic {
-            self.ensure_topic(&self.config.topic, self.config.partitions)?;
+            self.ensure_topic(
+                &self.config.topic,
+                self.config.partitions,
+                &self.config.topic_config,
+            )?;
         }
         let sink = match self.mode() {
             Mode::Transactions {
@@ -163,7 +183,7 @@ impl SinkFactory for KafkaSinkFactory {
             return Ok(Recovery::Latest);
         }
         let transaction = if leader {
-            self.ensure_topic(&commit_log_topic(&self.config.topic), 1)?;
+            self.ensure_topic(&commit_log_topic(&self.config.topic), 1, &BTreeMap::new())?;
             let (context, _) = sink_context(&self.config)?;
             Some(Arc::new(Transaction::init(&self.config, &id, context)?))
         } else {
