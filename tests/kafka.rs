@@ -364,6 +364,79 @@ fn sink_produce_and_consume_over_sasl_ssl() {
     assert!(!out.status.success());
 }
 
+/// Kafka → Kafka over SASL_SSL with the credentials from the environment, exactly-once through
+/// transactions; then the same file with a wrong password fails with one clear line.
+#[test]
+fn a_kafka_pipeline_over_sasl_ssl_and_a_wrong_password() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
+    brokers();
+    let (ssl, options) = sasl_ssl();
+    let x: Vec<&str> = options.iter().flat_map(|o| ["-X", o.as_str()]).collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = write(tmp.path(), "in.csv", "user,item\n1,2\n3,4\n5,6\n7,8\n");
+    let (input, output) = (topic("sasl-pipe-in"), topic("sasl-pipe-out"));
+    produce(
+        &[
+            &["--brokers", &ssl, "--topic", &input, "--partitions", "2"][..],
+            &["--csv", csv.to_str().unwrap()],
+            &x,
+        ]
+        .concat(),
+    );
+    let client = "      security.protocol: SASL_SSL\n      sasl.mechanisms: SCRAM-SHA-512\n      \
+                  sasl.username: ${RIFFLE_KAFKA_USER}\n      sasl.password: ${RIFFLE_KAFKA_PASSWORD}\n      \
+                  ssl.ca.location: ${RIFFLE_KAFKA_CA}\n";
+    let p = write(
+        tmp.path(),
+        "sasl.yaml",
+        &format!(
+            "source:\n  kafka:\n    brokers: ${{RIFFLE_KAFKA_SSL_BROKERS}}\n    topic: {input}\n    \
+             format: json\n    stop_at_end: true\n    options:\n{client}\
+             stages:\n  - filter: {{ column: user, op: gt, value: 2 }}\n\
+             sink:\n  kafka:\n    brokers: ${{RIFFLE_KAFKA_SSL_BROKERS}}\n    topic: {output}\n    \
+             partitions: 1\n    exactly_once: transactions\n    options:\n{client}\
+             dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
+             runtime: {{ workers: 2, checkpoint: {{ dir: ckpt, interval_ms: 200 }} }}\n"
+        ),
+    );
+    riffle_ok(&["run", "-q", p.to_str().unwrap()]);
+    let out = riffle_ok(&[&["consume", "--brokers", &ssl, "--topic", &output], &x[..]].concat());
+    let mut users: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["user"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    users.sort();
+    assert_eq!(
+        users,
+        vec![3, 5, 7],
+        "each filtered row once, over SASL_SSL"
+    );
+
+    let started = std::time::Instant::now();
+    let wrong = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", p.to_str().unwrap()])
+        .env("RIFFLE_KAFKA_PASSWORD", "not-the-password")
+        .output()
+        .unwrap();
+    assert!(!wrong.status.success());
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line, no log flood: {stderr}");
+    assert!(
+        lines[0].contains("authentication failed") && lines[0].contains("sasl.password"),
+        "{stderr}"
+    );
+    assert!(
+        !lines[0].contains("not-the-password"),
+        "the password is not printed: {stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+}
+
 #[test]
 fn topic_written_by_kcat_is_read_and_poison_goes_to_the_dead_letter_topic() {
     let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());

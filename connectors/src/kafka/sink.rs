@@ -183,7 +183,11 @@ impl SinkFactory for KafkaSinkFactory {
             return Ok(Recovery::Latest);
         }
         let transaction = if leader {
-            self.ensure_topic(&commit_log_topic(&self.config.topic), 1, &BTreeMap::new())?;
+            self.ensure_topic(
+                &commit_log_topic(&self.config.topic),
+                1,
+                &BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]),
+            )?;
             let (context, _) = sink_context(&self.config)?;
             Some(Arc::new(Transaction::init(&self.config, &id, context)?))
         } else {
