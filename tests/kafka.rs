@@ -974,6 +974,85 @@ fn kill_9_at_random_moments_leaves_each_result_once_for_read_committed_consumers
     assert!(aborted > 0, "the trials aborted some transactions");
 }
 
+/// Consumer-group mode: cluster A reads alone, then cluster B joins the group mid-run and
+/// takes partitions over; together they commit every frame exactly once.
+#[test]
+fn a_second_cluster_joining_the_group_takes_partitions_without_loss_or_duplicates() {
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = frames_topic(&brokers, tmp.path(), "group-in", 160);
+    let expected = split_cameras("street", 160, 4);
+    let output = topic("group-out");
+    let group = topic("group");
+    let cluster = |name: &str| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = detection_from_kafka(
+            &brokers,
+            &input,
+            4,
+            Some(8),
+            &format!(
+                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: transactions, transactional_id: riffle-{name}-{output} }} }}\n\
+                 dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
+                 runtime: {{ workers: 2, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 300 }} }}"
+            ),
+        )
+        .replace("stop_at_end: true", &format!("stop_at_end: true, group_id: {group}"));
+        let p = write(&dir, "group.yaml", &yaml);
+        let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q", p.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        (child, dir.join("stderr.log"))
+    };
+    let (mut a, a_log) = cluster("a");
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let (mut b, b_log) = cluster("b");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    let mut children = [&mut a, &mut b];
+    for i in 0..2 {
+        let status = loop {
+            if let Some(s) = children[i].try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                for child in children.iter_mut() {
+                    let _ = child.kill();
+                }
+                panic!(
+                    "the clusters did not finish:\nA: {}\nB: {}",
+                    std::fs::read_to_string(&a_log).unwrap_or_default(),
+                    std::fs::read_to_string(&b_log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        assert!(status.success());
+    }
+    let (a_log, b_log) = (
+        std::fs::read_to_string(&a_log).unwrap(),
+        std::fs::read_to_string(&b_log).unwrap(),
+    );
+    assert!(
+        a_log.contains("kafka group: handed over partitions ["),
+        "A handed partitions to B: {a_log}"
+    );
+    assert!(
+        b_log
+            .lines()
+            .any(|l| l.contains("kafka group: assigned partitions [") && !l.contains("[]")),
+        "B got partitions: {b_log}"
+    );
+    let got = frames_of_lines(&kcat_values(&brokers, &output, "read_committed"), "kcat");
+    assert_eq!(got, expected, "every frame once across both clusters");
+}
+
 #[test]
 fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
     let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());

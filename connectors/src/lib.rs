@@ -100,7 +100,7 @@ pub enum SinkConfig {
     Jsonl(JsonlSinkConfig),
     Stdout(StdoutSinkConfig),
     Ipc(IpcSinkConfig),
-    Kafka(kafka::KafkaSinkConfig),
+    Kafka(Box<kafka::KafkaSinkConfig>),
 }
 
 impl SinkConfig {

@@ -110,6 +110,10 @@ pub trait Committer: Send {
         None
     }
 
+    /// Called before `commit` with the source positions the checkpoint records (partition →
+    /// next offset), for destinations that commit a consumer group's offsets with the output.
+    fn source_offsets(&mut self, _offsets: &std::collections::BTreeMap<i32, i64>) {}
+
     /// Transactional: lift a seal without committing (the checkpoint turned out unchanged, so
     /// the transaction holds nothing new).
     fn release(&mut self) -> DataflowResult<()> {

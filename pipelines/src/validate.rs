@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
-use riffle_connectors::{JsonlSinkConfig, SinkConfig};
+use riffle_connectors::kafka::{ExactlyOnce, SourceGroup};
+use riffle_connectors::{JsonlSinkConfig, SinkConfig, SourceConfig};
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
 use serde_saphyr::Spanned;
@@ -275,6 +276,32 @@ fn validate(
                     .unwrap_or_default()
             });
             k.transactional_id = Some(format!("riffle-{pipeline}-{}", k.topic));
+        }
+    }
+    // A consumer group's offsets are committed in the Kafka sink's transactions.
+    if let SourceConfig::Kafka(source) = &spec.source.value {
+        if let Some(group) = &source.group_id {
+            let transactional = matches!(
+                &spec.sink.value,
+                SinkConfig::Kafka(k) if matches!(k.exactly_once, ExactlyOnce::Auto | ExactlyOnce::Transactions)
+            );
+            if !transactional || runtime.checkpoint.is_none() {
+                return Err(at.error(
+                    line_of(&spec.source),
+                    Some("group_id"),
+                    "source.kafka.group_id".into(),
+                    "a consumer group's offsets are committed with the output: expected \
+                     `runtime.checkpoint` and a `kafka` sink with `exactly_once: transactions` \
+                     (or `auto`)"
+                        .into(),
+                ));
+            }
+            if let SinkConfig::Kafka(k) = &mut spec.sink.value {
+                k.source_group = Some(SourceGroup {
+                    topic: source.topic.clone(),
+                    group_id: group.clone(),
+                });
+            }
         }
     }
     let sink: Arc<dyn SinkFactory> = Arc::from(

@@ -11,6 +11,8 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaError;
 use rdkafka::ClientConfig;
 
+use super::config::StartAt;
+
 /// What a client is created for; each role sets the librdkafka options it depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role<'a> {
@@ -28,6 +30,9 @@ pub enum Role<'a> {
     SinkProducer,
     /// `riffle produce`'s producer: idempotent, batching for a few milliseconds.
     ReplayProducer,
+    /// A member of consumer group `group` (`group_id:` sources), or a client reading its
+    /// committed offsets. The offsets are committed by the sink's transactions, never here.
+    GroupConsumer { group: &'a str, start: &'a StartAt },
     /// Topic creation and metadata look-ups: only the brokers.
     Admin,
     /// A reader of a whole results topic to its end (`riffle consume`).
@@ -71,6 +76,22 @@ pub fn client_config(
         }
         Role::ReplayProducer => {
             c.set("enable.idempotence", "true").set("linger.ms", "5");
+        }
+        Role::GroupConsumer { group, start } => {
+            c.set("group.id", group)
+                .set("enable.auto.commit", "false")
+                .set("enable.auto.offset.store", "false")
+                // Only stable offsets: a new owner waits for a pending transaction's offsets.
+                .set("isolation.level", "read_committed")
+                .set("partition.assignment.strategy", "cooperative-sticky")
+                .set(
+                    "auto.offset.reset",
+                    if *start == StartAt::Latest {
+                        "latest"
+                    } else {
+                        "earliest"
+                    },
+                );
         }
         Role::Admin => {}
         Role::ResultsReader => {

@@ -41,6 +41,12 @@ pub struct KafkaSourceConfig {
     /// Message headers copied into typed columns (header name → type).
     #[serde(default)]
     pub header_columns: BTreeMap<String, ColumnType>,
+    /// Consumer-group mode: join this group and read the partitions Kafka assigns, which move
+    /// as other members (clusters) join and leave. Offsets are committed with the Kafka sink's
+    /// transactions (needs `runtime.checkpoint` and a `kafka` sink with transactions). Unset:
+    /// partitions are assigned to workers statically.
+    #[serde(default)]
+    pub group_id: Option<String>,
     /// Any librdkafka consumer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -95,12 +101,23 @@ pub struct KafkaSinkConfig {
     /// `riffle-<pipeline>-<topic>`).
     #[serde(default)]
     pub transactional_id: Option<String>,
+    /// Set by the planner when the source reads as consumer group: its offsets are committed
+    /// in this sink's transactions.
+    #[serde(skip)]
+    pub source_group: Option<SourceGroup>,
     /// How long `flush` waits for every delivery report before failing.
     #[serde_inline_default(30_000)]
     pub delivery_timeout_ms: u64,
     /// Any librdkafka producer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+/// The consumer group (and topic) whose offsets a sink's transactions commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceGroup {
+    pub topic: String,
+    pub group_id: String,
 }
 
 /// How a Kafka sink with checkpoints writes each result once.

@@ -176,6 +176,16 @@ impl SinkFactory for KafkaSinkFactory {
             ExactlyOnce::Markers | ExactlyOnce::Off => false,
         };
         if !transactions {
+            if let Some(group) = &self.config.source_group {
+                return Err(config_error(
+                    &self.config,
+                    format!(
+                        "consumer group `{}` commits its offsets in this sink's transactions, \
+                         and these brokers have none",
+                        group.group_id
+                    ),
+                ));
+            }
             *lock(&self.mode) = match self.config.exactly_once {
                 ExactlyOnce::Off => Mode::Off,
                 _ => Mode::Markers,

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::collections::BTreeMap;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message as _;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -51,6 +53,16 @@ pub(super) struct Transaction {
     log_topic: String,
     timeout: Duration,
     control: Mutex<Control>,
+    /// A `group_id:` source's group, whose offsets each transaction commits.
+    group: Option<GroupOffsets>,
+}
+
+/// The consumer group a transaction commits offsets for, and what it committed last.
+struct GroupOffsets {
+    topic: String,
+    metadata: ConsumerGroupMetadata,
+    committed: Mutex<BTreeMap<i32, i64>>,
+    pending: Mutex<BTreeMap<i32, i64>>,
 }
 
 #[derive(Default)]
@@ -82,12 +94,22 @@ impl Transaction {
         producer
             .init_transactions(timeout)
             .map_err(|e| error(config, format!("initialising transactions of `{id}`: {e}")))?;
+        let group = match &config.source_group {
+            Some(g) => Some(GroupOffsets {
+                topic: g.topic.clone(),
+                metadata: group_metadata(config, &g.group_id)?,
+                committed: Mutex::default(),
+                pending: Mutex::default(),
+            }),
+            None => None,
+        };
         Ok(Transaction {
             producer,
             id: id.to_string(),
             log_topic: commit_log_topic(&config.topic),
             timeout,
             control: Mutex::new(Control::default()),
+            group,
         })
     }
 
@@ -143,6 +165,7 @@ impl Transaction {
         self.producer
             .send(record)
             .map_err(|(e, _)| self.failed("writing the commit record", e))?;
+        let offsets = self.group_offsets()?;
         if let Err(e) = self.producer.commit_transaction(self.timeout) {
             // An abortable failure leaves the producer usable for the restart's sake; the run
             // still fails, and resumes from the previous commit.
@@ -156,7 +179,42 @@ impl Transaction {
         }
         control.open = false;
         control.sealed = None;
+        if let (Some(group), Some(offsets)) = (&self.group, offsets) {
+            lock(&group.committed).extend(offsets);
+        }
         Ok(())
+    }
+
+    /// Adds the group offsets that moved since the last commit to the open transaction (only
+    /// those: a partition handed to another member must not get an old offset back).
+    fn group_offsets(&self) -> DataflowResult<Option<BTreeMap<i32, i64>>> {
+        let Some(group) = &self.group else {
+            return Ok(None);
+        };
+        let committed = lock(&group.committed).clone();
+        let moved: BTreeMap<i32, i64> = lock(&group.pending)
+            .iter()
+            .filter(|(p, o)| committed.get(p).is_none_or(|c| c < o))
+            .map(|(p, o)| (*p, *o))
+            .collect();
+        if moved.is_empty() {
+            return Ok(Some(moved));
+        }
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in &moved {
+            tpl.add_partition_offset(&group.topic, *p, Offset::Offset(*o))
+                .map_err(|e| self.failed("listing group offsets", e))?;
+        }
+        self.producer
+            .send_offsets_to_transaction(&tpl, &group.metadata, self.timeout)
+            .map_err(|e| self.failed("adding the group's offsets", e))?;
+        Ok(Some(moved))
+    }
+
+    fn set_source_offsets(&self, offsets: &BTreeMap<i32, i64>) {
+        if let Some(group) = &self.group {
+            *lock(&group.pending) = offsets.clone();
+        }
     }
 
     fn failed(&self, what: &str, e: KafkaError) -> DataflowError {
@@ -191,6 +249,10 @@ pub(super) struct TransactionCommitter {
 }
 
 impl Committer for TransactionCommitter {
+    fn source_offsets(&mut self, offsets: &BTreeMap<i32, i64>) {
+        self.transaction.set_source_offsets(offsets);
+    }
+
     fn commit(&mut self, generation: u64, through: Epoch) -> DataflowResult<()> {
         self.transaction.commit(Commit {
             generation,
@@ -225,6 +287,19 @@ impl Committer for TransactionCommitter {
         lock(&self.transaction.control).sealed = None;
         Ok(())
     }
+}
+
+/// The group's metadata for `send_offsets_to_transaction`, from a client that does not join
+/// it: offsets commit without member checks, as the transactional producer is not a member.
+fn group_metadata(config: &KafkaSinkConfig, group: &str) -> DataflowResult<ConsumerGroupMetadata> {
+    let mut c = client_config(&config.brokers, &config.options, Role::Admin);
+    c.set("group.id", group);
+    let consumer: BaseConsumer = c
+        .create()
+        .map_err(|e| error(config, format!("creating a client of group `{group}`: {e}")))?;
+    consumer
+        .group_metadata()
+        .ok_or_else(|| error(config, format!("no metadata for group `{group}`")))
 }
 
 fn transactional_config(config: &KafkaSinkConfig, id: &str) -> rdkafka::ClientConfig {

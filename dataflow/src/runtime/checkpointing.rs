@@ -483,6 +483,7 @@ impl Checkpointer {
         // The checkpoint makes the epochs final; readers learn it from the commit markers (a
         // crash before they are written is covered: the next run writes them first).
         if let (Some(committer), Some(g)) = (self.committer.as_mut(), self.generation) {
+            committer.source_offsets(&self.committed);
             committer.commit(g, epoch)?;
         }
         Ok(())

@@ -17,6 +17,7 @@
 //! dead letter naming its topic, partition and offset; the other messages of its batch are kept.
 
 mod assignment;
+mod group;
 mod messages;
 mod reader;
 mod schema;
@@ -125,6 +126,15 @@ impl SourceFactory for KafkaSourceFactory {
         &self,
         offsets: &BTreeMap<i32, i64>,
     ) -> DataflowResult<Option<Arc<dyn SourceFactory>>> {
+        // A group's own committed offsets, committed with the output, are where it resumes.
+        if self.config.group_id.is_some() {
+            return Ok(Some(Arc::new(KafkaSourceFactory {
+                config: self.config.clone(),
+                partitions: self.partitions.clone(),
+                decoder: self.decoder.clone(),
+                schema: self.schema.clone(),
+            })));
+        }
         let mut config = self.config.clone();
         config.start = StartAt::Offsets(offsets.clone());
         validate(&config)?;

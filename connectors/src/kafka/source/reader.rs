@@ -18,6 +18,7 @@ use serde_json::Value;
 use tracing::{debug, warn};
 
 use super::assignment::{start_offsets, watermarks};
+use super::group::Feed;
 use super::messages::Pending;
 use super::{consumer_config, read_error, KafkaSourceFactory, POLL_SLICE};
 use crate::formats::{ColumnType, Decoder};
@@ -88,6 +89,8 @@ pub(super) struct KafkaReader {
     bytes_in: IntCounter,
     /// When pacing: the first read, and the messages read since.
     paced: Option<(Instant, u64)>,
+    /// Consumer-group mode: batches from the group consumer's thread.
+    feed: Option<Feed>,
 }
 
 impl KafkaReader {
@@ -109,7 +112,19 @@ impl KafkaReader {
             records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
             bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
             paced: None,
+            feed: None,
         };
+        if let Some(group) = &config.group_id {
+            reader.feed = Some(Feed::start(
+                config,
+                group,
+                &factory.partitions,
+                reader.header_columns.clone(),
+                reader.decoder.is_none(),
+                reader.linger,
+            )?);
+            return Ok(reader);
+        }
         if mine.is_empty() {
             return Ok(reader);
         }
@@ -263,6 +278,11 @@ fn pause(consumer: &BaseConsumer<SourceContext>, config: &KafkaSourceConfig, par
 
 impl Source for KafkaReader {
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
+        if self.feed.is_some() {
+            let result = self.next_from_feed();
+            self.pace(&result);
+            return result;
+        }
         let Some(consumer) = self.consumer.take() else {
             if self.config.stop_at_end {
                 return Ok(None);
@@ -274,7 +294,15 @@ impl Source for KafkaReader {
         // The consumer is taken out while filling so that partition state can be updated.
         let result = self.next_from(&consumer);
         self.consumer = Some(consumer);
-        if let (Some(rate), Ok(Some(batch))) = (self.config.max_records_per_second, &result) {
+        self.pace(&result);
+        result
+    }
+}
+
+impl KafkaReader {
+    /// Replay pace: sleeps until `max_records_per_second` allows what was read.
+    fn pace(&mut self, result: &DataflowResult<Option<SourceBatch>>) {
+        if let (Some(rate), Ok(Some(batch))) = (self.config.max_records_per_second, result) {
             let (since, read) = self.paced.get_or_insert_with(|| (Instant::now(), 0));
             *read += (batch.records.num_rows() + batch.rejected.len()) as u64;
             let due = Duration::from_secs_f64(*read as f64 / rate.max(f64::MIN_POSITIVE));
@@ -282,7 +310,26 @@ impl Source for KafkaReader {
                 std::thread::sleep(wait);
             }
         }
-        result
+    }
+
+    fn next_from_feed(&mut self) -> DataflowResult<Option<SourceBatch>> {
+        let wait = self.linger.max(Duration::from_millis(10));
+        let Some(feed) = self.feed.as_mut() else {
+            return Ok(None);
+        };
+        let pending = match feed.next(wait) {
+            Err(why) => return Err(read_error(&self.config, why)),
+            Ok(Some(pending)) => pending,
+            Ok(None) => {
+                if self.config.stop_at_end && feed.finished() {
+                    // Stops the consumer thread: the whole topic is committed.
+                    self.feed = None;
+                    return Ok(None);
+                }
+                return Ok(Some(self.empty_batch()));
+            }
+        };
+        self.batch_of(&pending).map(|(batch, _)| Some(batch))
     }
 }
 
@@ -301,8 +348,15 @@ impl KafkaReader {
             }
             return Ok(Some(self.empty_batch()));
         }
-        let (values, rows, rejected) = self.decode(&pending)?;
-        let records = self.assemble(&pending, values, &rows)?;
+        let (batch, touched) = self.batch_of(&pending)?;
+        self.after_batch(consumer, &touched);
+        Ok(Some(batch))
+    }
+
+    /// The source batch of `pending`'s messages, and the partitions they came from.
+    fn batch_of(&self, pending: &Pending) -> DataflowResult<(SourceBatch, Vec<i32>)> {
+        let (values, rows, rejected) = self.decode(pending)?;
+        let records = self.assemble(pending, values, &rows)?;
 
         let mut ranges: BTreeMap<i32, (i64, i64)> = BTreeMap::new();
         let mut bytes = 0u64;
@@ -315,8 +369,7 @@ impl KafkaReader {
         self.records_in.inc_by(pending.messages.len() as u64);
         self.bytes_in.inc_by(bytes);
         let touched: Vec<i32> = ranges.keys().copied().collect();
-        self.after_batch(consumer, &touched);
-        Ok(Some(SourceBatch {
+        let batch = SourceBatch {
             records,
             rejected,
             positions: ranges
@@ -327,6 +380,7 @@ impl KafkaReader {
                     last_offset,
                 })
                 .collect(),
-        }))
+        };
+        Ok((batch, touched))
     }
 }
