@@ -1,13 +1,15 @@
 //! Kafka benchmark (not a test): needs a broker (`scripts/kafka.sh start`) and ONNX Runtime.
 //!
-//!     cargo run --release --example bench_kafka -- [BROKERS]
+//!     cargo run --release --example bench_kafka -- [BROKERS] [ROUNDS]
 //!
-//! Prints, from one run:
+//! (`scripts/bench-kafka.sh` runs it and writes docs/benchmarks/kafka.md.) Every figure is the
+//! median, with the range, of ROUNDS (default 5) interleaved rounds. Prints, from one run:
 //! 1. Kafka → Arrow ingest: Riffle's Kafka source vs a plain rdkafka consumer reading the same
 //!    topic (the consumer only touches payloads; the source also builds Arrow batches, and for
 //!    JSON decodes every message into columns). Target ratio ≥ 0.9. Set-up (metadata, schema
 //!    inference, partition assignment) is excluded from both timings.
-//! 2. The camera pipeline end to end, frames from Kafka vs the same frames from files.
+//! 2. The camera pipeline end to end, frames from Kafka vs the same frames from files, and
+//!    Kafka → Kafka with checkpoints (exactly-once through Kafka transactions).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,10 +23,23 @@ use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::Metrics;
 use riffle_dataflow::SourceFactory;
 
+/// Replays of the 2,000-click sample and of the 250 frames in the ingest topics: enough that
+/// fetching, not the first poll, is timed.
+const CLICK_REPLAYS: usize = 100;
+const FRAME_REPLAYS: usize = 16;
+/// Replays of the bundled 250 frames in the end-to-end runs.
+const REPEAT: usize = 4;
+const FRAMES: f64 = 250.0 * REPEAT as f64;
+
 fn main() -> anyhow::Result<()> {
     let brokers = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:9092".into());
+    let rounds: usize = match std::env::args().nth(2) {
+        Some(r) => r.parse()?,
+        None => 5,
+    };
+    anyhow::ensure!(rounds >= 1, "ROUNDS must be at least 1");
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let run_id = std::process::id();
 
@@ -38,7 +53,7 @@ fn main() -> anyhow::Result<()> {
         delimiter: None,
     })
     .build()?;
-    for _ in 0..20 {
+    for _ in 0..CLICK_REPLAYS {
         replay(
             &brokers,
             &Default::default(),
@@ -56,7 +71,7 @@ fn main() -> anyhow::Result<()> {
         &Default::default(),
         &TopicSpec::new(&frames_topic, 4),
     )?;
-    let frames = images(&repo, 4);
+    let frames = images(&repo, FRAME_REPLAYS);
     replay(
         &brokers,
         &Default::default(),
@@ -68,37 +83,47 @@ fn main() -> anyhow::Result<()> {
         },
     )?;
 
-    println!("| ingest ({brokers}) | messages | plain rdkafka consumer msg/s | riffle Kafka source rows/s | ratio |");
+    println!("| ingest ({brokers}), median (range) of {rounds} rounds | messages | plain rdkafka consumer msg/s | riffle Kafka source rows/s | ratio |");
     println!("|---|---:|---:|---:|---:|");
     for (topic, format, label) in [
         (&clicks, "json", "clicks as JSON → Arrow columns"),
         (&frames_topic, "raw", "frames as raw bytes → Arrow"),
     ] {
-        // Interleaved, best of 3, so both see the same broker and page-cache state.
-        let (mut plain, mut ours, mut n) = (f64::MAX, f64::MAX, 0);
-        for _ in 0..3 {
+        // Interleaved, so both see the same broker and page-cache state.
+        let (mut plain, mut ours, mut ratios, mut n) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        for _ in 0..rounds {
             let (count, t) = plain_consumer(&brokers, topic)?;
-            plain = plain.min(t.as_secs_f64());
-            let (rows, t) = riffle_source(&brokers, topic, format)?;
-            ours = ours.min(t.as_secs_f64());
+            let (rows, u) = riffle_source(&brokers, topic, format)?;
             anyhow::ensure!(
                 rows == count,
                 "source read {rows} rows, consumer {count} messages"
             );
             n = count;
+            plain.push(count as f64 / t.as_secs_f64());
+            ours.push(rows as f64 / u.as_secs_f64());
+            ratios.push(t.as_secs_f64() / u.as_secs_f64());
         }
-        let (a, b) = (n as f64 / plain, n as f64 / ours);
-        println!("| {label} | {n} | {a:.0} | {b:.0} | {:.2} |", b / a);
+        println!(
+            "| {label} | {n} | {} | {} | {} |",
+            spread(&plain, 0),
+            spread(&ours, 0),
+            spread(&ratios, 2)
+        );
     }
 
-    // 2. End to end: the camera pipeline from Kafka vs from files, 250 frames, 2 workers.
+    if std::env::var("BENCH_KAFKA_ONLY").as_deref() == Ok("ingest") {
+        return Ok(());
+    }
+
+    // 2. End to end: the camera pipeline from Kafka vs from files, the bundled 250 frames
+    // replayed 4 times (1,000 frames: long enough that start-up is not most of the run).
     let cameras = format!("bench-cameras-{run_id}");
     ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&cameras, 4))?;
     replay(
         &brokers,
         &Default::default(),
         &cameras,
-        images(&repo, 1).as_ref(),
+        images(&repo, REPEAT).as_ref(),
         None,
         Pace {
             messages_per_second: None,
@@ -115,27 +140,90 @@ fn main() -> anyhow::Result<()> {
         .join("pipelines")
         .join(format!(".bench-kafka-{run_id}.yaml"));
     std::fs::write(&kafka_file, kafka_yaml)?;
+    let files_yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception.yaml"))?
+        .replace(
+            "    batch_size: 4\n",
+            &format!("    batch_size: 4\n    repeat: {REPEAT}\n"),
+        );
+    anyhow::ensure!(
+        files_yaml.contains("repeat:"),
+        "no images batch_size to extend"
+    );
+    let files_file = repo
+        .join("pipelines")
+        .join(format!(".bench-files-{run_id}.yaml"));
+    std::fs::write(&files_file, files_yaml)?;
     let out = std::env::temp_dir().join(format!("bench-e2e-{run_id}.jsonl"));
-    let mut from_kafka = f64::MAX;
-    let mut from_files = f64::MAX;
-    for _ in 0..3 {
-        from_kafka = from_kafka.min(run_pipeline(&kafka_file, None)?);
-        from_files = from_files.min(run_pipeline(
-            &repo.join("pipelines/camera-perception.yaml"),
-            Some(&out),
-        )?);
+    let (mut files, mut kafka, mut exactly_once) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut kafka_ratio, mut eo_ratio) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let f = run_pipeline(&files_file, Some(&out))?;
+        let k = run_pipeline(&kafka_file, None)?;
+        // Exactly-once: a fresh results topic and checkpoint directory each round.
+        let checkpoints = tempfile::tempdir()?;
+        let eo_yaml = std::fs::read_to_string(&kafka_file)?
+            .replace(
+                &format!("topic: bench-detections-{run_id}"),
+                &format!("topic: bench-detections-eo-{run_id}-{round}"),
+            )
+            .replace(
+                "epoch_records: 16",
+                &format!(
+                    "epoch_records: 16\n  checkpoint: {{ dir: \"{}\", interval_ms: 1000 }}",
+                    checkpoints.path().display()
+                ),
+            );
+        anyhow::ensure!(
+            eo_yaml.contains("checkpoint:"),
+            "no runtime.epoch_records to extend"
+        );
+        // Beside the other pipeline files: their relative paths hold.
+        let eo_file = repo
+            .join("pipelines")
+            .join(format!(".bench-kafka-eo-{run_id}.yaml"));
+        std::fs::write(&eo_file, eo_yaml)?;
+        let e = run_pipeline(&eo_file, None);
+        let _ = std::fs::remove_file(&eo_file);
+        let e = e?;
+        files.push(FRAMES / f);
+        kafka.push(FRAMES / k);
+        exactly_once.push(FRAMES / e);
+        kafka_ratio.push(f / k);
+        eo_ratio.push(f / e);
     }
     let _ = std::fs::remove_file(&kafka_file);
+    let _ = std::fs::remove_file(&files_file);
     println!();
-    println!("| camera pipeline, 250 frames, 2 workers | frames/s |");
-    println!("|---|---:|");
-    println!("| from files | {:.1} |", 250.0 / from_files);
+    println!("| camera pipeline, {FRAMES} frames, 2 workers, median (range) of {rounds} rounds | frames/s | ratio to files |");
+    println!("|---|---:|---:|");
+    println!("| from files | {} | 1 |", spread(&files, 1));
     println!(
-        "| from Kafka (and results to Kafka) | {:.1} |",
-        250.0 / from_kafka
+        "| Kafka → Kafka | {} | {} |",
+        spread(&kafka, 1),
+        spread(&kafka_ratio, 2)
     );
-    println!("| ratio Kafka / files | {:.2} |", from_files / from_kafka);
+    println!(
+        "| Kafka → Kafka, exactly-once (checkpoints every 1 s, transactions) | {} | {} |",
+        spread(&exactly_once, 1),
+        spread(&eo_ratio, 2)
+    );
     Ok(())
+}
+
+/// `median (min–max)` with `digits` decimals.
+fn spread(values: &[f64], digits: usize) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let median = if v.len() % 2 == 1 {
+        v[v.len() / 2]
+    } else {
+        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+    };
+    format!(
+        "{median:.digits$} ({:.digits$}–{:.digits$})",
+        v[0],
+        v[v.len() - 1]
+    )
 }
 
 fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {
@@ -165,7 +253,8 @@ fn plain_consumer(brokers: &str, topic: &str) -> anyhow::Result<(u64, Duration)>
     for p in metadata.topics()[0].partitions() {
         let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
         remaining += high - low;
-        list.add_partition_offset(topic, p.id(), Offset::Beginning)?;
+        // An explicit offset, as Riffle's source resolves its start before assigning.
+        list.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
     }
     consumer.assign(&list)?;
     // Steady-state ingest: set-up (metadata, watermarks, assignment) is not timed.
@@ -183,8 +272,10 @@ fn plain_consumer(brokers: &str, topic: &str) -> anyhow::Result<(u64, Duration)>
 }
 
 fn riffle_source(brokers: &str, topic: &str, format: &str) -> anyhow::Result<(u64, Duration)> {
+    // Batches of about 2 MB: 1,024 clicks, 64 frames.
+    let batch = if format == "raw" { 64 } else { 1024 };
     let config: KafkaSourceConfig = serde_saphyr::from_str(&format!(
-        "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, stop_at_end: true, batch_size: 1024 }}"
+        "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, stop_at_end: true, batch_size: {batch} }}"
     ))?;
     let factory = KafkaSourceFactory::new(&config)?;
     let mut source = factory.partition(0, 1)?;

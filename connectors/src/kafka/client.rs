@@ -111,6 +111,24 @@ pub fn client_config(
     c
 }
 
+/// Waits until every message `producer` sent is acknowledged (or failed), serving delivery
+/// reports; `false` if some are still in flight after `timeout`. rdkafka's own `flush` polls
+/// in 100 ms steps, which adds up to a tenth of a second to every wait.
+pub fn drain<C: rdkafka::producer::ProducerContext>(
+    producer: &rdkafka::producer::BaseProducer<C>,
+    timeout: std::time::Duration,
+) -> bool {
+    use rdkafka::producer::Producer;
+    let deadline = std::time::Instant::now() + timeout;
+    while producer.in_flight_count() > 0 {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        producer.poll(std::time::Duration::from_millis(1));
+    }
+    true
+}
+
 /// A client context that keeps the first client-wide error librdkafka reports (failed
 /// authentication, TLS handshake, unreachable broker) instead of logging every retry, so a
 /// request that then fails can say why, once.

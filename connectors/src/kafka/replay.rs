@@ -194,9 +194,12 @@ pub fn replay(
             done.bytes += message.value.len() as u64;
         }
     }
-    producer
-        .flush(Duration::from_secs(60))
-        .map_err(|e| kafka_error(brokers, topic, e))?;
+    if !super::client::drain(&producer, Duration::from_secs(60)) {
+        return Err(DataflowError::Config(format!(
+            "writing to topic `{topic}` on {brokers}: {} message(s) undelivered after 60 s",
+            producer.in_flight_count()
+        )));
+    }
     done.elapsed = started.elapsed();
     Ok(done)
 }

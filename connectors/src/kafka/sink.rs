@@ -20,12 +20,12 @@ use riffle_dataflow::sink::{Committer, Recovery, Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult};
 use tracing::warn;
 
-use super::client::Role;
+use super::client::{drain, Role};
 use super::config::{ExactlyOnce, KafkaSinkConfig, SinkFormat};
 use super::metrics::{self, kafka_metrics};
 use super::transactions::{
-    brokers_support_transactions, commit_log_topic, last_commit, recovery, Admitted, Transaction,
-    TransactionCommitter, COMMIT_RECORD,
+    brokers_support_transactions, commit_log_topic, last_commit, recovery, Admitted, InitError,
+    Transaction, TransactionCommitter, COMMIT_RECORD,
 };
 
 /// Wait between polls while librdkafka's queue is full.
@@ -88,6 +88,15 @@ impl KafkaSinkFactory {
             .transactional_id
             .clone()
             .unwrap_or_else(|| format!("riffle-{}", self.config.topic))
+    }
+
+    /// The commit log topic and the leader's initialised transactional producer.
+    fn initialise(&self, id: &str) -> Result<Arc<Transaction>, InitError> {
+        let log = commit_log_topic(&self.config.topic);
+        let compact = BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]);
+        self.ensure_topic(&log, 1, &compact)?;
+        let (context, _) = sink_context(&self.config)?;
+        Transaction::init(&self.config, id, context).map(Arc::new)
     }
 
     fn mode(&self) -> Mode {
@@ -160,10 +169,24 @@ impl SinkFactory for KafkaSinkFactory {
 
     fn recover(&self, leader: bool) -> DataflowResult<Recovery> {
         let id = self.transactional_id();
+        // The leader's own initialisation tells whether the brokers have transactions; other
+        // processes ask with a throw-away id (the real one would fence the leader).
+        let mut initialised = None;
         let transactions = match self.config.exactly_once {
             ExactlyOnce::Transactions => true,
             ExactlyOnce::Auto => {
-                let supported = brokers_support_transactions(&self.config, &id)?;
+                let supported = if leader {
+                    match self.initialise(&id) {
+                        Ok(t) => {
+                            initialised = Some(t);
+                            true
+                        }
+                        Err(e) if e.unsupported => false,
+                        Err(e) => return Err(e.error),
+                    }
+                } else {
+                    brokers_support_transactions(&self.config, &id)?
+                };
                 if !supported {
                     tracing::warn!(
                         topic = %self.config.topic,
@@ -192,16 +215,10 @@ impl SinkFactory for KafkaSinkFactory {
             };
             return Ok(Recovery::Latest);
         }
-        let transaction = if leader {
-            self.ensure_topic(
-                &commit_log_topic(&self.config.topic),
-                1,
-                &BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]),
-            )?;
-            let (context, _) = sink_context(&self.config)?;
-            Some(Arc::new(Transaction::init(&self.config, &id, context)?))
-        } else {
-            None
+        let transaction = match (leader, initialised) {
+            (true, Some(t)) => Some(t),
+            (true, None) => Some(self.initialise(&id).map_err(|e| e.error)?),
+            (false, _) => None,
         };
         let last = last_commit(&self.config, &id, PENDING_WAIT)?;
         tracing::info!(
@@ -274,9 +291,18 @@ impl MarkerWriter {
                 sink_error(&self.config, format!("writing a {header} marker: {e}"))
             })?;
         }
-        self.producer
-            .flush(Duration::from_millis(self.config.delivery_timeout_ms))
-            .map_err(|e| sink_error(&self.config, format!("writing {header} markers: {e}")))
+        let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
+        if drain(&self.producer, timeout) {
+            Ok(())
+        } else {
+            Err(sink_error(
+                &self.config,
+                format!(
+                    "{header} markers undelivered after {} ms",
+                    timeout.as_millis()
+                ),
+            ))
+        }
     }
 }
 
@@ -701,18 +727,19 @@ impl Sink for KafkaSink {
     fn finish(&mut self) -> DataflowResult<()> {
         self.write_released()?;
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
-        let flushed = self.producer().flush(timeout);
+        let flushed = drain(self.producer(), timeout);
         self.check_deliveries()?;
-        flushed.map_err(|e| {
-            sink_error(
-                &self.config,
-                format!(
-                    "{} message(s) still undelivered after {} ms: {e}",
-                    self.producer().in_flight_count(),
-                    self.config.delivery_timeout_ms
-                ),
-            )
-        })
+        if flushed {
+            return Ok(());
+        }
+        Err(sink_error(
+            &self.config,
+            format!(
+                "{} message(s) still undelivered after {} ms",
+                self.producer().in_flight_count(),
+                self.config.delivery_timeout_ms
+            ),
+        ))
     }
 }
 
@@ -720,10 +747,10 @@ impl Drop for KafkaSink {
     fn drop(&mut self) {
         // Best effort: a run that ends without `flush` still gets its messages out.
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
-        if let Err(e) = self.producer().flush(timeout) {
+        if !drain(self.producer(), timeout) {
             warn!(
                 topic = %self.config.topic,
-                "kafka sink: {} message(s) undelivered at shutdown: {e}",
+                "kafka sink: {} message(s) undelivered at shutdown",
                 self.producer().in_flight_count()
             );
         }

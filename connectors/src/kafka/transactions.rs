@@ -27,7 +27,7 @@ use riffle_dataflow::sink::{Committer, Recovery};
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 use serde::{Deserialize, Serialize};
 
-use super::client::{client_config, Role};
+use super::client::{client_config, drain, Diagnosed, Role};
 use super::config::KafkaSinkConfig;
 use super::sink::SinkContext;
 
@@ -86,14 +86,15 @@ impl Transaction {
         config: &KafkaSinkConfig,
         id: &str,
         context: SinkContext,
-    ) -> DataflowResult<Transaction> {
+    ) -> Result<Transaction, InitError> {
         let timeout = Duration::from_millis(config.delivery_timeout_ms);
         let producer: BaseProducer<SinkContext> = transactional_config(config, id)
             .create_with_context(context)
             .map_err(|e| error(config, format!("creating a transactional producer: {e}")))?;
-        producer
-            .init_transactions(timeout)
-            .map_err(|e| error(config, format!("initialising transactions of `{id}`: {e}")))?;
+        producer.init_transactions(timeout).map_err(|e| InitError {
+            unsupported: unsupported(e.rdkafka_error_code()),
+            error: error(config, format!("initialising transactions of `{id}`: {e}")),
+        })?;
         let group = match &config.source_group {
             Some(g) => Some(GroupOffsets {
                 topic: g.topic.clone(),
@@ -153,6 +154,23 @@ impl Transaction {
         Ok(std::mem::take(&mut control.held))
     }
 
+    /// Waits for every delivery report: `commit_transaction` starts with rdkafka's `flush`,
+    /// which polls in 100 ms steps; with nothing in flight it returns at once.
+    fn drain(&self) -> DataflowResult<()> {
+        if drain(&self.producer, self.timeout) {
+            return Ok(());
+        }
+        Err(DataflowError::stage(
+            "sink",
+            format!(
+                "kafka transaction `{}`: {} message(s) undelivered after {} ms",
+                self.id,
+                self.producer.in_flight_count(),
+                self.timeout.as_millis()
+            ),
+        ))
+    }
+
     fn commit(&self, commit: Commit) -> DataflowResult<()> {
         let mut control = lock(&self.control);
         self.begin(&mut control)?;
@@ -166,6 +184,7 @@ impl Transaction {
             .send(record)
             .map_err(|(e, _)| self.failed("writing the commit record", e))?;
         let offsets = self.group_offsets()?;
+        self.drain()?;
         if let Err(e) = self.producer.commit_transaction(self.timeout) {
             // An abortable failure leaves the producer usable for the restart's sake; the run
             // still fails, and resumes from the previous commit.
@@ -232,6 +251,21 @@ impl Transaction {
             "sink",
             format!("kafka transaction `{}`: {what}: {e}{hint}", self.id),
         )
+    }
+}
+
+/// A failed initialisation, and whether it failed because the brokers have no transactions.
+pub(super) struct InitError {
+    pub unsupported: bool,
+    pub error: DataflowError,
+}
+
+impl From<DataflowError> for InitError {
+    fn from(error: DataflowError) -> Self {
+        InitError {
+            unsupported: false,
+            error,
+        }
     }
 }
 
@@ -350,13 +384,15 @@ pub fn last_commit(
     wait: Duration,
 ) -> DataflowResult<Option<Commit>> {
     let topic = commit_log_topic(&config.topic);
-    let reader = |isolation: &str| -> DataflowResult<BaseConsumer> {
+    let reader = |isolation: &str| -> DataflowResult<BaseConsumer<Diagnosed>> {
         let mut c = client_config(&config.brokers, &config.options, Role::Admin);
         c.set("group.id", format!("riffle-commits-{id}"))
             .set("enable.auto.commit", "false")
             .set("enable.partition.eof", "true")
+            // The log is small and read once: don't let the broker hold fetches for more.
+            .set("fetch.wait.max.ms", "10")
             .set("isolation.level", isolation);
-        c.create()
+        c.create_with_context(Diagnosed::default())
             .map_err(|e| error(config, format!("reading the commit log: {e}")))
     };
     let committed = reader("read_committed")?;
@@ -397,6 +433,12 @@ pub fn last_commit(
         }
         std::thread::sleep(Duration::from_millis(100));
     };
+    let (low, _) = committed
+        .fetch_watermarks(&topic, 0, timeout)
+        .map_err(|e| error(config, format!("reading `{topic}`'s start: {e}")))?;
+    if low >= end {
+        return Ok(None);
+    }
     let mut assignment = TopicPartitionList::new();
     assignment
         .add_partition_offset(&topic, 0, Offset::Beginning)

@@ -5,10 +5,11 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{ArrayRef, BinaryArray, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow_buffer::{Buffer, OffsetBuffer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use riffle_dataflow::dead_letter::DeadLetter;
-use riffle_dataflow::DataflowResult;
+use riffle_dataflow::{DataflowError, DataflowResult};
 use serde_json::Value;
 
 use super::reader::KafkaReader;
@@ -46,20 +47,17 @@ impl KafkaReader {
     /// header columns of messages `rows`.
     pub(super) fn assemble(
         &self,
-        pending: &Pending,
+        pending: &mut Pending,
         values: Option<RecordBatch>,
         rows: &[usize],
     ) -> DataflowResult<RecordBatch> {
-        let messages: Vec<&Received> = rows.iter().map(|&i| &pending.messages[i]).collect();
         let raw = values.is_none();
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
         match values {
             Some(values) => columns.extend(values.columns().iter().cloned()),
-            None => columns.push(raw::bytes_column(
-                messages.iter().map(|m| pending.value(m)),
-                pending.values.len(),
-            )),
+            None => columns.push(pending.take_values(rows)?),
         }
+        let messages: Vec<&Received> = rows.iter().map(|&i| &pending.messages[i]).collect();
         if self.config.key.is_some() {
             columns.push(Arc::new(StringArray::from_iter(
                 messages.iter().map(|m| m.key.as_deref()),
@@ -154,5 +152,33 @@ impl Pending {
 
     pub(super) fn value(&self, message: &Received) -> &[u8] {
         &self.values[message.value.clone()]
+    }
+
+    /// The values of messages `rows` as a binary column. When that is every message in order
+    /// (raw values: always), the value buffer becomes the column as is: one copy out of
+    /// librdkafka, none more.
+    fn take_values(&mut self, rows: &[usize]) -> DataflowResult<ArrayRef> {
+        let whole =
+            rows.len() == self.messages.len() && rows.iter().enumerate().all(|(i, &r)| i == r);
+        if !whole {
+            return Ok(raw::bytes_column(
+                rows.iter().map(|&i| self.value(&self.messages[i])),
+                self.values.len(),
+            ));
+        }
+        let too_big = || {
+            DataflowError::stage(
+                "source",
+                "the messages of one batch exceed the 2 GiB of a binary column (lower batch_size)",
+            )
+        };
+        let mut offsets = Vec::with_capacity(self.messages.len() + 1);
+        offsets.push(0i32);
+        for m in &self.messages {
+            offsets.push(i32::try_from(m.value.end).map_err(|_| too_big())?);
+        }
+        let values = Buffer::from_vec(std::mem::take(&mut self.values));
+        let array = BinaryArray::try_new(OffsetBuffer::new(offsets.into()), values, None)?;
+        Ok(Arc::new(array))
     }
 }

@@ -32,6 +32,16 @@ struct SourceContext {
 }
 
 impl ClientContext for SourceContext {
+    // The end of a partition is expected (`stop_at_end`) and comes through `poll` too; other
+    // client errors are transient and retried by librdkafka.
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !matches!(error, KafkaError::PartitionEOF(_))
+            && error.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
+        {
+            warn!(topic = %self.topic, "kafka source: {error}: {reason}");
+        }
+    }
+
     fn stats_raw(&self, statistics: &[u8]) {
         // Only the watermarks are needed: skip parsing the whole statistics tree into types.
         let Ok(stats) = serde_json::from_slice::<Value>(statistics) else {
@@ -329,7 +339,7 @@ impl KafkaReader {
                 return Ok(Some(self.empty_batch()));
             }
         };
-        self.batch_of(&pending).map(|(batch, _)| Some(batch))
+        self.batch_of(pending).map(|(batch, _)| Some(batch))
     }
 }
 
@@ -348,15 +358,15 @@ impl KafkaReader {
             }
             return Ok(Some(self.empty_batch()));
         }
-        let (batch, touched) = self.batch_of(&pending)?;
+        let (batch, touched) = self.batch_of(pending)?;
         self.after_batch(consumer, &touched);
         Ok(Some(batch))
     }
 
     /// The source batch of `pending`'s messages, and the partitions they came from.
-    fn batch_of(&self, pending: &Pending) -> DataflowResult<(SourceBatch, Vec<i32>)> {
-        let (values, rows, rejected) = self.decode(pending)?;
-        let records = self.assemble(pending, values, &rows)?;
+    fn batch_of(&self, mut pending: Pending) -> DataflowResult<(SourceBatch, Vec<i32>)> {
+        let (values, rows, rejected) = self.decode(&pending)?;
+        let records = self.assemble(&mut pending, values, &rows)?;
 
         let mut ranges: BTreeMap<i32, (i64, i64)> = BTreeMap::new();
         let mut bytes = 0u64;
