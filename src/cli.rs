@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use riffle_dataflow::cluster::ClusterConfig;
 
@@ -214,12 +214,20 @@ impl ClusterArgs {
             bail!("--workers must be at least 1");
         }
         let process = self.process.unwrap_or(0);
-        Ok(match &self.hostfile {
+        let cluster = match &self.hostfile {
             Some(hostfile) => ClusterConfig::from_hostfile(threads, process, hostfile)?,
             None if self.processes > 1 => {
                 ClusterConfig::local_processes(threads, self.processes, process, self.base_port)?
             }
             None => ClusterConfig::single_process(threads),
+        };
+        Ok(match std::env::var(crate::launch::CLUSTER_TOKEN) {
+            Ok(token) => cluster.with_token(
+                token
+                    .parse()
+                    .with_context(|| format!("{}={token}", crate::launch::CLUSTER_TOKEN))?,
+            ),
+            Err(_) => cluster,
         })
     }
 }

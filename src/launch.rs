@@ -31,10 +31,19 @@ pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
     }
 }
 
+/// The environment variable that hands the supervisor's cluster token to its processes.
+pub const CLUSTER_TOKEN: &str = "RIFFLE_CLUSTER_TOKEN";
+
 /// Runs the cluster until every process exits, or one fails (the others are then stopped).
 fn run_cluster_once(args: &RunArgs) -> Result<()> {
     let exe = std::env::current_exe().context("locating the riffle binary")?;
     let mut children: Vec<(usize, Child)> = Vec::new();
+    // A fresh token per start: a process left over from an earlier start, or of another
+    // cluster on the same ports, cannot join this one.
+    let token = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        ^ ((std::process::id() as u64) << 32);
     for process in 0..args.cluster.processes {
         let mut cmd = Command::new(&exe);
         cmd.arg("run")
@@ -61,6 +70,7 @@ fn run_cluster_once(args: &RunArgs) -> Result<()> {
         if args.quiet || process > 0 {
             cmd.arg("--quiet");
         }
+        cmd.env(CLUSTER_TOKEN, token.to_string());
         let child = cmd
             .spawn()
             .with_context(|| format!("starting process {process}"))?;

@@ -13,6 +13,10 @@ pub struct ClusterConfig {
     pub process: usize,
     /// `host:port` of every process, in process order; empty for a single process.
     pub addresses: Vec<String>,
+    /// Shared by the processes of one cluster, checked when they connect: a process of another
+    /// cluster that reaches a reused port is turned away instead of joining (default: a hash
+    /// of the addresses; the supervisor gives each start of its cluster a fresh one).
+    pub token: u64,
 }
 
 impl ClusterConfig {
@@ -22,6 +26,7 @@ impl ClusterConfig {
             threads: threads.max(1),
             process: 0,
             addresses: Vec::new(),
+            token: 0,
         }
     }
 
@@ -66,11 +71,19 @@ impl ClusterConfig {
                 addresses.len()
             )));
         }
+        let token = addresses_token(&addresses);
         Ok(ClusterConfig {
             threads: threads.max(1),
             process,
             addresses,
+            token,
         })
+    }
+
+    /// The same cluster with `token` (see [`ClusterConfig::token`]).
+    pub fn with_token(mut self, token: u64) -> Self {
+        self.token = token;
+        self
     }
 
     pub fn processes(&self) -> usize {
@@ -101,7 +114,7 @@ impl ClusterConfig {
         }
         use timely_communication::allocator::zero_copy::initialize::initialize_networking_from_sockets;
         use timely_communication::allocator::ProcessBuilder;
-        let sockets = connect(&self.addresses, self.process)
+        let sockets = connect(&self.addresses, self.process, self.token)
             .map_err(|e| format!("connecting the cluster: {e}"))?;
         let hooks = timely_communication::Hooks::default();
         let local = ProcessBuilder::new_typed_vector(
@@ -142,9 +155,30 @@ impl ClusterConfig {
     }
 }
 
+/// FNV-1a of the addresses: the token of processes started by hand from one hostfile.
+fn addresses_token(addresses: &[String]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in addresses.join("\n").bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// What a connecting process sends: magic, cluster token, its index.
+const HELLO: &[u8; 4] = b"RFL1";
+/// Longest a connection may take to introduce itself.
+const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One socket per other process, indexed by process: this process connects to those before it
-/// (announcing its index) and accepts those after it.
-fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::net::TcpStream>>> {
+/// (announcing the cluster's token and its index, answered by the token) and accepts those
+/// after it. A connection with another token (a process of another cluster on a reused port)
+/// is closed and waited past.
+fn connect(
+    addresses: &[String],
+    me: usize,
+    token: u64,
+) -> std::io::Result<Vec<Option<std::net::TcpStream>>> {
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
@@ -154,10 +188,24 @@ fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::n
     let accepting = std::thread::spawn(move || -> std::io::Result<Vec<(usize, TcpStream)>> {
         let mut accepted = Vec::with_capacity(later);
         while accepted.len() < later {
-            let (mut stream, _) = listener.accept()?;
+            let (mut stream, from) = listener.accept()?;
             stream.set_nodelay(true)?;
+            stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
+            let mut hello = [0u8; 20];
+            let ours = stream.read_exact(&mut hello).is_ok()
+                && &hello[..4] == HELLO
+                && hello[4..12] == token.to_le_bytes();
+            // The answer lets a stranger know it is one, and our peer that we are its cluster.
+            let _ = stream.write_all(&token.to_le_bytes());
+            if !ours {
+                tracing::warn!(
+                    "turned away a connection from {from}: not a process of this cluster"
+                );
+                continue;
+            }
+            stream.set_read_timeout(None)?;
             let mut index = [0u8; 8];
-            stream.read_exact(&mut index)?;
+            index.copy_from_slice(&hello[12..20]);
             accepted.push((u64::from_le_bytes(index) as usize, stream));
         }
         Ok(accepted)
@@ -166,8 +214,26 @@ fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::n
     for (peer, address) in addresses.iter().enumerate().take(me) {
         let started = Instant::now();
         let mut reported = Instant::now();
-        let mut stream = loop {
-            match TcpStream::connect(address.as_str()) {
+        let stream = loop {
+            let attempt = TcpStream::connect(address.as_str()).and_then(|mut s| {
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(HELLO_TIMEOUT))?;
+                let mut hello = Vec::with_capacity(20);
+                hello.extend_from_slice(HELLO);
+                hello.extend_from_slice(&token.to_le_bytes());
+                hello.extend_from_slice(&(me as u64).to_le_bytes());
+                s.write_all(&hello)?;
+                let mut answer = [0u8; 8];
+                s.read_exact(&mut answer)?;
+                if answer != token.to_le_bytes() {
+                    return Err(std::io::Error::other(
+                        "a process of another cluster answered",
+                    ));
+                }
+                s.set_read_timeout(None)?;
+                Ok(s)
+            });
+            match attempt {
                 Ok(s) => break s,
                 Err(e) => {
                     if reported.elapsed() > Duration::from_secs(5) {
@@ -181,8 +247,6 @@ fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::n
                 }
             }
         };
-        stream.set_nodelay(true)?;
-        stream.write_all(&(me as u64).to_le_bytes())?;
         sockets[peer] = Some(stream);
     }
     let accepted = accepting
@@ -203,6 +267,41 @@ fn connect(addresses: &[String], me: usize) -> std::io::Result<Vec<Option<std::n
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_process_of_another_cluster_is_turned_away() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let addresses: Vec<String> = vec![
+            format!("127.0.0.1:{port}"),
+            format!("127.0.0.1:{}", port + 1),
+        ];
+        let first = {
+            let addresses = addresses.clone();
+            std::thread::spawn(move || super::connect(&addresses, 0, 7))
+        };
+        // A stranger (token 8) keeps knocking at process 0; it never gets in.
+        {
+            let addresses = addresses.clone();
+            std::thread::spawn(move || super::connect(&addresses, 1, 8));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let ours = {
+            let mut addresses = addresses.clone();
+            // Process 1 of our cluster listens elsewhere: the stranger holds port + 1.
+            let spare = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap();
+            addresses[1] = format!("127.0.0.1:{spare}");
+            std::thread::spawn(move || super::connect(&addresses, 1, 7))
+        };
+        let first = first.join().unwrap().expect("process 0 formed its cluster");
+        let second = ours.join().unwrap().expect("process 1 formed its cluster");
+        assert!(first[1].is_some() && second[0].is_some());
+    }
+
     use super::*;
 
     #[test]

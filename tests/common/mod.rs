@@ -123,8 +123,12 @@ runtime: {{ workers: {workers}, epoch_records: 4 }}
 
 /// A port p with p and p+1 free now, below the ephemeral range (which clients draw from).
 pub fn free_port_pair() -> u16 {
-    let start = 20000 + (std::process::id() % 5000) as u16 * 2;
-    (start..30000)
+    // Each call starts past the pairs handed out before in this test binary: tests running at
+    // once must not get the same free pair (their clusters would share ports).
+    static HANDED: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let offset = HANDED.fetch_add(8, std::sync::atomic::Ordering::Relaxed) % 2000;
+    let start = 20000 + (std::process::id() % 2000) as u16 * 4 + offset;
+    (start..40000)
         .step_by(2)
         .find(|p| {
             let a = std::net::TcpListener::bind(("127.0.0.1", *p));
