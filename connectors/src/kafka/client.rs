@@ -113,20 +113,24 @@ pub fn client_config(
 
 /// Waits until every message `producer` sent is acknowledged (or failed), serving delivery
 /// reports; `false` if some are still in flight after `timeout`. rdkafka's own `flush` polls
-/// in 100 ms steps, which adds up to a tenth of a second to every wait.
+/// in 100 ms steps, which adds up to a tenth of a second to every wait; and its `poll` spins
+/// (non-blocking polls) through a last sub-millisecond remainder, so this sleeps instead.
 pub fn drain<C: rdkafka::producer::ProducerContext>(
     producer: &rdkafka::producer::BaseProducer<C>,
     timeout: std::time::Duration,
 ) -> bool {
     use rdkafka::producer::Producer;
     let deadline = std::time::Instant::now() + timeout;
-    while producer.in_flight_count() > 0 {
+    loop {
+        producer.poll(std::time::Duration::ZERO);
+        if producer.in_flight_count() == 0 {
+            return true;
+        }
         if std::time::Instant::now() > deadline {
             return false;
         }
-        producer.poll(std::time::Duration::from_millis(1));
+        std::thread::sleep(std::time::Duration::from_micros(500));
     }
-    true
 }
 
 /// A client context that keeps the first client-wide error librdkafka reports (failed
