@@ -1053,6 +1053,140 @@ fn a_second_cluster_joining_the_group_takes_partitions_without_loss_or_duplicate
     assert_eq!(got, expected, "every frame once across both clusters");
 }
 
+/// Consumer-group mode on a topic that grows: a partition added mid-run joins the assignment
+/// and its frames are committed once, with the others.
+#[test]
+fn a_partition_added_mid_run_is_read_once() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+    let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    // 60 frames as 2 cameras on 2 partitions.
+    let dir = frames_subset(tmp.path(), "street", 0..60);
+    let input = topic("grow-in");
+    produce(&[
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--partitions",
+        "2",
+        "--frames",
+        dir.to_str().unwrap(),
+        "--cameras",
+        "2",
+    ]);
+    let output = topic("grow-out");
+    let yaml = detection_from_kafka(
+        &brokers,
+        &input,
+        4,
+        Some(10),
+        &format!(
+            "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: transactions }} }}\n\
+             dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
+             runtime: {{ workers: 2, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 300 }} }}"
+        ),
+    )
+    .replace(
+        "stop_at_end: true",
+        &format!("group_id: {}", topic("grow-group")),
+    );
+    let p = write(tmp.path(), "grow.yaml", &yaml);
+    let log = std::fs::File::create(tmp.path().join("stderr.log")).unwrap();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", p.to_str().unwrap()])
+        .env("RUST_LOG", "info")
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let run = Kill(&mut run);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+
+    // A third partition, and 20 frames of a third camera in it.
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let added = runtime
+        .block_on(admin.create_partitions(
+            [&NewPartitions::new(&input, 3)],
+            &AdminOptions::new().operation_timeout(Some(std::time::Duration::from_secs(10))),
+        ))
+        .unwrap();
+    assert!(added.iter().all(|r| r.is_ok()), "{added:?}");
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create()
+        .unwrap();
+    let frames = frames_subset(&tmp.path().join("more"), "street", 60..80);
+    let mut files: Vec<_> = std::fs::read_dir(frames.join("street"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for (i, file) in files.iter().enumerate() {
+        let bytes = std::fs::read(file).unwrap();
+        let frame = (60 + i).to_string();
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "frame",
+            value: Some(frame.as_bytes()),
+        });
+        producer
+            .send(
+                BaseRecord::to(&input)
+                    .partition(2)
+                    .key("street-2")
+                    .payload(&bytes)
+                    .headers(headers),
+            )
+            .unwrap();
+    }
+    producer.flush(std::time::Duration::from_secs(30)).unwrap();
+
+    let mut expected = split_cameras("street", 60, 2);
+    expected.extend((60..80).map(|f| ("street-2".to_string(), f)));
+    expected.sort();
+    // The run never ends by itself (no stop_at_end): wait until everything is committed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let got = loop {
+        let got = frames_of_lines(&kcat_values(&brokers, &output, "read_committed"), "kcat");
+        if got.len() >= expected.len() || std::time::Instant::now() > deadline {
+            break got;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    drop(run);
+    let log = std::fs::read_to_string(tmp.path().join("stderr.log")).unwrap();
+    assert_eq!(
+        got, expected,
+        "every frame once, the added partition's too:\n{log}"
+    );
+    let assigned_2 = log.lines().any(|l| {
+        l.split("kafka group: assigned partitions [")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .is_some_and(|list| list.split(", ").any(|p| p == "2"))
+    });
+    assert!(assigned_2, "partition 2 was assigned: {log}");
+}
+
 #[test]
 fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
     let _broker = BROKER.read().unwrap_or_else(|e| e.into_inner());

@@ -84,6 +84,9 @@ pub fn client_config(
                 // Only stable offsets: a new owner waits for a pending transaction's offsets.
                 .set("isolation.level", "read_committed")
                 .set("partition.assignment.strategy", "cooperative-sticky")
+                // Partitions added to the topic join the assignment within seconds, not
+                // librdkafka's default 5 minutes.
+                .set("topic.metadata.refresh.interval.ms", "5000")
                 .set(
                     "auto.offset.reset",
                     if *start == StartAt::Latest {
