@@ -108,6 +108,13 @@ pub(super) struct Pending {
 }
 
 impl Pending {
+    pub(super) fn with_capacity(messages: usize, bytes: usize) -> Self {
+        Pending {
+            messages: Vec::with_capacity(messages),
+            values: Vec::with_capacity(bytes),
+        }
+    }
+
     pub(super) fn push(
         &mut self,
         message: &BorrowedMessage<'_>,

@@ -99,6 +99,10 @@ pub(super) struct KafkaReader {
     bytes_in: IntCounter,
     /// When pacing: the first read, and the messages read since.
     paced: Option<(Instant, u64)>,
+    /// When the last advisory commit was sent.
+    advised: Option<Instant>,
+    /// Value bytes of the last batch.
+    last_bytes: usize,
     /// Consumer-group mode: batches from the group consumer's thread.
     feed: Option<Feed>,
 }
@@ -122,6 +126,8 @@ impl KafkaReader {
             records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
             bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
             paced: None,
+            advised: None,
+            last_bytes: 0,
             feed: None,
         };
         if let Some(group) = &config.group_id {
@@ -194,7 +200,8 @@ impl KafkaReader {
     /// Polls until a batch is full, the linger time has passed, or (with `stop_at_end`) every
     /// partition is done.
     fn fill(&mut self, consumer: &BaseConsumer<SourceContext>) -> Pending {
-        let mut pending = Pending::default();
+        // Sized like the last batch: growing by doubling would copy the values again.
+        let mut pending = Pending::with_capacity(self.config.batch_size, self.last_bytes);
         let keep_headers_json = self.decoder.is_none();
         let deadline = Instant::now() + self.linger;
         while pending.messages.len() < self.config.batch_size {
@@ -251,7 +258,7 @@ impl KafkaReader {
 impl KafkaReader {
     /// Advisory bookkeeping after a batch: lag gauges and an asynchronous commit of the next
     /// offsets (for lag tools only; Riffle's checkpoints own the offsets).
-    fn after_batch(&self, consumer: &BaseConsumer<SourceContext>, touched: &[i32]) {
+    fn after_batch(&mut self, consumer: &BaseConsumer<SourceContext>) {
         let high_watermarks = lock(&consumer.context().high_watermarks).clone();
         for (p, state) in &self.partitions {
             let hw = high_watermarks.get(p).copied().max(state.end);
@@ -259,8 +266,17 @@ impl KafkaReader {
                 state.lag.set((hw - next).max(0));
             }
         }
+        // At most once a second: each commit is a request the broker serves, and lag tools
+        // sample far less often than batches arrive.
+        if self
+            .advised
+            .is_some_and(|t| t.elapsed() < ADVISORY_COMMIT_EVERY)
+        {
+            return;
+        }
+        self.advised = Some(Instant::now());
         let mut commit = TopicPartitionList::new();
-        for p in touched {
+        for p in self.partitions.keys() {
             if let Some(next) = self.partitions.get(p).and_then(|s| s.next) {
                 if let Err(e) =
                     commit.add_partition_offset(&self.config.topic, *p, Offset::Offset(next))
@@ -276,6 +292,9 @@ impl KafkaReader {
         }
     }
 }
+
+/// How often the source commits its read position to Kafka for lag tools.
+const ADVISORY_COMMIT_EVERY: Duration = Duration::from_secs(1);
 
 fn pause(consumer: &BaseConsumer<SourceContext>, config: &KafkaSourceConfig, partition: i32) {
     let mut tpl = TopicPartitionList::new();
@@ -339,7 +358,7 @@ impl KafkaReader {
                 return Ok(Some(self.empty_batch()));
             }
         };
-        self.batch_of(pending).map(|(batch, _)| Some(batch))
+        self.batch_of(pending).map(Some)
     }
 }
 
@@ -352,19 +371,20 @@ impl KafkaReader {
             return Ok(None);
         }
         let pending = self.fill(consumer);
+        self.last_bytes = pending.values.len();
         if pending.messages.is_empty() {
             if self.config.stop_at_end && self.all_finished() {
                 return Ok(None);
             }
             return Ok(Some(self.empty_batch()));
         }
-        let (batch, touched) = self.batch_of(pending)?;
-        self.after_batch(consumer, &touched);
+        let batch = self.batch_of(pending)?;
+        self.after_batch(consumer);
         Ok(Some(batch))
     }
 
-    /// The source batch of `pending`'s messages, and the partitions they came from.
-    fn batch_of(&self, mut pending: Pending) -> DataflowResult<(SourceBatch, Vec<i32>)> {
+    /// The source batch of `pending`'s messages.
+    fn batch_of(&self, mut pending: Pending) -> DataflowResult<SourceBatch> {
         let (values, rows, rejected) = self.decode(&pending)?;
         let records = self.assemble(&mut pending, values, &rows)?;
 
@@ -378,7 +398,6 @@ impl KafkaReader {
         }
         self.records_in.inc_by(pending.messages.len() as u64);
         self.bytes_in.inc_by(bytes);
-        let touched: Vec<i32> = ranges.keys().copied().collect();
         let batch = SourceBatch {
             records,
             rejected,
@@ -391,6 +410,6 @@ impl KafkaReader {
                 })
                 .collect(),
         };
-        Ok((batch, touched))
+        Ok(batch)
     }
 }
