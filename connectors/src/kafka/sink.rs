@@ -24,8 +24,8 @@ use super::client::{drain, Role};
 use super::config::{ExactlyOnce, KafkaSinkConfig, SinkFormat};
 use super::metrics::{self, kafka_metrics};
 use super::transactions::{
-    brokers_support_transactions, commit_log_topic, last_commit, recovery, Admitted, InitError,
-    Transaction, TransactionCommitter, COMMIT_RECORD,
+    brokers_support_transactions, commit_log_topic, last_commit, recovery, InitError, Transaction,
+    TransactionCommitter, COMMIT_RECORD,
 };
 
 /// Wait between polls while librdkafka's queue is full.
@@ -355,7 +355,7 @@ struct Sequence {
 }
 
 impl DeliveryState {
-    fn number(&self) -> u64 {
+    pub(super) fn number(&self) -> u64 {
         let mut s = lock(&self.sequence);
         let n = s.next;
         s.next += 1;
@@ -372,7 +372,7 @@ impl DeliveryState {
 }
 
 pub(super) struct SinkContext {
-    state: Arc<DeliveryState>,
+    pub(super) state: Arc<DeliveryState>,
     records_out: IntCounter,
     bytes_out: IntCounter,
     produce_errors: IntCounter,
@@ -485,16 +485,6 @@ impl KafkaSink {
         }
     }
 
-    /// Writes results a lifted seal held back.
-    fn write_released(&self) -> DataflowResult<()> {
-        if let Writer::Transactional(t) = &self.writer {
-            for batch in t.releasable()? {
-                self.write_rows(&batch)?;
-            }
-        }
-        Ok(())
-    }
-
     /// The error of any failed delivery so far.
     fn check_deliveries(&self) -> DataflowResult<()> {
         let failed = self.state.failed.load(Ordering::Relaxed);
@@ -529,6 +519,11 @@ impl KafkaSink {
                     value: Some(epoch.as_bytes()),
                 }),
             );
+        }
+        if let Writer::Transactional(t) = &self.writer {
+            if t.hold(key, payload, headers.as_ref())? {
+                return Ok(());
+            }
         }
         let n = self.state.number() as usize;
         let mut record =
@@ -670,16 +665,6 @@ impl Sink for KafkaSink {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        if let Writer::Transactional(t) = &self.writer {
-            match t.admit(batch)? {
-                Admitted::Held => return Ok(()),
-                Admitted::Write(held) => {
-                    for earlier in &held {
-                        self.write_rows(earlier)?;
-                    }
-                }
-            }
-        }
         self.write_rows(batch)?;
         self.producer().poll(Duration::ZERO);
         self.check_deliveries()
@@ -688,7 +673,6 @@ impl Sink for KafkaSink {
     /// Called as epochs complete: serves delivery reports and surfaces failures without
     /// waiting for the broker, so worker 0 keeps running the model meanwhile.
     fn flush(&mut self) -> DataflowResult<()> {
-        self.write_released()?;
         self.producer().poll(Duration::ZERO);
         self.check_deliveries()
     }
@@ -707,14 +691,7 @@ impl Sink for KafkaSink {
 
     fn begin_epoch(&mut self, generation: u64, epoch: riffle_dataflow::Epoch) {
         match &self.writer {
-            Writer::Transactional(t) => {
-                // Results a lifted seal held back come before this epoch's.
-                if let Err(e) = self.write_released() {
-                    lock(&self.state.first_error).get_or_insert_with(|| e.to_string());
-                    self.state.failed.fetch_add(1, Ordering::Relaxed);
-                }
-                t.enter_epoch(epoch);
-            }
+            Writer::Transactional(t) => t.enter_epoch(epoch),
             Writer::Plain(_) if self.markers => {
                 self.stamp = Some((generation.to_string(), epoch.to_string()));
             }
@@ -725,7 +702,6 @@ impl Sink for KafkaSink {
     /// End of the run: waits for every delivery report (a transaction commits with the last
     /// checkpoint).
     fn finish(&mut self) -> DataflowResult<()> {
-        self.write_released()?;
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
         let flushed = drain(self.producer(), timeout);
         self.check_deliveries()?;

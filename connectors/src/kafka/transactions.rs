@@ -15,12 +15,11 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
 use std::collections::BTreeMap;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::Message as _;
+use rdkafka::message::{Message as _, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use riffle_dataflow::sink::{Committer, Recovery};
@@ -50,6 +49,8 @@ pub struct Commit {
 pub(super) struct Transaction {
     pub producer: BaseProducer<SinkContext>,
     pub id: String,
+    /// The results topic.
+    topic: String,
     log_topic: String,
     timeout: Duration,
     control: Mutex<Control>,
@@ -71,8 +72,9 @@ struct Control {
     sealed: Option<Epoch>,
     /// The epoch the sink is writing.
     epoch: Option<Epoch>,
-    /// Results of epochs after the seal, written once the sealed transaction commits.
-    held: Vec<RecordBatch>,
+    /// Messages of epochs after the seal, sent as soon as the sealed transaction commits (or
+    /// the seal is lifted), by the commit itself: the sink may have finished by then.
+    held: Vec<Held>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -107,6 +109,7 @@ impl Transaction {
         Ok(Transaction {
             producer,
             id: id.to_string(),
+            topic: config.topic.clone(),
             log_topic: commit_log_topic(&config.topic),
             timeout,
             control: Mutex::new(Control::default()),
@@ -130,28 +133,58 @@ impl Transaction {
         lock(&self.control).epoch = Some(epoch);
     }
 
-    /// What the sink does with a batch: hold it (its epoch is past the seal), or write it
-    /// after the held ones, in an open transaction.
-    pub fn admit(&self, batch: &RecordBatch) -> DataflowResult<Admitted> {
+    /// Holds a message of an epoch past the seal (`true`), or makes sure a transaction is open
+    /// for it (`false`: the sink sends it).
+    pub fn hold(
+        &self,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        headers: Option<&OwnedHeaders>,
+    ) -> DataflowResult<bool> {
         let mut control = lock(&self.control);
         if let (Some(cut), Some(epoch)) = (control.sealed, control.epoch) {
             if epoch > cut {
-                control.held.push(batch.clone());
-                return Ok(Admitted::Held);
+                control.held.push(Held {
+                    key: key.map(<[u8]>::to_vec),
+                    payload: payload.to_vec(),
+                    headers: headers.cloned(),
+                });
+                return Ok(true);
             }
         }
         self.begin(&mut control)?;
-        Ok(Admitted::Write(std::mem::take(&mut control.held)))
+        Ok(false)
     }
 
-    /// Held batches that may be written now (the seal was lifted), in an open transaction.
-    pub fn releasable(&self) -> DataflowResult<Vec<RecordBatch>> {
-        let mut control = lock(&self.control);
-        if control.sealed.is_some() || control.held.is_empty() {
-            return Ok(Vec::new());
+    /// Sends the held messages into a new transaction.
+    fn send_held(&self, control: &mut Control) -> DataflowResult<()> {
+        if control.held.is_empty() {
+            return Ok(());
         }
-        self.begin(&mut control)?;
-        Ok(std::mem::take(&mut control.held))
+        self.begin(control)?;
+        let state = &self.producer.context().state;
+        for m in std::mem::take(&mut control.held) {
+            let n = state.number() as usize;
+            let mut record =
+                BaseRecord::<[u8], [u8], usize>::with_opaque_to(&self.topic, n).payload(&m.payload);
+            if let Some(key) = &m.key {
+                record = record.key(key);
+            }
+            if let Some(headers) = m.headers {
+                record = record.headers(headers);
+            }
+            loop {
+                match self.producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        self.producer.poll(Duration::from_millis(5));
+                    }
+                    Err((e, _)) => return Err(self.failed("sending held results", e)),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Waits for every delivery report: `commit_transaction` starts with rdkafka's `flush`,
@@ -201,7 +234,7 @@ impl Transaction {
         if let (Some(group), Some(offsets)) = (&self.group, offsets) {
             lock(&group.committed).extend(offsets);
         }
-        Ok(())
+        self.send_held(&mut control)
     }
 
     /// Adds the group offsets that moved since the last commit to the open transaction (only
@@ -269,12 +302,11 @@ impl From<DataflowError> for InitError {
     }
 }
 
-/// What the sink does with a batch in a transactional run.
-pub(super) enum Admitted {
-    /// Held until the sealed transaction commits.
-    Held,
-    /// Write these held batches, then the batch.
-    Write(Vec<RecordBatch>),
+/// A message held back by a seal.
+struct Held {
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    headers: Option<OwnedHeaders>,
 }
 
 /// The committer side of a transactional sink.
@@ -305,10 +337,8 @@ impl Committer for TransactionCommitter {
 
     fn seal(&mut self, through: Epoch) -> bool {
         let mut control = lock(&self.transaction.control);
-        // Held results of a previous seal go into the transaction first.
-        if !control.held.is_empty() {
-            return false;
-        }
+        // Held messages are sent when a seal ends: none are left by now.
+        debug_assert!(control.held.is_empty());
         control.sealed = Some(through);
         true
     }
@@ -318,8 +348,9 @@ impl Committer for TransactionCommitter {
     }
 
     fn release(&mut self) -> DataflowResult<()> {
-        lock(&self.transaction.control).sealed = None;
-        Ok(())
+        let mut control = lock(&self.transaction.control);
+        control.sealed = None;
+        self.transaction.send_held(&mut control)
     }
 }
 

@@ -177,9 +177,13 @@ pub(crate) fn run_worker(
         liveness.tick()?;
         checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
     }
-    // Only a run that wrote all its results may record that it got this far.
+    // Only a run that wrote all its results may record that it got this far. A transactional
+    // sink may need two commits here: the one sealed before the input ended, then the rest
+    // (each poll does at most one).
     if healthy(errors) {
-        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+        for _ in 0..2 {
+            checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+        }
     }
     liveness.close();
     Ok(())

@@ -427,11 +427,11 @@ impl TxnLog {
         self.commits.len()
     }
 
-    fn release_held(&mut self) {
-        if self.sealed.is_none() {
-            let held = std::mem::take(&mut self.held);
-            self.open.extend(held);
-        }
+    /// A seal ends: what it held goes into the next transaction (the sink may have finished).
+    fn end_seal(&mut self) {
+        self.sealed = None;
+        let held = std::mem::take(&mut self.held);
+        self.open.extend(held);
     }
 }
 
@@ -464,16 +464,12 @@ impl Sink for Transactional {
         let mut log = self.lock();
         match (log.sealed, log.epoch) {
             (Some(cut), Some(epoch)) if epoch > cut => log.held.push(batch.clone()),
-            _ => {
-                log.release_held();
-                log.open.push(batch.clone());
-            }
+            _ => log.open.push(batch.clone()),
         }
         Ok(())
     }
 
     fn flush(&mut self) -> DataflowResult<()> {
-        self.lock().release_held();
         Ok(())
     }
 
@@ -483,9 +479,7 @@ impl Sink for Transactional {
     }
 
     fn begin_epoch(&mut self, _generation: u64, epoch: Epoch) {
-        let mut log = self.lock();
-        log.release_held();
-        log.epoch = Some(epoch);
+        self.lock().epoch = Some(epoch);
     }
 }
 
@@ -533,7 +527,7 @@ impl crate::Committer for Transactional {
             ));
         }
         log.commits.push((generation, through));
-        log.sealed = None;
+        log.end_seal();
         Ok(())
     }
 
@@ -546,11 +540,7 @@ impl crate::Committer for Transactional {
     }
 
     fn seal(&mut self, through: Epoch) -> bool {
-        let mut log = self.lock();
-        if !log.held.is_empty() {
-            return false;
-        }
-        log.sealed = Some(through);
+        self.lock().sealed = Some(through);
         true
     }
 
@@ -559,7 +549,7 @@ impl crate::Committer for Transactional {
     }
 
     fn release(&mut self) -> DataflowResult<()> {
-        self.lock().sealed = None;
+        self.lock().end_seal();
         Ok(())
     }
 }
