@@ -8,7 +8,8 @@
 #   scripts/split-model.py, and the bundled MobileNetV2 split into two parts with it
 #   (models/parts/, generated, not committed).
 # - the Debian packages the video source and its tests need (FFmpeg's libraries and command,
-#   pkg-config and clang for the bindings, GStreamer's RTSP server for the test cameras), and
+#   pkg-config and clang for the bindings, GStreamer's RTSP server for the test cameras) and
+#   OpenSSL's headers (librdkafka's TLS and SASL), and
 #   the test videos made from the bundled frames (scripts/media.sh, into data/videos/).
 # - the Apache Kafka broker's jars (scripts/kafka.sh install, through Maven from Maven Central;
 #   Java 17 and Maven from Debian when missing) for the Kafka tests and demos.
@@ -170,14 +171,14 @@ fi
 
 # Debian packages: only those missing are installed (the machines run as root).
 DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
-  libavfilter-dev pkg-config clang libclang-dev python3-gi gir1.2-gst-rtsp-server-1.0
+  libavfilter-dev pkg-config clang libclang-dev libssl-dev python3-gi gir1.2-gst-rtsp-server-1.0
   gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad)
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: Debian packages for video present"
+  echo "setup: Debian packages for video and TLS present"
 else
   command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: ${missing[*]}" >&2; exit 1; }
   sudo=""
