@@ -136,10 +136,7 @@ fn main() -> anyhow::Result<()> {
             "topic: detections",
             &format!("topic: bench-detections-{run_id}"),
         );
-    let kafka_file = repo
-        .join("pipelines")
-        .join(format!(".bench-kafka-{run_id}.yaml"));
-    std::fs::write(&kafka_file, kafka_yaml)?;
+    let kafka_file = beside_pipelines(&repo, &format!(".bench-kafka-{run_id}.yaml"), &kafka_yaml)?;
     let files_yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception.yaml"))?
         .replace(
             "    batch_size: 4\n",
@@ -149,10 +146,7 @@ fn main() -> anyhow::Result<()> {
         files_yaml.contains("repeat:"),
         "no images batch_size to extend"
     );
-    let files_file = repo
-        .join("pipelines")
-        .join(format!(".bench-files-{run_id}.yaml"));
-    std::fs::write(&files_file, files_yaml)?;
+    let files_file = beside_pipelines(&repo, &format!(".bench-files-{run_id}.yaml"), &files_yaml)?;
     let out = std::env::temp_dir().join(format!("bench-e2e-{run_id}.jsonl"));
     let (mut files, mut kafka, mut exactly_once) = (Vec::new(), Vec::new(), Vec::new());
     let (mut kafka_ratio, mut eo_ratio) = (Vec::new(), Vec::new());
@@ -177,11 +171,7 @@ fn main() -> anyhow::Result<()> {
             eo_yaml.contains("checkpoint:"),
             "no runtime.epoch_records to extend"
         );
-        // Beside the other pipeline files: their relative paths hold.
-        let eo_file = repo
-            .join("pipelines")
-            .join(format!(".bench-kafka-eo-{run_id}.yaml"));
-        std::fs::write(&eo_file, eo_yaml)?;
+        let eo_file = beside_pipelines(&repo, &format!(".bench-kafka-eo-{run_id}.yaml"), &eo_yaml)?;
         let e = run_pipeline(&eo_file, None);
         let _ = std::fs::remove_file(&eo_file);
         let e = e?;
@@ -208,6 +198,18 @@ fn main() -> anyhow::Result<()> {
         spread(&eo_ratio, 2)
     );
     Ok(())
+}
+
+/// Writes a pipeline file into `pipelines/`, beside the shipped ones, so that their relative
+/// paths (models, data) hold.
+fn beside_pipelines(
+    repo: &std::path::Path,
+    name: &str,
+    yaml: &str,
+) -> anyhow::Result<std::path::PathBuf> {
+    let file = repo.join("pipelines").join(name);
+    std::fs::write(&file, yaml)?;
+    Ok(file)
 }
 
 /// `median (min–max)` with `digits` decimals.

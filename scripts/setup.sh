@@ -173,6 +173,18 @@ fi
 DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
   libavfilter-dev pkg-config clang libclang-dev libssl-dev python3-gi gir1.2-gst-rtsp-server-1.0
   gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad)
+# apt_install WHAT PACKAGE...: installs the packages (as root, or through sudo), saying what for.
+apt_install() {
+  local what="$1"
+  shift
+  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: $*" >&2; exit 1; }
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing Debian packages$what: $*"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
 missing=()
 for p in "${DEB_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -180,12 +192,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: Debian packages for video and TLS present"
 else
-  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: ${missing[*]}" >&2; exit 1; }
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "setup: installing Debian packages: ${missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt_install "" "${missing[@]}"
 fi
 
 # Test and demo videos (idempotent itself).
@@ -197,11 +204,6 @@ kafka_missing=()
 command -v java >/dev/null || kafka_missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || kafka_missing+=(maven)
 if [ ${#kafka_missing[@]} -gt 0 ]; then
-  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: ${kafka_missing[*]}" >&2; exit 1; }
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "setup: installing Debian packages for Kafka: ${kafka_missing[*]}"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${kafka_missing[@]}" >/dev/null
+  apt_install " for Kafka" "${kafka_missing[@]}"
 fi
 "$root/scripts/kafka.sh" install

@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::write;
+use common::{line_of, write};
 
 /// `riffle ARGS` with exactly these `RIFFLE_TEST_*` variables set (others of that prefix
 /// removed, whatever the test's own environment holds).
@@ -41,14 +41,6 @@ fn pipeline(dir: &Path, sink_extra: &str) -> std::path::PathBuf {
          sink:\n  kafka:\n    brokers: ${{RIFFLE_TEST_BROKERS:-127.0.0.1:9092}}\n    topic: out\n{sink_extra}"
     );
     write(dir, "p.yaml", &yaml)
-}
-
-fn line_of(file: &Path, needle: &str) -> usize {
-    let text = std::fs::read_to_string(file).unwrap();
-    text.lines()
-        .position(|l| l.contains(needle))
-        .expect("needle in file")
-        + 1
 }
 
 #[test]

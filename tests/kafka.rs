@@ -22,21 +22,51 @@ fn produce(args: &[&str]) {
 /// A new topic of 4 partitions holding the first `frames` bundled frames as 4 cameras
 /// (`street-0` .. `street-3`).
 fn frames_topic(brokers: &str, tmp: &std::path::Path, name: &str, frames: usize) -> String {
+    cameras_topic(brokers, tmp, name, frames, 4)
+}
+
+/// A new topic of `cameras` partitions holding the first `frames` bundled frames as that many
+/// cameras, camera k in partition k.
+fn cameras_topic(
+    brokers: &str,
+    tmp: &std::path::Path,
+    name: &str,
+    frames: usize,
+    cameras: usize,
+) -> String {
     let dir = frames_subset(tmp, "street", 0..frames);
     let input = topic(name);
+    let cameras = cameras.to_string();
     produce(&[
         "--brokers",
         brokers,
         "--topic",
         &input,
         "--partitions",
-        "4",
+        &cameras,
         "--frames",
         dir.to_str().unwrap(),
         "--cameras",
-        "4",
+        &cameras,
     ]);
     input
+}
+
+/// The YAML after the stages for an exactly-once Kafka → Kafka run: results keyed by camera to
+/// 2 partitions of `output` (`sink_extra`: more sink keys), dead letters to a file, `workers`
+/// per process, checkpoints every `interval_ms`.
+fn exactly_once_tail(
+    brokers: &str,
+    output: &str,
+    sink_extra: &str,
+    workers: usize,
+    interval_ms: u64,
+) -> String {
+    format!(
+        "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, {sink_extra} }} }}\n\
+         dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
+         runtime: {{ workers: {workers}, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: {interval_ms} }} }}"
+    )
 }
 
 fn detections_by_frame(
@@ -792,11 +822,7 @@ fn kill_9_into_a_kafka_sink_with_markers_leaves_every_result_committed_exactly_o
             &input,
             4,
             Some(15),
-            &format!(
-                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: markers }} }}\n\
-                 dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
-                 runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 700 }} }}"
-            ),
+            &exactly_once_tail(&brokers, &output, "exactly_once: markers", 1, 700),
         );
         let dir = tmp.path().join(format!("trial{trial}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -935,11 +961,7 @@ fn kill_9_at_random_moments_leaves_each_result_once_for_read_committed_consumers
             &input,
             4,
             Some(15),
-            &format!(
-                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: transactions }} }}\n\
-                 dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
-                 runtime: {{ workers: 1, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 500 }} }}"
-            ),
+            &exactly_once_tail(&brokers, &output, "exactly_once: transactions", 1, 500),
         );
         let dir = tmp.path().join(format!("trial{trial}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -994,13 +1016,18 @@ fn a_second_cluster_joining_the_group_takes_partitions_without_loss_or_duplicate
             &input,
             4,
             Some(8),
-            &format!(
-                "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: transactions, transactional_id: riffle-{name}-{output} }} }}\n\
-                 dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
-                 runtime: {{ workers: 2, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 300 }} }}"
+            &exactly_once_tail(
+                &brokers,
+                &output,
+                &format!("exactly_once: transactions, transactional_id: riffle-{name}-{output}"),
+                2,
+                300,
             ),
         )
-        .replace("stop_at_end: true", &format!("stop_at_end: true, group_id: {group}"));
+        .replace(
+            "stop_at_end: true",
+            &format!("stop_at_end: true, group_id: {group}"),
+        );
         let p = write(&dir, "group.yaml", &yaml);
         let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_riffle"))
@@ -1067,31 +1094,14 @@ fn a_partition_added_mid_run_is_read_once() {
     let brokers = brokers();
     let tmp = tempfile::tempdir().unwrap();
     // 60 frames as 2 cameras on 2 partitions.
-    let dir = frames_subset(tmp.path(), "street", 0..60);
-    let input = topic("grow-in");
-    produce(&[
-        "--brokers",
-        &brokers,
-        "--topic",
-        &input,
-        "--partitions",
-        "2",
-        "--frames",
-        dir.to_str().unwrap(),
-        "--cameras",
-        "2",
-    ]);
+    let input = cameras_topic(&brokers, tmp.path(), "grow-in", 60, 2);
     let output = topic("grow-out");
     let yaml = detection_from_kafka(
         &brokers,
         &input,
         4,
         Some(10),
-        &format!(
-            "sink: {{ kafka: {{ brokers: \"{brokers}\", topic: {output}, key: camera_id, partitions: 2, exactly_once: transactions }} }}\n\
-             dead_letter: {{ jsonl: {{ path: dead.jsonl }} }}\n\
-             runtime: {{ workers: 2, epoch_records: 4, checkpoint: {{ dir: ckpt, interval_ms: 300 }} }}"
-        ),
+        &exactly_once_tail(&brokers, &output, "exactly_once: transactions", 2, 300),
     )
     .replace(
         "stop_at_end: true",

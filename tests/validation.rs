@@ -26,14 +26,6 @@ fn error_of(file: &Path) -> String {
     }
 }
 
-fn line_of(file: &Path, needle: &str) -> usize {
-    let text = std::fs::read_to_string(file).unwrap();
-    text.lines()
-        .position(|l| l.contains(needle))
-        .expect("needle in file")
-        + 1
-}
-
 #[test]
 fn shipped_pipelines_validate() {
     require_onnx_runtime();

@@ -295,10 +295,16 @@ mod tests {
                 .map(|a| a.port())
                 .unwrap();
             addresses[1] = format!("127.0.0.1:{spare}");
-            std::thread::spawn(move || super::connect(&addresses, 1, 7))
+            let (done, result) = std::sync::mpsc::channel();
+            std::thread::spawn(move || done.send(super::connect(&addresses, 1, 7)));
+            result
         };
+        // Had process 0 let the stranger in, our process 1 would wait forever.
+        let second = ours
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("process 1 of our cluster got in")
+            .expect("process 1 formed its cluster");
         let first = first.join().unwrap().expect("process 0 formed its cluster");
-        let second = ours.join().unwrap().expect("process 1 formed its cluster");
         assert!(first[1].is_some() && second[0].is_some());
     }
 

@@ -16,6 +16,15 @@ pub fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".cache/riffle"))
 }
 
+/// The 1-based number of the first line of `file` containing `needle`.
+pub fn line_of(file: &Path, needle: &str) -> usize {
+    let text = std::fs::read_to_string(file).unwrap();
+    text.lines()
+        .position(|l| l.contains(needle))
+        .expect("needle in file")
+        + 1
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
