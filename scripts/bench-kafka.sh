@@ -32,13 +32,16 @@ version=$(sed -n 's/^KAFKA_VERSION=//p' scripts/kafka.sh)
   if [ -n "${BENCH_NOTE:-}" ]; then echo; echo "**Note:** $BENCH_NOTE"; fi
   echo
   cat <<'TEXT'
-- Ingest: the same topic read to its end by a plain rdkafka consumer (reads each payload's
-  length: no copy, no decoding) and by Riffle's Kafka source (one worker, batches of about 2 MB:
-  1,024 clicks or 64 frames; JSON decoded into Arrow columns, raw values copied once out of
-  librdkafka into a binary column); set-up (metadata, schema inference) is not timed. Clicks:
-  the 2,000-row clickstream sample replayed 100 times as JSON; frames: the bundled frames ×16
-  as JPEG bytes (32 KB each). The source's cost over the plain consumer is that copy and the
-  JSON decoding, work any consumer that keeps or uses the data does.
+- Ingest: the same topic read to its end, interleaved, by three readers: a bare poll (an
+  rdkafka consumer that reads each payload's length and keeps nothing: librdkafka's own
+  ceiling), a plain rdkafka consumer doing the job the plain way (each JSON message parsed with
+  serde_json and kept; each raw payload kept with `to_vec`), and Riffle's Kafka source (one
+  worker, batches of about 2 MB: 1,024 clicks or 64 frames; JSON decoded into Arrow columns,
+  raw values copied once out of librdkafka into one binary column). Set-up (metadata, schema
+  inference) is not timed. Clicks: the 2,000-row clickstream sample replayed 100 times as
+  JSON; frames: the bundled frames ×48 as JPEG bytes (32 KB each). The target (≥ 0.9) is
+  against the plain consumer; the gap to the bare poll is the decoding and the copy, which
+  run on the worker's thread while librdkafka fetches on its own.
 - End to end: `pipelines/camera-perception.yaml` (files) and `pipelines/camera-perception-kafka.yaml`
   (the same frames as a topic of 4 partitions, results to a topic): the bundled 250 frames
   replayed 4 times (1,000 frames), 2 workers, timed from `load` to the end of `run` (start-up
@@ -55,11 +58,11 @@ TEXT
 python3 - "$tables" <<'PY'
 import re, sys
 tables = open(sys.argv[1]).read().strip().split("\n\n")
-e2e = next(t for t in tables if t.startswith("| camera pipeline"))
+picked = "\n\n".join(t for t in tables if t.startswith(("| ingest", "| camera pipeline")))
 readme = open("README.md").read()
 start, end = "<!-- bench-kafka: written by scripts/bench-kafka.sh -->", "<!-- /bench-kafka -->"
-new = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{e2e}\n{end}", readme, flags=re.S)
+new = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{picked}\n{end}", readme, flags=re.S)
 open("README.md", "w").write(new)
 PY
-echo "bench-kafka: wrote $out and the README's Kafka table"
+echo "bench-kafka: wrote $out and the README's Kafka tables"
 cat "$tables"

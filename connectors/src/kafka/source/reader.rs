@@ -204,15 +204,29 @@ impl KafkaReader {
         let mut pending = Pending::with_capacity(self.config.batch_size, self.last_bytes);
         let keep_headers_json = self.decoder.is_none();
         let deadline = Instant::now() + self.linger;
+        // Messages already fetched are taken without a timed wait: reading the clock and
+        // arming a timeout per message cost more than copying a small one.
+        let mut ready = true;
         while pending.messages.len() < self.config.batch_size {
             if self.config.stop_at_end && self.all_finished() {
                 break;
             }
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            if remaining.is_zero() {
+            // A steady stream never runs dry: the clock is still read every so often.
+            if ready && pending.messages.len() % 256 == 255 && Instant::now() >= deadline {
                 break;
             }
-            match consumer.poll(remaining.min(POLL_SLICE)) {
+            let wait = if ready {
+                Duration::ZERO
+            } else {
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                if remaining.is_zero() {
+                    break;
+                }
+                remaining.min(POLL_SLICE)
+            };
+            let polled = consumer.poll(wait);
+            ready = polled.is_some();
+            match polled {
                 None => {}
                 Some(Ok(message)) => {
                     let Some(state) = self.partitions.get_mut(&message.partition()) else {
