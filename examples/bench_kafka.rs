@@ -95,7 +95,11 @@ fn main() -> anyhow::Result<()> {
         let (mut to_plain, mut to_bare, mut n) = (Vec::new(), Vec::new(), 0);
         for _ in 0..rounds {
             let (count, t_bare) = plain_consumer(&brokers, topic, Work::Length)?;
-            let work = if format == "json" { Work::Json } else { Work::Keep };
+            let work = if format == "json" {
+                Work::Json
+            } else {
+                Work::Keep
+            };
             let (kept, t_plain) = plain_consumer(&brokers, topic, work)?;
             let (rows, t_ours) = riffle_source(&brokers, topic, format)?;
             anyhow::ensure!(
@@ -329,4 +333,3 @@ fn run_pipeline(file: &std::path::Path, output: Option<&std::path::Path>) -> any
     )?;
     Ok(started.elapsed().as_secs_f64())
 }
-

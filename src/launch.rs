@@ -2,7 +2,12 @@
 //! cluster, watches them, and when any exits abnormally stops the others and starts the cluster
 //! again (resuming from the newest checkpoint when the pipeline has them), with capped
 //! exponential backoff.
+//!
+//! The processes never outlive it: each asks the kernel for SIGKILL when the supervisor dies
+//! (`PR_SET_PDEATHSIG`), and each holds the supervisor's run locks (inherited descriptors), so
+//! a second run of the same pipeline cannot start until the last of them has exited.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::time::Duration;
 
@@ -10,11 +15,14 @@ use anyhow::{bail, Context, Result};
 
 use crate::cli::RunArgs;
 
-pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
+/// Set in the environment of a supervisor's processes: the run locks are already held.
+pub const LOCKS_HELD: &str = "RIFFLE_LOCKS_HELD";
+
+pub fn launch_local_cluster(args: &RunArgs, lock: &riffle_pipelines::RunLock) -> Result<()> {
     let mut backoff = Duration::from_millis(100);
     let mut restarts = 0;
     loop {
-        match run_cluster_once(args) {
+        match run_cluster_once(args, lock) {
             Ok(()) => return Ok(()),
             Err(why) if restarts < args.max_restarts => {
                 restarts += 1;
@@ -35,7 +43,7 @@ pub fn launch_local_cluster(args: &RunArgs) -> Result<()> {
 pub const CLUSTER_TOKEN: &str = "RIFFLE_CLUSTER_TOKEN";
 
 /// Runs the cluster until every process exits, or one fails (the others are then stopped).
-fn run_cluster_once(args: &RunArgs) -> Result<()> {
+fn run_cluster_once(args: &RunArgs, lock: &riffle_pipelines::RunLock) -> Result<()> {
     let exe = std::env::current_exe().context("locating the riffle binary")?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     // A fresh token per start: a process left over from an earlier start, or of another
@@ -71,6 +79,8 @@ fn run_cluster_once(args: &RunArgs) -> Result<()> {
             cmd.arg("--quiet");
         }
         cmd.env(CLUSTER_TOKEN, token.to_string());
+        cmd.env(LOCKS_HELD, "1");
+        tie_to_supervisor(&mut cmd, lock.raw_fds());
         let child = cmd
             .spawn()
             .with_context(|| format!("starting process {process}"))?;
@@ -104,5 +114,31 @@ fn run_cluster_once(args: &RunArgs) -> Result<()> {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Makes the child die with the supervisor and keep the run locks' descriptors open.
+fn tie_to_supervisor(cmd: &mut Command, lock_fds: Vec<std::os::fd::RawFd>) {
+    let supervisor = std::process::id() as libc::pid_t;
+    // SAFETY: runs between fork and exec, calling only async-signal-safe functions (prctl,
+    // getppid, fcntl) on values computed before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The supervisor died before the signal was armed: nobody would kill this child.
+            if libc::getppid() != supervisor {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            // Locks are kept by the open file they belong to: a child holding the descriptor
+            // keeps the lock after the supervisor is gone, until the child exits too.
+            for fd in &lock_fds {
+                if libc::fcntl(*fd, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
     }
 }

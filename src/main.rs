@@ -63,6 +63,18 @@ fn main() {
         )
         .init();
     quiet_network_panics();
+    if matches!(
+        cli.command,
+        Command::Validate { .. } | Command::Plan { .. } | Command::Devices
+    ) {
+        // These only print: a reader that goes away (`riffle validate p.yaml | head -1`) ends
+        // them quietly, as it does other Unix tools, instead of a panic in `println!`. Commands
+        // with sockets keep Rust's default (ignored), so a closed socket is an error, not death.
+        // SAFETY: no other thread runs yet; SIG_DFL is a valid disposition for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let outcome = match cli.command {
         Command::Run(args) => run_command(args),
         Command::Validate { file } => validate_command(&file),
@@ -153,24 +165,16 @@ fn validate_command(file: &std::path::Path) -> Result<()> {
 }
 
 fn run_command(args: RunArgs) -> Result<()> {
+    let pipeline = load_for_run(&args)?;
+    // One run at a time per checkpoint directory and output: a supervisor takes the locks for
+    // its cluster and passes them down, so its own processes do not take them again.
+    let supervised = std::env::var_os(launch::LOCKS_HELD).is_some();
     if args.cluster.processes > 1
         && args.cluster.process.is_none()
         && args.cluster.hostfile.is_none()
     {
-        return launch::launch_local_cluster(&args);
-    }
-    let mut pipeline = riffle_pipelines::load(&args.file, args.output.as_deref())?;
-    if let Some(dir) = &args.checkpoint_dir {
-        let (keep, interval_ms) = pipeline
-            .runtime
-            .checkpoint
-            .as_ref()
-            .map_or((3, 0), |c| (c.keep, c.interval_ms));
-        pipeline.runtime.checkpoint = Some(riffle_pipelines::spec::CheckpointConfig {
-            dir: dir.clone(),
-            keep,
-            interval_ms,
-        });
+        let lock = riffle_pipelines::RunLock::acquire(&pipeline)?;
+        return launch::launch_local_cluster(&args, &lock);
     }
     let pipeline = Arc::new(pipeline);
     let cluster = args.cluster.to_config(
@@ -178,6 +182,12 @@ fn run_command(args: RunArgs) -> Result<()> {
         pipeline.runtime.intra_op_threads,
         riffle_pipelines::plan::uses_gpus(&pipeline),
     )?;
+    // Process 0 holds them for a cluster started by hand (or from a hostfile).
+    let _lock = if supervised || cluster.process != 0 {
+        None
+    } else {
+        Some(riffle_pipelines::RunLock::acquire(&pipeline)?)
+    };
     if matches!(args.cluster.workers, Some(cli::Workers::Auto)) {
         tracing::info!(
             "plan:\n{}",
@@ -221,6 +231,24 @@ fn run_command(args: RunArgs) -> Result<()> {
         eprint!("{}", report.summary);
     }
     Ok(())
+}
+
+/// The pipeline of `riffle run`, with the command line's `--output` and `--checkpoint-dir`.
+fn load_for_run(args: &RunArgs) -> Result<riffle_pipelines::Pipeline> {
+    let mut pipeline = riffle_pipelines::load(&args.file, args.output.as_deref())?;
+    if let Some(dir) = &args.checkpoint_dir {
+        let (keep, interval_ms) = pipeline
+            .runtime
+            .checkpoint
+            .as_ref()
+            .map_or((3, 0), |c| (c.keep, c.interval_ms));
+        pipeline.runtime.checkpoint = Some(riffle_pipelines::spec::CheckpointConfig {
+            dir: dir.clone(),
+            keep,
+            interval_ms,
+        });
+    }
+    Ok(pipeline)
 }
 
 struct Ticker(

@@ -487,3 +487,29 @@ fn validate_and_plan_need_neither_onnx_runtime_nor_cuda() {
         }
     }
 }
+
+#[test]
+fn validate_into_a_closed_pipe_ends_quietly() {
+    require_onnx_runtime();
+    // `true` exits at once: the pipe is closed before validate (which loads the models) prints.
+    let out = std::process::Command::new("bash")
+        .args([
+            "-c",
+            r#""$0" validate "$1" | true; echo "exit ${PIPESTATUS[0]}""#,
+            env!("CARGO_BIN_EXE_riffle"),
+            repo()
+                .join("pipelines/camera-perception.yaml")
+                .to_str()
+                .unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    // Killed by SIGPIPE (128 + 13), as `yes | true` is; never Rust's panic code 101.
+    assert!(
+        stdout.trim() == "exit 141" || stdout.trim() == "exit 0",
+        "{stdout} {stderr}"
+    );
+}

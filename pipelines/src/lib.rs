@@ -11,6 +11,7 @@
 //!   column types through every stage), each error naming the file, line and field.
 //! - [`plan`]: the runtime's [`riffle_dataflow::runtime::Job`] made of a validated pipeline
 //!   (each stage kind builds itself per worker), and the plan `riffle plan` prints.
+//! - [`lock`]: one run at a time per checkpoint directory and output file.
 //! - [`run()`]: a thin adapter: plan, then the runtime's run loop.
 //!
 //! No stage kind is listed here except in [`spec`]'s one registration line per kind.
@@ -18,12 +19,14 @@
 pub mod env;
 pub mod error;
 mod locate;
+pub mod lock;
 pub mod plan;
 pub mod run;
 pub mod spec;
 pub mod validate;
 
 pub use error::PipelineError;
+pub use lock::{LockError, RunLock};
 pub use run::{run, RunOptions, RunReport};
 pub use spec::PipelineSpec;
 pub use validate::{load, Pipeline};

@@ -333,7 +333,7 @@ fn validate(
 
 /// Rejected records go beside the sink's file, to `<topic>-dead-letters` (reason and stage in
 /// headers) for a Kafka sink, or to `dead-letters.jsonl` for stdout.
-fn default_dead_letter(sink: &SinkConfig) -> SinkConfig {
+pub(crate) fn default_dead_letter(sink: &SinkConfig) -> SinkConfig {
     if let SinkConfig::Kafka(kafka) = sink {
         let mut dlq = kafka.clone();
         dlq.topic = format!("{}-dead-letters", kafka.topic);
