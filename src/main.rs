@@ -242,11 +242,11 @@ fn load_for_run(args: &RunArgs) -> Result<riffle_pipelines::Pipeline> {
             .checkpoint
             .as_ref()
             .map_or((3, 0), |c| (c.keep, c.interval_ms));
-        pipeline.runtime.checkpoint = Some(riffle_pipelines::spec::CheckpointConfig {
+        pipeline.set_checkpoint(riffle_pipelines::spec::CheckpointConfig {
             dir: dir.clone(),
             keep,
             interval_ms,
-        });
+        })?;
     }
     Ok(pipeline)
 }

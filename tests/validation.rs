@@ -250,7 +250,7 @@ fn missing_source_directory_and_zero_workers() {
     let line = line_of(&f, "workers: 0");
     assert!(
         e.starts_with(&format!(
-            "{}:{line}: runtime.workers: expected a number ≥ 1",
+            "{}:{line}: runtime.workers: expected an integer from 1 to 1024, found 0",
             f.display()
         )),
         "{e}"
@@ -511,5 +511,119 @@ fn validate_into_a_closed_pipe_ends_quietly() {
     assert!(
         stdout.trim() == "exit 141" || stdout.trim() == "exit 0",
         "{stdout} {stderr}"
+    );
+}
+
+#[test]
+fn huge_numbers_are_refused_with_field_line_and_range() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let max = "9223372036854775807";
+    for (from, to, field, range) in [
+        (
+            "workers: 2",
+            format!("workers: {max}"),
+            "runtime.workers",
+            "from 1 to 1024",
+        ),
+        (
+            "max_delay_ms: 10",
+            format!("max_delay_ms: {max}"),
+            "stages[2].model.batch.max_delay_ms",
+            "from 0 to 60000",
+        ),
+        (
+            "max_size: 4",
+            format!("max_size: {max}"),
+            "stages[2].model.batch.max_size",
+            "from 1 to 65536",
+        ),
+        (
+            "score_threshold: 0.5",
+            "score_threshold: 5".to_string(),
+            "stages[3].detections.score_threshold",
+            "from 0 to 1",
+        ),
+    ] {
+        let f = edited(tmp.path(), from, &to);
+        let e = error_of(&f);
+        let line = line_of(&f, &to);
+        assert!(
+            e.starts_with(&format!("{}:{line}: {field}: expected ", f.display())),
+            "{e}"
+        );
+        assert!(e.contains(range), "{e}");
+    }
+
+    // `run` stops at once with that one line: no panic, no restarts of a supervised cluster.
+    let f = edited(tmp.path(), "workers: 2", &format!("workers: {max}"));
+    for extra in [&[][..], &["--processes", "2"][..]] {
+        let started = std::time::Instant::now();
+        let out = riffle(&[&["run", "-q", f.to_str().unwrap()][..], extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains("runtime.workers"), "{stderr}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "refused at once"
+        );
+    }
+}
+
+#[test]
+fn validate_catches_what_run_would_refuse() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    // Checkpoints need a source that can resume from offsets.
+    let f = edited(
+        tmp.path(),
+        "max_epochs_in_flight: 4",
+        "max_epochs_in_flight: 4\n  checkpoint: { dir: ckpt }",
+    );
+    let e = error_of(&f);
+    assert!(e.contains("runtime.checkpoint"), "{e}");
+    assert!(e.contains("`images` source cannot resume"), "{e}");
+    let plain = edited(tmp.path(), "workers: 2", "workers: 2");
+    let plain = std::fs::copy(&plain, tmp.path().join("plain.yaml"))
+        .map(|_| tmp.path().join("plain.yaml"))
+        .unwrap();
+    let out = riffle(&[
+        "run",
+        "-q",
+        plain.to_str().unwrap(),
+        "--checkpoint-dir",
+        tmp.path().join("ckpt").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--checkpoint-dir") && stderr.contains("cannot resume"),
+        "{stderr}"
+    );
+
+    // A sink path that is a directory, or below a file.
+    let dir = tmp.path().join("results");
+    std::fs::create_dir(&dir).unwrap();
+    // (`edited` makes paths absolute first, so the sink's path is swapped here.)
+    let sink_at = |path: &Path| {
+        let text = std::fs::read_to_string(&plain).unwrap().replace(
+            &format!("{}/out/camera-perception.jsonl", repo().display()),
+            &path.display().to_string(),
+        );
+        write(tmp.path(), "sink.yaml", &text)
+    };
+    let f = sink_at(&dir);
+    let e = error_of(&f);
+    assert!(
+        e.contains("sink.path") && e.contains("is a directory"),
+        "{e}"
+    );
+    let file = write(tmp.path(), "plain-file", "");
+    let f = sink_at(&file.join("sub/out.jsonl"));
+    let e = error_of(&f);
+    assert!(
+        e.contains("sink.path") && e.contains("is a file, not a directory"),
+        "{e}"
     );
 }

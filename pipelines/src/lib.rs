@@ -11,6 +11,7 @@
 //!   column types through every stage), each error naming the file, line and field.
 //! - [`plan`]: the runtime's [`riffle_dataflow::runtime::Job`] made of a validated pipeline
 //!   (each stage kind builds itself per worker), and the plan `riffle plan` prints.
+//! - [`ranges`]: the allowed range of every number in a pipeline file.
 //! - [`lock`]: one run at a time per checkpoint directory and output file.
 //! - [`run()`]: a thin adapter: plan, then the runtime's run loop.
 //!
@@ -21,6 +22,7 @@ pub mod error;
 mod locate;
 pub mod lock;
 pub mod plan;
+pub mod ranges;
 pub mod run;
 pub mod spec;
 pub mod validate;

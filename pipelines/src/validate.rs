@@ -42,6 +42,23 @@ impl Pipeline {
         })
     }
 
+    /// Checkpoints from the command line (`--checkpoint-dir`), checked as the file's are.
+    pub fn set_checkpoint(
+        &mut self,
+        checkpoint: crate::spec::CheckpointConfig,
+    ) -> Result<(), PipelineError> {
+        check_resumable(self.source.as_ref(), &self.spec.source.value).map_err(|message| {
+            PipelineError {
+                file: self.file.clone(),
+                line: None,
+                field: "--checkpoint-dir".into(),
+                message,
+            }
+        })?;
+        self.runtime.checkpoint = Some(checkpoint);
+        Ok(())
+    }
+
     /// The schema of the records reaching the sink.
     pub fn output_schema(&self) -> Option<&SchemaRef> {
         self.schemas.last()
@@ -71,6 +88,7 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
         e
     };
     let spec = parse(file, &env.text).map_err(redact)?;
+    check_ranges(file, &env.text, &spec).map_err(redact)?;
     let mut pipeline = validate(file, &env.text, spec, output).map_err(redact)?;
     pipeline.redactions = env.redactions;
     Ok(pipeline)
@@ -97,6 +115,40 @@ pub fn parse(file: &Path, text: &str) -> Result<PipelineSpec, PipelineError> {
             field,
             message: parser_message(&e.to_string()),
         }
+    })
+}
+
+/// Every number within its range ([`crate::ranges`]), before any of them is used.
+fn check_ranges(file: &Path, text: &str, spec: &PipelineSpec) -> Result<(), PipelineError> {
+    // The file parsed into `spec`, so it parses as a plain value too.
+    let Ok(document) = serde_saphyr::from_str::<serde_json::Value>(text) else {
+        return Ok(());
+    };
+    let Err(e) = crate::ranges::check(&document) else {
+        return Ok(());
+    };
+    let start = match e.top.as_str() {
+        "source" => line_of(&spec.source),
+        "sink" => line_of(&spec.sink),
+        "runtime" => spec.runtime.as_ref().and_then(line_of),
+        "dead_letter" => spec.dead_letter.as_ref().and_then(line_of),
+        top => top
+            .strip_prefix("stages[")
+            .and_then(|rest| rest.strip_suffix(']'))
+            .and_then(|i| i.parse::<usize>().ok())
+            .and_then(|i| spec.stages.get(i))
+            .and_then(line_of),
+    };
+    let at = Locator {
+        file,
+        lines: text.lines().collect(),
+    };
+    let line = start.and_then(|s| at.find_path(s, &e.path)).or(start);
+    Err(PipelineError {
+        file: file.to_path_buf(),
+        line,
+        field: format!("{}.{}", e.top, e.path),
+        message: e.message,
     })
 }
 
@@ -131,24 +183,7 @@ fn validate(
     if let Some(checkpoint) = runtime.checkpoint.as_mut() {
         resolve(&mut checkpoint.dir);
     }
-    for (key, value) in [
-        ("workers", runtime.workers),
-        ("intra_op_threads", runtime.intra_op_threads),
-        ("epoch_records", runtime.epoch_records),
-        (
-            "max_epochs_in_flight",
-            runtime.max_epochs_in_flight as usize,
-        ),
-    ] {
-        if value == 0 {
-            return Err(at.error(
-                runtime_line,
-                Some(key),
-                format!("runtime.{key}"),
-                "expected a number ≥ 1, found 0".into(),
-            ));
-        }
-    }
+    // Zero workers, epochs of zero records and the like are out of range (crate::ranges).
 
     // Source: its files must exist.
     let source_line = line_of(&spec.source);
@@ -177,6 +212,16 @@ fn validate(
     let source_schema = source
         .schema()
         .map_err(|e| at.error(source_line, None, "source".into(), e.to_string()))?;
+    if runtime.checkpoint.is_some() {
+        check_resumable(source.as_ref(), &spec.source.value).map_err(|message| {
+            at.error(
+                runtime_line,
+                Some("checkpoint"),
+                "runtime.checkpoint".into(),
+                message,
+            )
+        })?;
+    }
 
     // Stages: files exist, what they need of this machine is here, and the columns fit from
     // one stage to the next. No stage is built: no model session, no GPU context.
@@ -304,6 +349,20 @@ fn validate(
             }
         }
     }
+    for (field, line, config) in [
+        ("sink", sink_line, &spec.sink.value),
+        (
+            "dead_letter",
+            spec.dead_letter.as_ref().and_then(line_of),
+            &dead_letter_config,
+        ),
+    ] {
+        for path in config.paths() {
+            check_writable(path).map_err(|message| {
+                at.error(line, Some("path"), format!("{field}.path"), message)
+            })?;
+        }
+    }
     let sink: Arc<dyn SinkFactory> = Arc::from(
         spec.sink
             .value
@@ -329,6 +388,63 @@ fn validate(
         schemas,
         redactions: Redactions::default(),
     })
+}
+
+/// Checkpoints resume a source from offsets: one that cannot seek would fail at run time.
+pub(crate) fn check_resumable(
+    source: &dyn SourceFactory,
+    config: &SourceConfig,
+) -> Result<(), String> {
+    if source.checkpoint_id().is_some() {
+        return Ok(());
+    }
+    let kind = match config {
+        SourceConfig::Images(_) => "images",
+        SourceConfig::Ipc(_) => "ipc",
+        SourceConfig::Csv(_) => "csv",
+        SourceConfig::Jsonl(_) => "jsonl",
+        SourceConfig::Kafka(_) => "kafka",
+        SourceConfig::Video(_) => "video",
+    };
+    Err(format!(
+        "a `{kind}` source cannot resume from a checkpoint: expected a `kafka` source or \
+         video files (or no `runtime.checkpoint`)"
+    ))
+}
+
+/// An output file can be created where the pipeline says: not a directory, in a directory.
+fn check_writable(path: &Path) -> Result<(), String> {
+    if path.is_dir() {
+        return Err(format!(
+            "`{}` is a directory (expected a file to write)",
+            path.display()
+        ));
+    }
+    // The nearest existing ancestor: the sink creates the directories below it.
+    let mut dir = path.parent();
+    while let Some(d) = dir {
+        if d.as_os_str().is_empty() || d.exists() {
+            break;
+        }
+        dir = d.parent();
+    }
+    let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => Err(format!(
+            "`{}` cannot be created: `{}` is a file, not a directory",
+            path.display(),
+            dir.display()
+        )),
+        Ok(m) if m.permissions().readonly() => Err(format!(
+            "`{}` cannot be written: `{}` is read-only",
+            path.display(),
+            dir.display()
+        )),
+        Ok(_) => Ok(()),
+        Err(e) => Err(format!("`{}` cannot be written: {e}", path.display())),
+    }
 }
 
 /// Rejected records go beside the sink's file, to `<topic>-dead-letters` (reason and stage in

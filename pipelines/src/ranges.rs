@@ -1,0 +1,296 @@
+//! Every number in a pipeline file has a range, checked before anything reads it: a worker
+//! count of 2^63 or a batch delay of 2^63 ms is a typo, and left alone it becomes a capacity
+//! overflow, an allocation of gigabytes or a run that never ends.
+//!
+//! Ranges go by key name (the last key of a field's path, or the last two), wherever the key
+//! appears: the same name means the same kind of quantity in every source, stage and sink.
+//! Numbers under no rule must be integers that fit 32 bits or finite decimals. Maps of
+//! client options (`options`, `topic_config`) hold strings and are not looked at.
+
+use serde_json::Value;
+
+/// An allowed range, for the numbers of one key.
+#[derive(Clone, Copy, Debug)]
+pub struct Range {
+    /// The key path's end: `workers`, or `batch.max_size` for the key inside `batch`.
+    pub key: &'static str,
+    pub min: f64,
+    pub max: f64,
+    /// Whether the values are whole numbers.
+    pub integer: bool,
+}
+
+const fn int(key: &'static str, min: i64, max: i64) -> Range {
+    Range {
+        key,
+        min: min as f64,
+        max: max as f64,
+        integer: true,
+    }
+}
+
+const fn real(key: &'static str, min: f64, max: f64) -> Range {
+    Range {
+        key,
+        min,
+        max,
+        integer: false,
+    }
+}
+
+const HOUR_MS: i64 = 3_600_000;
+const DAY_MS: i64 = 24 * HOUR_MS;
+/// Ten years, in seconds: windows over event time.
+const DECADE_S: i64 = 10 * 365 * 24 * 3600;
+
+/// The ranges, most specific key first (docs/pipeline-spec.md lists them too).
+pub const RANGES: &[Range] = &[
+    // runtime
+    int("workers", 1, 1024),
+    int("intra_op_threads", 1, 1024),
+    int("epoch_records", 1, 10_000_000),
+    int("max_epochs_in_flight", 1, 1024),
+    int("peer_timeout_ms", 1, HOUR_MS),
+    int("checkpoint.keep", 2, 1000),
+    int("checkpoint.interval_ms", 0, DAY_MS),
+    int("slow_worker.worker", 0, 1023),
+    int("slow_worker.delay_ms", 0, 60_000),
+    // batching
+    int("batch.max_size", 1, 65_536),
+    int("batch.max_delay_ms", 0, 60_000),
+    int("batch_size", 1, 1_048_576),
+    int("late_after_ms", 0, HOUR_MS),
+    // sources
+    real("max_records_per_second", 1e-6, 1e9),
+    int("cameras", 1, 4096),
+    int("repeat", 1, 1_000_000),
+    int("linger_ms", 0, 60_000),
+    int("every_nth", 1, 1_000_000),
+    int("max_frames", 0, i32::MAX as i64),
+    int("queue_size", 1, 4096),
+    real("sample_fps", 1e-6, 1000.0),
+    int("timeout_ms", 1, HOUR_MS),
+    int("backoff_ms", 0, HOUR_MS),
+    int("max_backoff_ms", 0, HOUR_MS),
+    int("connect_attempts", 0, 1_000_000),
+    // Kafka
+    int("partitions", 1, 100_000),
+    int("replication_factor", -1, 1000),
+    int("delivery_timeout_ms", 1, HOUR_MS),
+    // images
+    int("width", 1, 16_384),
+    int("height", 1, 16_384),
+    real("std", 1e-9, 1e9),
+    real("mean", -1e9, 1e9),
+    real("min_size", 0.0, 16_384.0),
+    real("padding", 0.0, 16_384.0),
+    int("reinfer_every", 1, 1_000_000),
+    // detections and tracking
+    real("score_threshold", 0.0, 1.0),
+    real("iou_threshold", 0.0, 1.0),
+    real("high_threshold", 0.0, 1.0),
+    real("low_threshold", 0.0, 1.0),
+    real("new_track_threshold", 0.0, 1.0),
+    real("match_iou", 0.0, 1.0),
+    int("max_detections", 1, 100_000),
+    int("track_buffer", 1, 1_000_000),
+    int("forget_after_frames", 1, 1_000_000_000),
+    int("window_frames", 1, 1_000_000_000),
+    real("fps", 1e-6, 1000.0),
+    // recommendations
+    int("max_candidates", 1, 100_000),
+    int("seen_window", 1, DECADE_S),
+    int("window", 1, DECADE_S),
+    int("k", 1, 10_000),
+];
+
+/// Subtrees of strings for other programs (librdkafka properties, topic configs).
+const OPAQUE: &[&str] = &["options", "topic_config"];
+
+/// A number out of its range: the field's path below the top-level key and the message.
+#[derive(Debug, PartialEq)]
+pub struct OutOfRange {
+    /// `runtime`, `source`, `sink`, `dead_letter` or `stages[i]`.
+    pub top: String,
+    /// The rest of the path, dotted (`kafka.batch_size`, `model.batch.max_size`).
+    pub path: String,
+    pub message: String,
+}
+
+/// The first number of `document` (the pipeline file as a YAML value) out of its range.
+pub fn check(document: &Value) -> Result<(), OutOfRange> {
+    let Value::Object(top) = document else {
+        return Ok(());
+    };
+    for (key, value) in top {
+        match value {
+            Value::Array(stages) if key == "stages" => {
+                for (i, stage) in stages.iter().enumerate() {
+                    walk(stage, &mut Vec::new(), &format!("stages[{i}]"))?;
+                }
+            }
+            value => walk(value, &mut Vec::new(), key)?,
+        }
+    }
+    Ok(())
+}
+
+fn walk<'a>(value: &'a Value, path: &mut Vec<&'a str>, top: &str) -> Result<(), OutOfRange> {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                if OPAQUE.contains(&key.as_str()) {
+                    continue;
+                }
+                path.push(key);
+                walk(inner, path, top)?;
+                path.pop();
+            }
+            Ok(())
+        }
+        // A list's numbers share its key's range (`mean: [0.5, 0.5, 0.5]`).
+        Value::Array(items) => items.iter().try_for_each(|item| walk(item, path, top)),
+        Value::Number(n) => check_number(n, path).map_err(|message| OutOfRange {
+            top: top.to_string(),
+            path: path.join("."),
+            message,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn rule_for(path: &[&str]) -> Option<&'static Range> {
+    RANGES.iter().find(|r| {
+        let keys: Vec<&str> = r.key.split('.').collect();
+        path.len() >= keys.len() && path[path.len() - keys.len()..] == keys[..]
+    })
+}
+
+fn check_number(n: &serde_json::Number, path: &[&str]) -> Result<(), String> {
+    let value = n.as_f64().unwrap_or(f64::NAN);
+    let shown = n.to_string();
+    let whole = n.is_i64() || n.is_u64();
+    match rule_for(path) {
+        Some(r) => {
+            let kind = if r.integer { "an integer" } else { "a number" };
+            let fmt = |v: f64| {
+                if r.integer {
+                    format!("{}", v as i64)
+                } else {
+                    format!("{v}")
+                }
+            };
+            if (r.integer && !whole) || !value.is_finite() || value < r.min || value > r.max {
+                return Err(format!(
+                    "expected {kind} from {} to {}, found {shown}",
+                    fmt(r.min),
+                    fmt(r.max)
+                ));
+            }
+            Ok(())
+        }
+        None if whole => {
+            let limit = i32::MAX as f64;
+            if value.abs() > limit {
+                return Err(format!(
+                    "expected an integer from {} to {}, found {shown}",
+                    i32::MIN,
+                    i32::MAX
+                ));
+            }
+            Ok(())
+        }
+        None if !value.is_finite() => Err(format!("expected a finite number, found {shown}")),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(yaml: &str) -> Value {
+        serde_saphyr::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn huge_and_zero_counts_are_out_of_range_with_the_allowed_range() {
+        let e = check(&doc("runtime: { workers: 9223372036854775807 }")).unwrap_err();
+        assert_eq!(e.top, "runtime");
+        assert_eq!(e.path, "workers");
+        assert_eq!(
+            e.message,
+            "expected an integer from 1 to 1024, found 9223372036854775807"
+        );
+        let e = check(&doc(
+            "stages:\n  - resize: {width: 8}\n  - model: { batch: { max_size: 0 } }",
+        ))
+        .unwrap_err();
+        assert_eq!(
+            (e.top.as_str(), e.path.as_str()),
+            ("stages[1]", "model.batch.max_size")
+        );
+        assert!(e.message.contains("from 1 to 65536"), "{}", e.message);
+    }
+
+    #[test]
+    fn fractions_thresholds_and_lists_are_checked() {
+        let e = check(&doc("stages: [ { detections: { score_threshold: 1.5 } } ]")).unwrap_err();
+        assert!(
+            e.message.contains("from 0 to 1, found 1.5"),
+            "{}",
+            e.message
+        );
+        let e = check(&doc("stages: [ { resize: { std: [1, 0, 1] } } ]")).unwrap_err();
+        assert_eq!(e.path, "resize.std");
+        let e = check(&doc("runtime: { epoch_records: 2.5 }")).unwrap_err();
+        assert!(
+            e.message.starts_with("expected an integer"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn numbers_under_no_rule_fit_32_bits_and_options_are_not_numbers() {
+        let e = check(&doc("source: { images: { unknown_count: 99999999999 } }")).unwrap_err();
+        assert_eq!(e.path, "images.unknown_count");
+        assert!(check(&doc(
+            "source: { kafka: { options: { fetch.max.bytes: 99999999999 } } }"
+        ))
+        .is_ok());
+        assert!(check(&doc(
+            "runtime: { workers: 2, epoch_records: 64 }\nstages: [ { detections: { labels: { 1: person } } } ]"
+        ))
+        .is_ok());
+    }
+
+    #[test]
+    fn every_range_is_in_the_spec_reference() {
+        let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/pipeline-spec.md");
+        let doc = std::fs::read_to_string(doc).unwrap();
+        for r in RANGES {
+            assert!(
+                doc.contains(&format!("| `{}` |", r.key)),
+                "docs/pipeline-spec.md's range table lacks `{}`",
+                r.key
+            );
+        }
+    }
+
+    #[test]
+    fn shipped_pipelines_are_in_range() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut checked = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                // `${VAR}`s are strings here: only numbers are looked at.
+                check(&doc(&text)).unwrap_or_else(|e| panic!("{}: {e:?}", path.display()));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 5, "{checked} pipeline files");
+    }
+}
