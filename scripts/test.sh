@@ -31,6 +31,8 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # so a demo broker on 9092 is left alone.
 export RIFFLE_KAFKA_PORT="${RIFFLE_KAFKA_PORT:-19092}"
 export RIFFLE_KAFKA_BROKERS="127.0.0.1:$RIFFLE_KAFKA_PORT"
+# Each fuzz target (fuzz/tests/targets.rs) runs its corpus, then random inputs this long.
+export RIFFLE_FUZZ_SECONDS="${RIFFLE_FUZZ_SECONDS:-60}"
 log=$(mktemp)
 trap 'scripts/kafka.sh stop; rm -f "$log"' EXIT
 scripts/kafka.sh start

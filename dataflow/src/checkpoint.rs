@@ -118,7 +118,7 @@ impl CheckpointStore {
         if !path.exists() {
             return Ok(None);
         }
-        read(&path).map(Some).map_err(|why| {
+        read(&path, epoch).map(Some).map_err(|why| {
             DataflowError::Config(format!("checkpoint {} is unusable: {why}", path.display()))
         })
     }
@@ -145,7 +145,7 @@ impl CheckpointStore {
     pub fn latest(&self) -> DataflowResult<Option<Checkpoint>> {
         for epoch in self.epochs()?.into_iter().rev() {
             let path = self.path_of(epoch);
-            match read(&path) {
+            match read(&path, epoch) {
                 Ok(checkpoint) => return Ok(Some(checkpoint)),
                 Err(why) => tracing::warn!("skipping checkpoint {}: {why}", path.display()),
             }
@@ -154,7 +154,7 @@ impl CheckpointStore {
     }
 }
 
-fn read(path: &Path) -> Result<Checkpoint, String> {
+fn read(path: &Path, epoch: Epoch) -> Result<Checkpoint, String> {
     let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
     let (body, trailer) = text
         .rsplit_once(TRAILER)
@@ -163,7 +163,16 @@ fn read(path: &Path) -> Result<Checkpoint, String> {
     if crc32fast::hash(body.as_bytes()) != expected {
         return Err("checksum mismatch (corrupt)".into());
     }
-    serde_json::from_str(body).map_err(|e| format!("unreadable body: {e}"))
+    let checkpoint: Checkpoint =
+        serde_json::from_str(body).map_err(|e| format!("unreadable body: {e}"))?;
+    // A file copied or renamed by hand would resume from another epoch than its name says.
+    if checkpoint.epoch != epoch {
+        return Err(format!(
+            "its body is epoch {}, its name epoch {epoch}",
+            checkpoint.epoch
+        ));
+    }
+    Ok(checkpoint)
 }
 
 #[cfg(test)]
