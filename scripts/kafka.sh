@@ -5,6 +5,7 @@
 #   scripts/kafka.sh install   # fetch the jars once into the cache (needs java ≥ 17 and mvn)
 #   scripts/kafka.sh start     # install if missing, start a fresh broker (idempotent)
 #   scripts/kafka.sh stop      # stop it; nothing is left running
+#   scripts/kafka.sh restart   # kill -9 and start again on the same data (a broker crash)
 #   scripts/kafka.sh status
 #   scripts/kafka.sh pid       # the broker JVM's own pid (tests pause it to simulate an outage)
 #   scripts/kafka.sh env       # `export` lines for clients: plain and SASL_SSL addresses, CA, user
@@ -16,7 +17,7 @@
 #              password ${RIFFLE_KAFKA_PASSWORD:-riffle-secret}, server certificate from $state/ca.pem
 #   CONTROLLER ${RIFFLE_KAFKA_CONTROLLER_PORT:-PORT+2}           KRaft's own, not for clients
 # State (data, logs, certificates) in ${RIFFLE_KAFKA_DIR:-$cache/kafka-PORT}; the data is
-# wiped on every start.
+# wiped on every start (not on restart).
 set -euo pipefail
 
 KAFKA_VERSION=4.4.0
@@ -192,6 +193,11 @@ start() {
     --cluster-id "$cluster_id" \
     --add-scram "SCRAM-SHA-512=[name=$user,password=\"$password\"]" >"$state/format.log" 2>&1 ||
     { cat "$state/format.log" >&2; die "formatting $state/data failed"; }
+  launch
+}
+
+# Runs the JVM on the state in $state and waits until it answers.
+launch() {
   # exec: the recorded pid is the JVM's own, so `pid` and `stop` reach the broker itself.
   (cd "$state" && exec nohup java -Xms256m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
       -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
@@ -212,6 +218,20 @@ start() {
   tail -n 40 "$log" >&2
   stop >/dev/null
   die "the broker did not answer on $host:$port within 120 s (log $log)"
+}
+
+# A crash and a restart: kill -9, then the same broker on the same data (KRaft recovers its
+# logs; committed data and open transactions survive, as on a real host). Tests use it.
+restart() {
+  running || die "no broker is running on $host:$port (scripts/kafka.sh start)"
+  local pid
+  pid=$(cat "$state/pid")
+  kill -CONT "$pid" 2>/dev/null || true
+  kill -KILL "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  rm -f "$state/pid"
+  echo "kafka: killed pid $pid; restarting on the same data"
+  launch
 }
 
 ready() {
@@ -256,6 +276,7 @@ case "${1:-}" in
     if installed; then echo "kafka: Apache Kafka $KAFKA_VERSION present at $home"; else install; fi ;;
   start) start ;;
   stop) stop ;;
+  restart) restart ;;
   status) if running; then echo "running on $host:$port (pid $(cat "$state/pid"))"; else echo "not running"; exit 1; fi ;;
   pid) running && cat "$state/pid" ;;
   env) env_lines ;;
@@ -264,5 +285,5 @@ case "${1:-}" in
     install
     tool org.apache.kafka.tools.TopicCommand --bootstrap-server "$host:$port" --create \
       --if-not-exists --topic "$2" --partitions "${3:-4}" --replication-factor 1 ;;
-  *) echo "usage: $0 install|start|stop|status|pid|env|topic NAME [PARTITIONS]" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|stop|restart|status|pid|env|topic NAME [PARTITIONS]" >&2; exit 2 ;;
 esac

@@ -721,15 +721,45 @@ fn kill_9_of_a_worker_process_loses_and_duplicates_nothing() {
     }
 }
 
+/// The test broker's pid, now (a restart changes it).
+fn broker_pid() -> String {
+    let port = std::env::var("RIFFLE_KAFKA_PORT")
+        .expect("RIFFLE_KAFKA_PORT: the test broker's port (scripts/test.sh sets it)");
+    let out = Command::new(repo().join("scripts/kafka.sh"))
+        .arg("pid")
+        .env("RIFFLE_KAFKA_PORT", port)
+        .output()
+        .unwrap();
+    let pid = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert!(
+        out.status.success() && !pid.is_empty(),
+        "no test broker running (scripts/kafka.sh start)"
+    );
+    pid
+}
+
+/// librdkafka prefetches a whole small topic at once: with at most 64 KB queued (two frames)
+/// per partition, a run paced at a few frames a second needs the broker until its end.
+fn fetching_as_it_goes(yaml: String) -> String {
+    let paced = yaml.replace(
+        "stop_at_end: true,",
+        "stop_at_end: true, options: { queued.max.messages.kbytes: \"64\" },",
+    );
+    assert_ne!(paced, yaml, "the source's options were set");
+    paced
+}
+
+fn lines(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
 #[test]
 fn a_10_second_broker_outage_mid_run_loses_nothing() {
     // Stops the broker: no other test in this binary may run meanwhile.
     let _broker = BROKER.write().unwrap_or_else(|e| e.into_inner());
     require_onnx_runtime();
     let brokers = brokers();
-    let broker_pid = std::env::var("RIFFLE_KAFKA_PID").expect(
-        "RIFFLE_KAFKA_PID: the broker's pid (`scripts/kafka.sh pid`; scripts/test.sh sets it)",
-    );
+    let broker_pid = broker_pid();
     let tmp = tempfile::tempdir().unwrap();
     let frames = frames_subset(tmp.path(), "street", 0..120);
     let input = topic("outage-in");
@@ -746,27 +776,31 @@ fn a_10_second_broker_outage_mid_run_loses_nothing() {
         "2",
     ]);
     let out = tmp.path().join("out.jsonl");
+    // 2 workers × 8 frames/s: 120 frames take about 7.5 s of reading.
     let p = write(
         tmp.path(),
         "outage.yaml",
-        &detection_from_kafka(
+        &fetching_as_it_goes(detection_from_kafka(
             &brokers,
             &input,
             2,
-            None,
+            Some(8),
             &format!(
                 "sink: {{ jsonl: {{ path: \"{}\" }} }}\nruntime: {{ workers: 2, epoch_records: 2, max_epochs_in_flight: 1 }}",
                 out.display()
             ),
-        ),
+        )),
     );
-    let started = std::time::Instant::now();
     let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
         .args(["run", "-q", p.to_str().unwrap()])
         .env("RUST_LOG", "error")
         .spawn()
         .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while lines(&out) == 0 {
+        assert!(std::time::Instant::now() < deadline, "first results");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert!(
         run.try_wait().unwrap().is_none(),
         "the run must still be going when the broker stops"
@@ -790,18 +824,94 @@ fn a_10_second_broker_outage_mid_run_loses_nothing() {
         }
     }
     let resume = Resume(&broker_pid);
+    let at_stop = lines(&out);
     std::thread::sleep(std::time::Duration::from_secs(10));
+    // The run waited for the broker: alive, with frames it had not fetched yet.
+    let at_resume = lines(&out);
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "the run waits out the outage"
+    );
+    assert!(
+        at_resume < 120,
+        "the run needed the broker after the outage ({at_stop} results at the stop, \
+         {at_resume} at its end)"
+    );
     drop(resume);
     let status = run.wait().unwrap();
     assert!(status.success());
-    assert!(
-        started.elapsed() > std::time::Duration::from_secs(10),
-        "the run spanned the outage"
-    );
     assert_eq!(
         camera_frames(&out),
         split_cameras("street", 120, 2),
         "every frame exactly once after the outage"
+    );
+}
+
+/// The broker crashes (`kill -9`) and restarts on its data mid-run, under a Kafka → Kafka
+/// exactly-once run of 2 supervised processes: a reader with `read_committed` then sees every
+/// result once.
+#[test]
+fn a_broker_crash_and_restart_mid_run_leaves_each_result_once() {
+    let _broker = BROKER.write().unwrap_or_else(|e| e.into_inner());
+    require_onnx_runtime();
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = frames_topic(&brokers, tmp.path(), "restart-in", 120);
+    let output = topic("restart-out");
+    let p = write(
+        tmp.path(),
+        "restart.yaml",
+        &fetching_as_it_goes(detection_from_kafka(
+            &brokers,
+            &input,
+            2,
+            Some(8),
+            &exactly_once_tail(&brokers, &output, "exactly_once: transactions", 1, 500),
+        )),
+    );
+    let mut supervisor = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", p.to_str().unwrap(), "--processes", "2"])
+        .args(["--base-port", &free_port_pair().to_string()])
+        .env("RUST_LOG", "error")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    // (The sink creates the topic once it starts.)
+    let committed = || {
+        let out = kcat_read(&brokers, &output, "read_committed");
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    while committed() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "first committed results"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let before = committed();
+    assert!(
+        supervisor.try_wait().unwrap().is_none() && before < 120,
+        "the crash lands mid-run ({before} of 120 committed)"
+    );
+    let restarted = Command::new(repo().join("scripts/kafka.sh"))
+        .arg("restart")
+        .output()
+        .unwrap();
+    assert!(
+        restarted.status.success(),
+        "restarting the broker: {}",
+        String::from_utf8_lossy(&restarted.stderr)
+    );
+    let status = supervisor.wait().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut supervisor.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{stderr}");
+    let got = frames_of_lines(&kcat_values(&brokers, &output, "read_committed"), "kcat");
+    assert_eq!(
+        got,
+        split_cameras("street", 120, 4),
+        "every frame once after the broker's restart ({before} committed before it)"
     );
 }
 
@@ -900,7 +1010,17 @@ fn frames_of_lines(text: &str, reader: &str) -> Vec<(String, i64)> {
 /// Every message value of `topic` read by kcat (Debian's, an independent client) at
 /// `isolation`.
 fn kcat_values(brokers: &str, topic: &str, isolation: &str) -> String {
-    let out = Command::new("kcat")
+    let out = kcat_read(brokers, topic, isolation);
+    assert!(
+        out.status.success(),
+        "kcat: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn kcat_read(brokers: &str, topic: &str, isolation: &str) -> std::process::Output {
+    Command::new("kcat")
         .args([
             "-C",
             "-b",
@@ -914,13 +1034,7 @@ fn kcat_values(brokers: &str, topic: &str, isolation: &str) -> String {
         ])
         .args(["-X", &format!("isolation.level={isolation}"), "-f", "%s\n"])
         .output()
-        .expect("kcat (Debian package `kcat`; scripts/test.sh installs it)");
-    assert!(
-        out.status.success(),
-        "kcat: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+        .expect("kcat (Debian package `kcat`; scripts/test.sh installs it)")
 }
 
 #[test]

@@ -188,8 +188,10 @@ pub fn worker_pids(pipeline: &std::path::Path) -> Vec<u32> {
 }
 
 /// Runs `pipeline` as a supervised cluster of 2 local processes (`extra` flags added),
-/// `kill -9`s process `victim` after `after_ms`, waits for the cluster to finish by itself, and
-/// returns the supervisor's stderr, failing unless it succeeded after a restart.
+/// `kill -9`s process `victim` after `after_ms` (and once a checkpoint exists, and the results
+/// file has rows when `--output` is given: the kill lands mid-run, after something was saved),
+/// waits for the cluster to finish by itself, and returns the supervisor's stderr, failing
+/// unless it succeeded after a restart.
 pub fn run_killing_one(pipeline: &Path, extra: &[&str], victim: usize, after_ms: u64) -> String {
     let port = free_port_pair().to_string();
     let mut supervisor = Command::new(env!("CARGO_BIN_EXE_riffle"))
@@ -201,6 +203,38 @@ pub fn run_killing_one(pipeline: &Path, extra: &[&str], victim: usize, after_ms:
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(after_ms));
+    let flag = |name: &str| {
+        extra
+            .windows(2)
+            .find(|w| w[0] == name)
+            .map(|w| PathBuf::from(w[1]))
+    };
+    let checkpoints =
+        flag("--checkpoint-dir").unwrap_or_else(|| pipeline.parent().unwrap().join("ckpt"));
+    let output = flag("--output");
+    let saved = || {
+        let checkpointed = std::fs::read_dir(&checkpoints).is_ok_and(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+        });
+        let written = output
+            .as_ref()
+            .is_none_or(|o| std::fs::metadata(o).is_ok_and(|m| m.len() > 0));
+        checkpointed && written
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !saved() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a checkpoint (in {}) and results before the kill",
+            checkpoints.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        supervisor.try_wait().unwrap().is_none(),
+        "the cluster was still running when the kill came"
+    );
     let mut pids = worker_pids(pipeline);
     assert_eq!(
         pids.len(),
