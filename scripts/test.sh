@@ -20,6 +20,18 @@ if [ -z "${RIFFLE_NETNS:-}" ]; then
     echo "test: network namespaces are unavailable here (needs root and 'ip netns'): tests/netns.rs opts out (RIFFLE_NETNS=0)"
   fi
 fi
+# The disk-full test (tests/supervisor.rs) mounts a small tmpfs, which needs root.
+if [ -z "${RIFFLE_TMPFS:-}" ]; then
+  probe=$(mktemp -d)
+  if mount -t tmpfs -o size=64k tmpfs "$probe" 2>/dev/null; then
+    umount "$probe"
+    export RIFFLE_TMPFS=1
+  else
+    export RIFFLE_TMPFS=0
+    echo "test: cannot mount a tmpfs here (needs root): the disk-full test opts out (RIFFLE_TMPFS=0)"
+  fi
+  rmdir "$probe"
+fi
 # NVRTC (no GPU needed) so that the tests compile every CUDA kernel here too.
 LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH RIFFLE_EXPECT_NVRTC=1

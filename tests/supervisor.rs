@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -208,4 +209,113 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
         mid_output * 2 >= trials,
         "seed {seed}: only {mid_output} of {trials} kills landed after results were written"
     );
+}
+
+/// `RIFFLE_TMPFS=1` (set by scripts/test.sh where `mount -t tmpfs` works, i.e. as root): the
+/// disk-full test mounts a small tmpfs for its checkpoints. `RIFFLE_TMPFS=0` opts out.
+fn tmpfs_allowed() -> bool {
+    match std::env::var("RIFFLE_TMPFS").as_deref() {
+        Ok("1") => true,
+        Ok("0") => {
+            eprintln!("RIFFLE_TMPFS=0: the disk-full test is opted out");
+            false
+        }
+        _ => panic!(
+            "RIFFLE_TMPFS is not set: run as root with RIFFLE_TMPFS=1 (the test mounts a small \
+             tmpfs), or RIFFLE_TMPFS=0 to opt out; scripts/test.sh sets it"
+        ),
+    }
+}
+
+/// Unmounts the test's tmpfs however the test ends.
+struct Mounted(std::path::PathBuf);
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_during_checkpoints_is_one_clear_error_and_the_rerun_is_exactly_once() {
+    if !tmpfs_allowed() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 200;
+    let topic = id_topic(tmp.path(), "disk-full", n);
+    let disk = tmp.path().join("disk");
+    std::fs::create_dir(&disk).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a tmpfs (needs root)");
+    let _mounted = Mounted(disk.clone());
+    let pipeline = paced_pipeline(tmp.path(), &topic, 40);
+    let ckpt = disk.join("ckpt");
+    let ckpt_flag = ["--checkpoint-dir", ckpt.to_str().unwrap()];
+    let port = free_port_pair().to_string();
+    let run_args = [
+        &[
+            "run",
+            "-q",
+            pipeline.to_str().unwrap(),
+            "--processes",
+            "2",
+            "--base-port",
+            &port,
+        ][..],
+        &ckpt_flag[..],
+        &["--max-restarts", "1"][..],
+    ]
+    .concat();
+    let mut cluster = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(&run_args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("a first checkpoint", Duration::from_secs(60), || {
+        std::fs::read_dir(&ckpt).is_ok_and(|d| {
+            d.filter_map(Result::ok)
+                .any(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+        })
+    });
+    // The disk fills up mid-run.
+    let mut filler = std::fs::File::create(disk.join("filler")).unwrap();
+    let chunk = vec![0u8; 4096];
+    while std::io::Write::write_all(&mut filler, &chunk).is_ok() {}
+    drop(filler);
+    let started = Instant::now();
+    let status = cluster.wait().unwrap();
+    let mut stderr = String::new();
+    cluster
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(!status.success(), "a full disk fails the run: {stderr}");
+    assert!(
+        stderr.contains("No space left on device") && stderr.contains(ckpt.to_str().unwrap()),
+        "the error names the disk and the checkpoint directory: {stderr}"
+    );
+    assert!(
+        !stderr.contains("timed out") && !stderr.contains("panicked"),
+        "the disk, not a peer timeout or a panic: {stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "it fails promptly ({:?}): {stderr}",
+        started.elapsed()
+    );
+    // Space again: the same command resumes and every record lands once.
+    std::fs::remove_file(disk.join("filler")).unwrap();
+    riffle_ok(&run_args);
+    let counts = id_counts(&tmp.path().join("out.jsonl"));
+    assert_eq!(counts.len(), n, "every record");
+    assert!(counts.values().all(|&c| c == 1), "no duplicates");
 }

@@ -5,11 +5,12 @@ use thiserror::Error;
 pub enum DataflowError {
     #[error("arrow: {0}")]
     Arrow(#[from] arrow_schema::ArrowError),
-    #[error("{context}: {source}")]
+    // The cause is in the message and not also a `source`: chains printed whole (anyhow's
+    // `{:#}`) would say it twice.
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A column a stage needs is missing or has the wrong type.
     #[error("column `{column}`: expected {expected}, found {found}")]
@@ -41,7 +42,7 @@ impl DataflowError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         DataflowError::Io {
             context: context.into(),
-            source,
+            cause: source,
         }
     }
 

@@ -33,10 +33,10 @@ pub enum LockError {
         path: PathBuf,
         pid: Option<u32>,
     },
-    #[error("cannot lock {path}: {source}", path = .path.display())]
+    #[error("cannot lock {path}: {cause}", path = .path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -71,9 +71,9 @@ impl RunLock {
 
     fn take(&mut self, guard: Guard) -> Result<(), LockError> {
         let path = guard.lock;
-        let io = |source| LockError::Io {
+        let io = |cause| LockError::Io {
             path: path.clone(),
-            source,
+            cause,
         };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(io)?;

@@ -223,6 +223,18 @@ pub fn run(
                 .into(),
         )
     };
+    // Joining also joins the network threads, which wait for every peer to hang up. After a
+    // failure here the peers would wait for this process until their peer timeout: once the
+    // workers are done, the error is returned with those threads left to the process's exit,
+    // which closes the connections and tells the peers at once.
+    while !guards.guards().iter().all(|g| g.is_finished()) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    if cluster.processes() > 1 && !worker::healthy(&errors) {
+        let first = errors.lock().ok().and_then(|mut e| e.drain(..).next());
+        std::mem::forget(guards);
+        return Err(first.unwrap_or_else(lost));
+    }
     let outcomes = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guards.join()))
         .map_err(|_| lost())?;
     for outcome in outcomes {
