@@ -5,6 +5,9 @@ use serde_inline_default::serde_inline_default;
 
 use crate::formats::{ColumnType, MessageFormat};
 
+/// Default of `max_message_bytes`: 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
+
 /// `source: { kafka: {...} }`.
 #[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
@@ -27,6 +30,11 @@ pub struct KafkaSourceConfig {
     /// Most messages per batch.
     #[serde_inline_default(256)]
     pub batch_size: usize,
+    /// Largest message value taken into a batch; a larger one becomes a dead letter naming its
+    /// topic, partition, offset and size (librdkafka is set to fetch it, so it never stalls
+    /// its partition).
+    #[serde_inline_default(DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
     /// Longest wait to fill a batch before emitting what arrived.
     #[serde_inline_default(20)]
     pub linger_ms: u64,
