@@ -112,3 +112,49 @@ fn a_5_mb_kafka_message_between_small_ones_is_neither_stalled_nor_lost() {
     let error = run_source(tmp.path(), &source(tiny), "[]").unwrap_err();
     assert!(error.contains("too large to fetch"), "{error}");
 }
+
+/// `jpeg` with its frame header (SOF0..SOF2) claiming `width`×`height`.
+fn forge_size(jpeg: &[u8], width: u16, height: u16) -> Vec<u8> {
+    let mut forged = jpeg.to_vec();
+    let sof = forged
+        .windows(2)
+        .position(|w| w[0] == 0xff && (0xc0..=0xc2).contains(&w[1]))
+        .expect("a frame header");
+    // Marker, length (2), precision (1), then height and width, big-endian.
+    forged[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+    forged[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+    forged
+}
+
+fn frames(rows: &[Value]) -> Vec<i64> {
+    let mut frames: Vec<i64> = rows.iter().map(|r| r["frame"].as_i64().unwrap()).collect();
+    frames.sort_unstable();
+    frames
+}
+
+#[test]
+fn forged_16384x16384_headers_are_dead_letters_and_their_neighbours_results() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = frames_subset(tmp.path(), "cam", 0..6);
+    let good = std::fs::read(dir.join("cam/0001.jpg")).unwrap();
+    for frame in [1, 3, 5] {
+        let forged = forge_size(&good, 16384, 16384);
+        std::fs::write(dir.join(format!("cam/{frame:04}.jpg")), forged).unwrap();
+    }
+    let source = format!(
+        "{{ images: {{ path: \"{}\", batch_size: 6 }} }}",
+        dir.display()
+    );
+    // Two frames' pixels per batch at most: batches are split, never failed.
+    let stages = "[ { decode: { max_batch_bytes: 1100000 } } ]";
+    let (rows, dead) = run_source(tmp.path(), &source, stages).unwrap();
+    assert_eq!(frames(&rows), [0, 2, 4], "{dead:?}");
+    assert_eq!(dead.len(), 3, "{dead:?}");
+    for letter in &dead {
+        assert_eq!(letter["stage"], "decode");
+        assert_eq!(
+            letter["reason"],
+            "image of 16384x16384 (268435456 pixels) exceeds max_pixels (40000000)"
+        );
+    }
+}
