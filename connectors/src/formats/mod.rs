@@ -157,12 +157,29 @@ impl Decoder {
 
     /// A decoding error as a dead letter's reason, naming `line` of the file the record starts
     /// on where the parser would name its own numbering.
+    /// The reason is cut to an excerpt: a parser's message may quote a whole record.
     pub fn reason(&self, error: &ArrowError, line: Option<u64>) -> String {
-        match (self.format, line) {
+        let reason = match (self.format, line) {
             (TextFormat::Csv { .. }, Some(line)) => csv::reason_at_line(error, line),
             _ => error.to_string(),
-        }
+        };
+        excerpt(&reason)
     }
+}
+
+/// Longest text of a record quoted in an error or a dead letter's reason.
+pub const MAX_EXCERPT_BYTES: usize = 300;
+
+/// `text` cut to at most [`MAX_EXCERPT_BYTES`] (at a character boundary), saying how long it was.
+pub fn excerpt(text: &str) -> String {
+    if text.len() <= MAX_EXCERPT_BYTES {
+        return text.to_string();
+    }
+    let mut end = MAX_EXCERPT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 /// The payload without trailing line ends.
