@@ -158,3 +158,98 @@ fn forged_16384x16384_headers_are_dead_letters_and_their_neighbours_results() {
         );
     }
 }
+
+#[test]
+fn jsonl_records_are_checked_against_their_columns_and_limits() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The first 1000 lines (the inference sample) all have `user_id`: it is required.
+    let mut text: String = (0..1000)
+        .map(|i| format!("{{\"user_id\":{i},\"item\":\"a\"}}\n"))
+        .collect();
+    let deep = format!(
+        "{{\"user_id\":9,\"x\":{}{}}}",
+        "[".repeat(100),
+        "]".repeat(100)
+    );
+    text.push_str(&format!(
+        "42\n{{\"foo\":1}}\n{deep}\n{{\"user_id\":\"{}\"}}\n{{\"user_id\":1000,\"item\":\"b\"}}\n",
+        "y".repeat(3000)
+    ));
+    let input = write(tmp.path(), "in.jsonl", &text);
+    let source = format!(
+        "{{ jsonl: {{ path: \"{}\", max_line_bytes: 2048 }} }}",
+        input.display()
+    );
+    let (rows, dead) = run_source(tmp.path(), &source, "[]").unwrap();
+    let users: Vec<Option<i64>> = rows.iter().map(|r| r["user_id"].as_i64()).collect();
+    assert!(
+        users == (0..=1000).map(Some).collect::<Vec<_>>(),
+        "{dead:?}"
+    );
+    let mut reasons: Vec<(i64, String)> = dead
+        .iter()
+        .map(|d| {
+            let record: Value = serde_json::from_str(d["record"].as_str().unwrap()).unwrap();
+            (
+                record["line"].as_i64().unwrap(),
+                d["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    reasons.sort();
+    let lines: Vec<i64> = reasons.iter().map(|(l, _)| *l).collect();
+    assert_eq!(lines, [1001, 1002, 1003, 1004], "{reasons:?}");
+    assert!(
+        reasons[0]
+            .1
+            .ends_with("expected a JSON object, got a number"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1]
+            .1
+            .ends_with("missing required columns `item`, `user_id`"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[2].1.ends_with("JSON nested deeper than 64 levels"),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons[3].1,
+        "line 1004: record longer than max_line_bytes (2048)"
+    );
+}
+
+#[test]
+fn a_csv_source_on_a_fifo_or_dev_zero_fails_validation_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fifo = tmp.path().join("clicks.csv");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for (path, what) in [
+        (
+            fifo.to_str().unwrap(),
+            "is a FIFO (named pipe), not a regular file",
+        ),
+        ("/dev/zero", "is a character device, not a regular file"),
+    ] {
+        let p = write(
+            tmp.path(),
+            "p.yaml",
+            &format!(
+                "source: {{ csv: {{ path: \"{path}\" }} }}\nstages: []\nsink: {{ stdout: {{}} }}\n"
+            ),
+        );
+        let started = std::time::Instant::now();
+        let output = riffle(&["validate", p.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success());
+        assert!(stderr.contains(what), "{stderr}");
+        assert!(stderr.len() < 2000, "{stderr}");
+        assert!(started.elapsed() < Duration::from_secs(20));
+    }
+}

@@ -47,6 +47,8 @@ pub struct CsvSource {
     delimiter: u8,
     max_line_bytes: usize,
     schema: SchemaRef,
+    /// Columns every sampled record had a value for: required of every record.
+    required: Vec<String>,
 }
 
 impl CsvSource {
@@ -61,8 +63,9 @@ impl CsvSource {
                 )))
             }
         };
-        let schema = infer_schema(config, delimiter)?;
+        let (schema, required) = infer_schema(config, delimiter)?;
         Ok(CsvSource {
+            required,
             path: config.path.clone(),
             has_header: config.has_header,
             batch_size: config.batch_size,
@@ -81,8 +84,12 @@ fn framing(delimiter: u8) -> Framing {
 }
 
 /// Infers the columns from the header and the first records, reading at most
-/// [`INFER_BYTES`] of them (records over `max_line_bytes` left out).
-fn infer_schema(config: &CsvSourceConfig, delimiter: u8) -> DataflowResult<SchemaRef> {
+/// [`INFER_BYTES`] of them (records over `max_line_bytes` left out), and which columns every
+/// sampled record had.
+fn infer_schema(
+    config: &CsvSourceConfig,
+    delimiter: u8,
+) -> DataflowResult<(SchemaRef, Vec<String>)> {
     let path = &config.path;
     let mut reader = RecordReader::open(path, framing(delimiter), config.max_line_bytes)?;
     let mut text = Vec::new();
@@ -99,7 +106,8 @@ fn infer_schema(config: &CsvSourceConfig, delimiter: u8) -> DataflowResult<Schem
             None => {}
         }
     }
-    for record in reader.sample(INFER_RECORDS, INFER_BYTES)? {
+    let sample = reader.sample(INFER_RECORDS, INFER_BYTES)?;
+    for record in &sample {
         text.extend_from_slice(&record.bytes);
     }
     let schema = formats::csv::infer_schema(
@@ -121,7 +129,14 @@ fn infer_schema(config: &CsvSourceConfig, delimiter: u8) -> DataflowResult<Schem
             path.display()
         )));
     }
-    Ok(Arc::new(schema))
+    let schema = Arc::new(schema);
+    let decoder = Decoder::new(
+        TextFormat::Csv { delimiter },
+        formats::Framing::FileRecord,
+        schema.clone(),
+    );
+    let payloads: Vec<&[u8]> = sample.iter().map(|r| r.bytes.as_slice()).collect();
+    Ok((schema, decoder.complete_columns(&payloads)))
 }
 
 impl SourceFactory for CsvSource {
@@ -136,7 +151,8 @@ impl SourceFactory for CsvSource {
             },
             formats::Framing::FileRecord,
             self.schema.clone(),
-        );
+        )
+        .with_required(&self.required);
         let mut partition = TextPartition::new(
             &self.path,
             framing(self.delimiter),

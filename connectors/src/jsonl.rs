@@ -43,7 +43,7 @@ pub struct JsonlSource {
     path: PathBuf,
     batch_size: usize,
     max_line_bytes: usize,
-    schema: SchemaRef,
+    decoder: Decoder,
 }
 
 impl JsonlSource {
@@ -53,14 +53,14 @@ impl JsonlSource {
             path: config.path.clone(),
             batch_size: config.batch_size,
             max_line_bytes: config.max_line_bytes,
-            schema: infer_schema(&config.path, config.max_line_bytes)?,
+            decoder: infer_decoder(&config.path, config.max_line_bytes)?,
         })
     }
 }
 
 /// Infers the columns from the first lines, reading at most [`INFER_BYTES`] of them (lines
-/// over `max_line_bytes` left out).
-fn infer_schema(path: &Path, max_line_bytes: usize) -> DataflowResult<SchemaRef> {
+/// over `max_line_bytes` left out); a column every sampled object had is required.
+fn infer_decoder(path: &Path, max_line_bytes: usize) -> DataflowResult<Decoder> {
     let mut reader = RecordReader::open(path, Framing::Lines, max_line_bytes)?;
     let sample = reader.sample(INFER_RECORDS, INFER_BYTES)?;
     let schema = formats::json::infer_schema(sample.iter().map(|r| r.bytes.as_slice()))?;
@@ -70,12 +70,19 @@ fn infer_schema(path: &Path, max_line_bytes: usize) -> DataflowResult<SchemaRef>
             path.display()
         )));
     }
-    Ok(Arc::new(schema))
+    let decoder = Decoder::new(
+        TextFormat::Json,
+        formats::Framing::FileRecord,
+        Arc::new(schema),
+    );
+    let payloads: Vec<&[u8]> = sample.iter().map(|r| r.bytes.as_slice()).collect();
+    let required = decoder.complete_columns(&payloads);
+    Ok(decoder.with_required(&required))
 }
 
 impl SourceFactory for JsonlSource {
     fn schema(&self) -> DataflowResult<SchemaRef> {
-        Ok(self.schema.clone())
+        Ok(self.decoder.schema().clone())
     }
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
@@ -83,11 +90,7 @@ impl SourceFactory for JsonlSource {
             &self.path,
             Framing::Lines,
             self.max_line_bytes,
-            Decoder::new(
-                TextFormat::Json,
-                formats::Framing::FileRecord,
-                self.schema.clone(),
-            ),
+            self.decoder.clone(),
             self.batch_size,
             index,
             peers,

@@ -34,7 +34,7 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use super::client::{client_config, Diagnosed, Role};
 use super::config::{KafkaSourceConfig, StartAt};
 use super::metrics;
-use crate::formats::{self, Decoder};
+use crate::formats::Decoder;
 
 /// Longest wait for metadata, watermarks and offset look-ups.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,11 +84,7 @@ impl KafkaSourceFactory {
         let partitions = assignment::fetch_partitions(&consumer, config)?;
         let decoder = match config.format.text() {
             None => None,
-            Some(format) => Some(Decoder::new(
-                format,
-                formats::Framing::Message,
-                schema::value_schema(config, format, &partitions)?,
-            )),
+            Some(format) => Some(schema::value_decoder(config, format, &partitions)?),
         };
         let schema = schema::output_schema(config, decoder.as_ref().map(Decoder::schema))?;
         Ok(KafkaSourceFactory {
