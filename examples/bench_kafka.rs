@@ -52,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         has_header: true,
         batch_size: 2000,
         delimiter: None,
+        max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
     })
     .build()?;
     for _ in 0..CLICK_REPLAYS {
@@ -249,6 +250,7 @@ fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {
         extensions: vec!["jpg".into()],
         partition_by: PartitionBy::Camera,
         max_records_per_second: None,
+        max_file_bytes: riffle_connectors::images::DEFAULT_MAX_FILE_BYTES,
     })
     .build()
     .expect("bundled frames")

@@ -22,6 +22,7 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
                 partition_by: PartitionBy::Camera,
                 // Paced by the producer itself (--fps).
                 max_records_per_second: None,
+                max_file_bytes: riffle_connectors::images::DEFAULT_MAX_FILE_BYTES,
             };
             // --fps is per camera, as each camera streams at its own frame rate.
             (
@@ -35,6 +36,7 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
                 has_header: true,
                 batch_size: 1024,
                 delimiter: None,
+                max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
             }),
             args.rate,
         ),
@@ -42,6 +44,7 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
             SourceConfig::Jsonl(JsonlSourceConfig {
                 path: file.clone(),
                 batch_size: 1024,
+                max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
             }),
             args.rate,
         ),

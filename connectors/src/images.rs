@@ -56,7 +56,15 @@ pub struct ImagesConfig {
     /// be read), e.g. 25 × the worker's cameras to replay them as real-time streams.
     #[serde(default)]
     pub max_records_per_second: Option<f64>,
+    /// Largest file read; a larger one is a dead letter naming it and its size.
+    #[serde_inline_default(DEFAULT_MAX_FILE_BYTES)]
+    pub max_file_bytes: u64,
 }
+
+/// Default `max_file_bytes`: 64 MiB.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
+/// The most bytes a Binary column (32-bit offsets) holds: a batch's files stay within it.
+const BINARY_LIMIT: u64 = i32::MAX as u64;
 
 /// See [`ImagesConfig::partition_by`].
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -98,6 +106,9 @@ pub struct ImagesSource {
     /// Frame offset between repetitions.
     span: i64,
     pace: Option<f64>,
+    max_file_bytes: u64,
+    /// Most file bytes in one batch (a Binary column's limit; lowered by tests).
+    batch_bytes: u64,
 }
 
 impl ImagesSource {
@@ -111,6 +122,11 @@ impl ImagesSource {
         }
         if config.cameras == Some(0) {
             return Err(config_error("cameras must be at least 1".into()));
+        }
+        if config.max_file_bytes == 0 || config.max_file_bytes > BINARY_LIMIT {
+            return Err(config_error(format!(
+                "max_file_bytes must be between 1 and {BINARY_LIMIT}"
+            )));
         }
         if !config.path.is_dir() {
             return Err(config_error(format!(
@@ -158,6 +174,8 @@ impl ImagesSource {
             partition_by: config.partition_by,
             span,
             pace: config.max_records_per_second,
+            max_file_bytes: config.max_file_bytes,
+            batch_bytes: BINARY_LIMIT,
         })
     }
 
@@ -173,7 +191,9 @@ fn is_hidden(path: &Path) -> bool {
 }
 
 /// Collects image files under `dir`, following symbolic links but visiting each directory once.
-/// Hidden files and directories (names starting with `.`) are skipped.
+/// Hidden files and directories (names starting with `.`) are skipped. A FIFO, device or socket
+/// named like an image, or a loop of symbolic links, is refused by name: reading it would block
+/// or fail.
 fn list_images(
     dir: &Path,
     extensions: &[String],
@@ -197,12 +217,25 @@ fn list_images(
         }
         // `metadata` follows links, so linked directories and files count like real ones; a
         // dangling link is skipped.
-        let Ok(meta) = std::fs::metadata(&path) else {
-            continue;
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if crate::files::is_link_loop(&e) => {
+                return Err(DataflowError::Config(format!(
+                    "images source: {} is a loop of symbolic links",
+                    path.display()
+                )))
+            }
+            Err(_) => continue,
         };
         if meta.is_dir() {
             list_images(&path, extensions, visited, files)?;
-        } else if meta.is_file() && has_extension(&path, extensions) {
+        } else if has_extension(&path, extensions) {
+            if !meta.is_file() {
+                return Err(DataflowError::Config(format!(
+                    "images source: {}",
+                    crate::files::not_regular(&path, &meta)
+                )));
+            }
             files.push(path);
         }
     }
@@ -350,6 +383,8 @@ impl SourceFactory for ImagesSource {
             schema: schema(),
             pace: self.pace,
             paced: None,
+            max_file_bytes: self.max_file_bytes,
+            batch_bytes: self.batch_bytes,
         }))
     }
 
@@ -369,6 +404,27 @@ struct ImagesPartition {
     pace: Option<f64>,
     /// When pacing: the first read, and the images read since.
     paced: Option<(std::time::Instant, u64)>,
+    max_file_bytes: u64,
+    batch_bytes: u64,
+}
+
+/// Reads a whole image file of at most `max` bytes: `Ok(Err(size))` when it is larger (only
+/// `max + 1` bytes are read, whatever its size claims).
+fn read_limited(path: &Path, max: u64) -> DataflowResult<Result<Vec<u8>, u64>> {
+    use std::io::Read;
+    let (file, meta) = crate::files::open_regular(path)?;
+    if meta.len() > max {
+        return Ok(Err(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| DataflowError::io(format!("reading {}", path.display()), e))?;
+    // It grew since `stat`.
+    if bytes.len() as u64 > max {
+        return Ok(Err(bytes.len() as u64));
+    }
+    Ok(Ok(bytes))
 }
 
 impl Source for ImagesPartition {
@@ -398,30 +454,44 @@ impl Source for ImagesPartition {
         let mut contents = Vec::with_capacity(rows);
         let mut rejected = Vec::new();
         let len = self.entries.len();
-        for &i in &self.rows[start..end] {
+        let mut batch_bytes = 0u64;
+        for (k, &i) in self.rows[start..end].iter().enumerate() {
             let entry = &self.entries[i % len];
             // Checked at construction not to overflow.
             let frame = entry.frame + (i / len) as i64 * self.span;
             let path = entry.path.to_string_lossy();
-            match std::fs::read(&entry.path) {
-                Ok(bytes) => {
+            let reason = match read_limited(&entry.path, self.max_file_bytes) {
+                Ok(Ok(bytes)) => {
+                    let size = bytes.len() as u64;
+                    if !contents.is_empty() && batch_bytes + size > self.batch_bytes {
+                        // The column would pass its 2 GiB: this file starts the next batch.
+                        self.next = start + k;
+                        break;
+                    }
+                    batch_bytes += size;
                     camera_ids.push(entry.camera_id.as_str());
                     frames.push(frame);
                     paths.push(path);
                     contents.push(bytes);
+                    continue;
                 }
-                // One unreadable file must not stop the stream.
-                Err(e) => rejected.push(DeadLetter {
-                    stage: "source".to_string(),
-                    reason: format!("reading {path}: {e}"),
-                    record: serde_json::json!({
-                        "path": path,
-                        "camera_id": entry.camera_id,
-                        "frame": frame,
-                    })
-                    .to_string(),
-                }),
-            }
+                Ok(Err(size)) => format!(
+                    "{path} is {size} bytes, over max_file_bytes ({})",
+                    self.max_file_bytes
+                ),
+                Err(e) => e.to_string(),
+            };
+            // One unreadable or oversized file must not stop the stream.
+            rejected.push(DeadLetter {
+                stage: "source".to_string(),
+                reason,
+                record: serde_json::json!({
+                    "path": path,
+                    "camera_id": entry.camera_id,
+                    "frame": frame,
+                })
+                .to_string(),
+            });
         }
         let columns: Vec<ArrayRef> = vec![
             Arc::new(StringArray::from(camera_ids)),
@@ -437,6 +507,78 @@ impl Source for ImagesPartition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(path: &Path) -> ImagesConfig {
+        serde_json::from_value(serde_json::json!({ "path": path })).unwrap()
+    }
+
+    /// Every batch of a one-worker partition: (paths read, dead-letter reasons) per batch.
+    fn batches(source: &ImagesSource) -> Vec<(Vec<String>, Vec<String>)> {
+        let mut partition = source.partition(0, 1).unwrap();
+        let mut out = Vec::new();
+        while let Some(batch) = partition.next_batch().unwrap() {
+            let paths = batch
+                .records
+                .column(2)
+                .as_any()
+                .downcast_ref::<StringArray>();
+            let names = paths
+                .unwrap()
+                .iter()
+                .flatten()
+                .map(|p| Path::new(p).file_name().unwrap().to_string_lossy().into())
+                .collect();
+            let reasons = batch.rejected.iter().map(|l| l.reason.clone()).collect();
+            out.push((names, reasons));
+        }
+        out
+    }
+
+    #[test]
+    fn files_over_max_file_bytes_are_dead_letters_and_batches_stay_within_their_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, size) in [("0.jpg", 10), ("1.jpg", 300), ("2.jpg", 10), ("3.jpg", 10)] {
+            std::fs::write(dir.path().join(name), vec![0u8; size]).unwrap();
+        }
+        let mut c = config(dir.path());
+        c.max_file_bytes = 100;
+        let mut source = ImagesSource::new(&c).unwrap();
+        let got = batches(&source);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, ["0.jpg", "2.jpg", "3.jpg"]);
+        assert_eq!(got[0].1.len(), 1);
+        let reason = &got[0].1[0];
+        assert!(
+            reason.ends_with("1.jpg is 300 bytes, over max_file_bytes (100)"),
+            "{reason}"
+        );
+
+        // A batch holding no more than 25 bytes: the rest of the chunk comes next.
+        source.batch_bytes = 25;
+        let got = batches(&source);
+        let names: Vec<Vec<String>> = got.iter().map(|(n, _)| n.clone()).collect();
+        assert_eq!(names, [vec!["0.jpg", "2.jpg"], vec!["3.jpg"]]);
+
+        c.max_file_bytes = 0;
+        assert!(ImagesSource::new(&c).is_err());
+    }
+
+    #[test]
+    fn a_fifo_named_like_an_image_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("0.jpg"), b"x").unwrap();
+        let fifo = dir.path().join("1.jpg");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = ImagesSource::new(&config(dir.path()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("1.jpg is a FIFO (named pipe), not a regular file"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn frame_numbers_come_from_the_last_digits() {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, Decoder, TextFormat};
-use crate::text::{check_batch_size, Framing, RecordReader, TextPartition};
+use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
 /// Lines read to infer the schema.
 const INFER_RECORDS: usize = 1000;
@@ -30,6 +30,9 @@ pub struct JsonlSourceConfig {
     /// Lines per batch, and per chunk dealt to a worker.
     #[serde_inline_default(1024)]
     pub batch_size: usize,
+    /// Longest line (line end included); a longer one is a dead letter with its line.
+    #[serde_inline_default(crate::text::DEFAULT_MAX_LINE_BYTES)]
+    pub max_line_bytes: usize,
 }
 
 /// A configured JSON-lines source. The schema is inferred from the first 1000 lines that are
@@ -39,23 +42,27 @@ pub struct JsonlSourceConfig {
 pub struct JsonlSource {
     path: PathBuf,
     batch_size: usize,
-    schema: SchemaRef,
+    max_line_bytes: usize,
+    decoder: Decoder,
 }
 
 impl JsonlSource {
     pub fn new(config: &JsonlSourceConfig) -> DataflowResult<Self> {
-        check_batch_size("jsonl", config.batch_size)?;
+        check_config("jsonl", config.batch_size, config.max_line_bytes)?;
         Ok(JsonlSource {
             path: config.path.clone(),
             batch_size: config.batch_size,
-            schema: infer_schema(&config.path)?,
+            max_line_bytes: config.max_line_bytes,
+            decoder: infer_decoder(&config.path, config.max_line_bytes)?,
         })
     }
 }
 
-fn infer_schema(path: &Path) -> DataflowResult<SchemaRef> {
-    let mut reader = RecordReader::open(path, Framing::Lines)?;
-    let sample = reader.next_chunk(INFER_RECORDS)?;
+/// Infers the columns from the first lines, reading at most [`INFER_BYTES`] of them (lines
+/// over `max_line_bytes` left out); a column every sampled object had is required.
+fn infer_decoder(path: &Path, max_line_bytes: usize) -> DataflowResult<Decoder> {
+    let mut reader = RecordReader::open(path, Framing::Lines, max_line_bytes)?;
+    let sample = reader.sample(INFER_RECORDS, INFER_BYTES)?;
     let schema = formats::json::infer_schema(sample.iter().map(|r| r.bytes.as_slice()))?;
     if schema.fields().is_empty() {
         return Err(DataflowError::Config(format!(
@@ -63,23 +70,27 @@ fn infer_schema(path: &Path) -> DataflowResult<SchemaRef> {
             path.display()
         )));
     }
-    Ok(Arc::new(schema))
+    let decoder = Decoder::new(
+        TextFormat::Json,
+        formats::Framing::FileRecord,
+        Arc::new(schema),
+    );
+    let payloads: Vec<&[u8]> = sample.iter().map(|r| r.bytes.as_slice()).collect();
+    let required = decoder.complete_columns(&payloads);
+    Ok(decoder.with_required(&required))
 }
 
 impl SourceFactory for JsonlSource {
     fn schema(&self) -> DataflowResult<SchemaRef> {
-        Ok(self.schema.clone())
+        Ok(self.decoder.schema().clone())
     }
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
         Ok(Box::new(TextPartition::new(
             &self.path,
             Framing::Lines,
-            Decoder::new(
-                TextFormat::Json,
-                formats::Framing::FileRecord,
-                self.schema.clone(),
-            ),
+            self.max_line_bytes,
+            self.decoder.clone(),
             self.batch_size,
             index,
             peers,

@@ -19,6 +19,7 @@
 //! [`SourceConfig`] and [`SinkConfig`] are the `source:` and `sink:` blocks of a pipeline file.
 
 pub mod csv;
+mod files;
 pub mod formats;
 pub mod images;
 pub mod ipc;
@@ -39,6 +40,7 @@ pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
 pub use crate::jsonl::{JsonLinesSink, JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
 pub use crate::stdout::StdoutSinkConfig;
+pub use crate::text::DEFAULT_MAX_LINE_BYTES;
 pub use crate::video::VideoConfig;
 
 /// Where a pipeline's records come from (externally tagged: `source: { images: {...} }`).

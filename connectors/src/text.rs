@@ -17,7 +17,12 @@ use crate::formats::Decoder;
 pub(crate) struct Record {
     pub line: u64,
     pub bytes: Vec<u8>,
+    /// The record was longer than the reader's limit: `bytes` is empty, the rest was skipped.
+    pub oversized: bool,
 }
+
+/// Default `max_line_bytes` of the text sources: 1 MiB.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 1 << 20;
 
 /// Where CSV quoting stands while scanning a record; mirrors the CSV parser so that a
 /// quoted field with a newline in it stays one record.
@@ -44,6 +49,8 @@ pub(crate) struct RecordReader {
     reader: BufReader<File>,
     path: PathBuf,
     framing: Framing,
+    /// Longest record kept, line ends included; longer ones are skipped and flagged.
+    max_bytes: usize,
     /// Lines consumed so far.
     line: u64,
     /// Reused buffer for skipped records.
@@ -51,42 +58,70 @@ pub(crate) struct RecordReader {
 }
 
 impl RecordReader {
-    pub fn open(path: &Path, framing: Framing) -> DataflowResult<Self> {
-        let file = File::open(path)
-            .map_err(|e| DataflowError::io(format!("opening {}", path.display()), e))?;
+    /// Opens a regular file (a FIFO or device is refused by name: it could block or never
+    /// end); records longer than `max_bytes` are skipped and flagged.
+    pub fn open(path: &Path, framing: Framing, max_bytes: usize) -> DataflowResult<Self> {
+        let (file, _) = crate::files::open_regular(path)?;
         Ok(RecordReader {
             reader: BufReader::with_capacity(256 * 1024, file),
             path: path.to_path_buf(),
             framing,
+            max_bytes,
             line: 0,
             scratch: Vec::new(),
         })
     }
 
-    fn read_line(&mut self, buf: &mut Vec<u8>) -> DataflowResult<usize> {
-        let n = self
-            .reader
-            .read_until(b'\n', buf)
-            .map_err(|e| DataflowError::io(format!("reading {}", self.path.display()), e))?;
-        if n > 0 {
+    /// Appends one line to `buf` while `buf` stays within `max_bytes`; past that, the rest of
+    /// the line is read and dropped. Returns the bytes consumed and whether any were dropped.
+    fn read_line(&mut self, buf: &mut Vec<u8>) -> DataflowResult<(usize, bool)> {
+        let io = |e| DataflowError::io(format!("reading {}", self.path.display()), e);
+        let (mut consumed, mut dropped) = (0, false);
+        loop {
+            let available = match self.reader.fill_buf() {
+                Ok(available) => available,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io(e)),
+            };
+            if available.is_empty() {
+                break;
+            }
+            let newline = available.iter().position(|&b| b == b'\n');
+            let take = newline.map_or(available.len(), |i| i + 1);
+            if !dropped && buf.len() + take <= self.max_bytes {
+                buf.extend_from_slice(&available[..take]);
+            } else {
+                dropped = true;
+            }
+            self.reader.consume(take);
+            consumed += take;
+            if newline.is_some() {
+                break;
+            }
+        }
+        if consumed > 0 {
             self.line += 1;
         }
-        Ok(n)
+        Ok((consumed, dropped))
     }
 
     /// Reads the next non-blank record into `bytes` (cleared first) and returns the line it
-    /// starts on, or `None` at the end of the file.
-    fn read_record(&mut self, bytes: &mut Vec<u8>) -> DataflowResult<Option<u64>> {
+    /// starts on and whether it was over the limit (then `bytes` is empty), or `None` at the
+    /// end of the file.
+    fn read_record(&mut self, bytes: &mut Vec<u8>) -> DataflowResult<Option<(u64, bool)>> {
         loop {
             bytes.clear();
-            if self.read_line(bytes)? == 0 {
+            let (n, mut dropped) = self.read_line(bytes)?;
+            if n == 0 {
                 return Ok(None);
             }
             let line = self.line;
             if let Framing::Csv { delimiter, quote } = self.framing {
                 let mut state = CsvState::FieldStart;
                 let mut scanned = 0;
-                loop {
+                // Once over the limit the quoting is no longer followed: the record ends with
+                // the line where it passed the limit.
+                while !dropped {
                     state = scan_csv(&bytes[scanned..], state, delimiter, quote);
                     // An open quote at the end of a line continues the record; at the end of
                     // the file the parser rejects it.
@@ -94,10 +129,16 @@ impl RecordReader {
                         break;
                     }
                     scanned = bytes.len();
-                    if self.read_line(bytes)? == 0 {
+                    let (n, over) = self.read_line(bytes)?;
+                    dropped = over;
+                    if n == 0 {
                         break;
                     }
                 }
+            }
+            if dropped {
+                bytes.clear();
+                return Ok(Some((line, true)));
             }
             if bytes.iter().all(u8::is_ascii_whitespace) {
                 continue;
@@ -105,7 +146,7 @@ impl RecordReader {
             if bytes.last() != Some(&b'\n') {
                 bytes.push(b'\n');
             }
-            return Ok(Some(line));
+            return Ok(Some((line, false)));
         }
     }
 
@@ -114,7 +155,29 @@ impl RecordReader {
         let mut bytes = Vec::new();
         Ok(self
             .read_record(&mut bytes)?
-            .map(|line| Record { line, bytes }))
+            .map(|(line, oversized)| Record {
+                line,
+                bytes,
+                oversized,
+            }))
+    }
+
+    /// Sample records for schema inference: up to `records` of them, stopping once `bytes`
+    /// are read; records over the limit are left out.
+    pub fn sample(&mut self, records: usize, bytes: usize) -> DataflowResult<Vec<Record>> {
+        let mut sample = Vec::new();
+        let mut read = 0;
+        while sample.len() < records && read < bytes {
+            match self.next_record()? {
+                Some(r) if r.oversized => read += self.max_bytes,
+                Some(r) => {
+                    read += r.bytes.len();
+                    sample.push(r);
+                }
+                None => break,
+            }
+        }
+        Ok(sample)
     }
 
     /// Passes over up to `n` records without keeping them (other workers' chunks); returns how
@@ -174,6 +237,7 @@ impl TextPartition {
     pub fn new(
         path: &Path,
         framing: Framing,
+        max_line_bytes: usize,
         decoder: Decoder,
         batch_size: usize,
         index: usize,
@@ -181,7 +245,7 @@ impl TextPartition {
     ) -> DataflowResult<Self> {
         crate::check_partition(index, peers)?;
         Ok(TextPartition {
-            reader: RecordReader::open(path, framing)?,
+            reader: RecordReader::open(path, framing, max_line_bytes)?,
             decoder,
             path: path.to_path_buf(),
             batch_size,
@@ -198,20 +262,37 @@ impl TextPartition {
 
     /// Decodes a chunk, rejecting only its bad records.
     fn decode_chunk(&self, records: &[Record]) -> DataflowResult<SourceBatch> {
-        let payloads: Vec<&[u8]> = records.iter().map(|r| r.bytes.as_slice()).collect();
-        let decoded = self.decoder.decode_or_reject(&payloads, |i, e| {
-            let line = records[i].line;
-            DeadLetter {
-                stage: "source".to_string(),
-                reason: self.decoder.reason(e, Some(line)),
-                record: serde_json::json!({
-                    "path": self.path.to_string_lossy(),
-                    "line": line,
-                })
-                .to_string(),
+        let letter = |line: u64, reason: String| DeadLetter {
+            stage: "source".to_string(),
+            reason,
+            record: serde_json::json!({
+                "path": self.path.to_string_lossy(),
+                "line": line,
+            })
+            .to_string(),
+        };
+        let mut rejected = Vec::new();
+        let mut fits = Vec::with_capacity(records.len());
+        for r in records {
+            if r.oversized {
+                rejected.push(letter(
+                    r.line,
+                    format!(
+                        "line {}: record longer than max_line_bytes ({})",
+                        r.line, self.reader.max_bytes
+                    ),
+                ));
+            } else {
+                fits.push(r);
             }
+        }
+        let payloads: Vec<&[u8]> = fits.iter().map(|r| r.bytes.as_slice()).collect();
+        let decoded = self.decoder.decode_or_reject(&payloads, |i, e| {
+            let line = fits[i].line;
+            letter(line, self.decoder.reason(e, Some(line)))
         })?;
-        Ok(SourceBatch::new(decoded.batch, decoded.rejected))
+        rejected.extend(decoded.rejected);
+        Ok(SourceBatch::new(decoded.batch, rejected))
     }
 }
 
@@ -233,15 +314,31 @@ impl Source for TextPartition {
     }
 }
 
-/// Config check shared by the text sources.
-pub(crate) fn check_batch_size(kind: &str, batch_size: usize) -> DataflowResult<()> {
+/// Config checks shared by the text sources.
+pub(crate) fn check_config(
+    kind: &str,
+    batch_size: usize,
+    max_line_bytes: usize,
+) -> DataflowResult<()> {
     if batch_size == 0 {
         return Err(DataflowError::Config(format!(
             "{kind} source: batch_size must be at least 1"
         )));
     }
+    // A record is one row of a batch's columns, which hold at most 2 GiB.
+    if max_line_bytes == 0 || max_line_bytes > MAX_LINE_BYTES_LIMIT {
+        return Err(DataflowError::Config(format!(
+            "{kind} source: max_line_bytes must be between 1 and {MAX_LINE_BYTES_LIMIT}"
+        )));
+    }
     Ok(())
 }
+
+/// The largest `max_line_bytes`: 256 MiB.
+const MAX_LINE_BYTES_LIMIT: usize = 256 << 20;
+
+/// Bytes sampled at most to infer a text file's schema.
+pub(crate) const INFER_BYTES: usize = 16 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -251,12 +348,15 @@ mod tests {
     fn records(text: &str, framing: Framing) -> Vec<(u64, String)> {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         file.write_all(text.as_bytes()).unwrap();
-        let mut reader = RecordReader::open(file.path(), framing).unwrap();
+        let mut reader = RecordReader::open(file.path(), framing, 64).unwrap();
         reader
             .next_chunk(usize::MAX)
             .unwrap()
             .into_iter()
-            .map(|r| (r.line, String::from_utf8(r.bytes).unwrap()))
+            .map(|r| {
+                let text = String::from_utf8(r.bytes).unwrap();
+                (r.line, if r.oversized { "<over>".into() } else { text })
+            })
             .collect()
     }
 
@@ -277,6 +377,30 @@ mod tests {
                 (8, "4,z\n".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn records_over_the_limit_are_flagged_and_skipped_to_their_end() {
+        let long = "x".repeat(100);
+        let got = records(&format!("a\n{long}\nb\n{long}"), Framing::Lines);
+        assert_eq!(
+            got,
+            vec![
+                (1, "a\n".to_string()),
+                (2, "<over>".to_string()),
+                (3, "b\n".to_string()),
+                (4, "<over>".to_string()),
+            ]
+        );
+        // A quoted CSV field spanning lines counts whole.
+        let csv = Framing::Csv {
+            delimiter: b',',
+            quote: b'"',
+        };
+        let text = format!("1,\"{}\n{}\"\n2,y\n", &long[..40], &long[..40]);
+        let got = records(&text, csv);
+        assert_eq!(got[0], (1, "<over>".to_string()));
+        assert_eq!(got.last(), Some(&(3, "2,y\n".to_string())));
     }
 
     #[test]

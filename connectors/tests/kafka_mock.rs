@@ -212,7 +212,7 @@ fn bad_json_is_rejected_with_its_partition_and_offset() {
 
     let factory = KafkaSourceFactory::new(&source_config(json!({
         "brokers": brokers, "topic": topic, "format": "json", "stop_at_end": true,
-        "schema": {"id": "int64", "ok": "bool"},
+        "schema": {"id": "int64", "ok": "bool?"},
     })))
     .unwrap();
     let batches = drain(&factory, 0, 1);

@@ -25,6 +25,11 @@ pub enum DataflowError {
     /// A failure while running a model or other operator logic on a whole batch.
     #[error("{stage}: {message}")]
     Stage { stage: String, message: String },
+    /// The batch is too large for the stage to process at once (its output would not fit an
+    /// Arrow array); the runtime splits the batch in halves and runs each, so no row fails for
+    /// its neighbours' size.
+    #[error("{stage}: {message}")]
+    BatchTooLarge { stage: String, message: String },
     #[error("cluster: {0}")]
     Cluster(String),
     /// An error at a key of a stage's (or source's, sink's) configuration, as a dotted path
@@ -79,6 +84,13 @@ impl DataflowError {
         match self {
             DataflowError::At { key, source } => (Some(key), source.located().1),
             other => (None, other),
+        }
+    }
+
+    pub fn batch_too_large(stage: impl Into<String>, message: impl std::fmt::Display) -> Self {
+        DataflowError::BatchTooLarge {
+            stage: stage.into(),
+            message: message.to_string(),
         }
     }
 

@@ -38,7 +38,20 @@ pub struct DecodeConfig {
     pub output: String,
     /// Keep the encoded column in the output (dropped by default: it is no longer needed).
     pub keep_input: bool,
+    /// Largest image, in pixels, read from its header before decoding; a larger one is a dead
+    /// letter (a 20 KB file can claim 16384×16384 and decode to 805 MB).
+    pub max_pixels: u64,
+    /// Most decoded bytes in one output batch; a batch that would exceed it is split and its
+    /// halves decoded apart (an image alone may exceed it), so no image fails for its neighbours.
+    pub max_batch_bytes: u64,
 }
+
+/// Default `max_pixels`: 40 megapixels (120 MB of RGB).
+pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
+/// Default `max_batch_bytes`: 1 GiB, half of what a Binary column can hold.
+pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
+/// The most bytes a Binary column (32-bit offsets) holds.
+const BINARY_LIMIT: u64 = i32::MAX as u64;
 
 impl Default for DecodeConfig {
     fn default() -> Self {
@@ -46,6 +59,8 @@ impl Default for DecodeConfig {
             input: "bytes".to_string(),
             output: "pixels".to_string(),
             keep_input: false,
+            max_pixels: DEFAULT_MAX_PIXELS,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
         }
     }
 }
@@ -147,6 +162,27 @@ pub(crate) fn is_binary(data_type: &DataType) -> bool {
 
 const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 
+/// Why an image was not decoded.
+enum Refused {
+    /// The image is bad or over a limit: a dead letter with this reason.
+    Image(String),
+    /// Its pixels would take the batch past `max_batch_bytes`.
+    BatchFull,
+}
+
+impl From<String> for Refused {
+    fn from(reason: String) -> Self {
+        Refused::Image(reason)
+    }
+}
+
+/// Limits checked from an image's header, before any pixel is decoded.
+#[derive(Clone, Copy)]
+struct Limits {
+    max_pixels: u64,
+    max_batch_bytes: u64,
+}
+
 /// Decodes one JPEG, appending its RGB8 pixels to `out`; returns (width, height).
 ///
 /// On error `out` is left as it was. `rows_left` sizes the first reservation: frames of one
@@ -154,14 +190,17 @@ const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 fn decode_jpeg_into(
     bytes: &[u8],
     options: DecoderOptions,
+    limits: Limits,
     out: &mut Vec<u8>,
     rows_left: usize,
-) -> Result<(u32, u32), String> {
+) -> Result<(u32, u32), Refused> {
     if bytes.is_empty() {
-        return Err("empty image payload".to_string());
+        return Err(Refused::Image("empty image payload".to_string()));
     }
     if bytes.starts_with(PNG_MAGIC) {
-        return Err("unsupported image format: PNG (only JPEG is decoded)".to_string());
+        return Err(Refused::Image(
+            "unsupported image format: PNG (only JPEG is decoded)".to_string(),
+        ));
     }
     let invalid = |e: zune_jpeg::errors::DecodeErrors| {
         // zune-jpeg's messages for static errors are Debug-quoted.
@@ -172,32 +211,38 @@ fn decode_jpeg_into(
     let (width, height) = decoder
         .dimensions()
         .ok_or_else(|| "invalid JPEG: no image dimensions".to_string())?;
+    let pixels = (width as u64).saturating_mul(height as u64);
+    if pixels > limits.max_pixels {
+        return Err(format!(
+            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
+            limits.max_pixels
+        )
+        .into());
+    }
     let size = decoder
         .output_buffer_size()
         .ok_or_else(|| format!("invalid JPEG: image size {width}x{height} overflows"))?;
     if width == 0 || height == 0 || size != width * height * 3 {
-        return Err(format!(
-            "invalid JPEG: cannot decode {width}x{height} image to RGB"
-        ));
+        return Err(format!("invalid JPEG: cannot decode {width}x{height} image to RGB").into());
     }
     let (w, h) = match (u32::try_from(width), u32::try_from(height)) {
         (Ok(w), Ok(h)) => (w, h),
-        _ => {
-            return Err(format!(
-                "invalid JPEG: image size {width}x{height} too large"
-            ))
-        }
+        _ => return Err(format!("invalid JPEG: image size {width}x{height} too large").into()),
     };
 
     let start = out.len();
+    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
+        return Err(Refused::BatchFull);
+    }
     if start == 0 {
-        // Capped at the Binary column's limit: a bogus header must not reserve absurd memory.
-        out.reserve(size.saturating_mul(rows_left).min(i32::MAX as usize));
+        // Capped: the rest of the batch need not be the size of its first image.
+        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
+        out.reserve(size.saturating_mul(rows_left).min(budget));
     }
     out.resize(start + size, 0);
     if let Err(e) = decoder.decode_into(&mut out[start..]) {
         out.truncate(start);
-        return Err(invalid(e));
+        return Err(invalid(e).into());
     }
     Ok((w, h))
 }
@@ -226,6 +271,20 @@ impl Stage for Decode {
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        // A single image must fit a Binary column.
+        if self.config.max_pixels == 0 || self.config.max_pixels > BINARY_LIMIT / 3 {
+            return Err(DataflowError::Config(format!(
+                "max_pixels must be between 1 and {}",
+                BINARY_LIMIT / 3
+            ))
+            .at("max_pixels"));
+        }
+        if self.config.max_batch_bytes == 0 || self.config.max_batch_bytes > BINARY_LIMIT {
+            return Err(DataflowError::Config(format!(
+                "max_batch_bytes must be between 1 and {BINARY_LIMIT}"
+            ))
+            .at("max_batch_bytes"));
+        }
         let field = input.field_with_name(&self.config.input).map_err(|_| {
             DataflowError::schema(&self.config.input, "a binary column", "none").at("input")
         })?;
@@ -290,10 +349,16 @@ impl Stage for Decode {
         let mut keep: Vec<bool> = Vec::with_capacity(rows);
         let mut rejected = Vec::new();
 
+        let limits = Limits {
+            max_pixels: self.config.max_pixels,
+            max_batch_bytes: self.config.max_batch_bytes,
+        };
         for row in 0..rows {
             let decoded = match payloads.get(row) {
-                None => Err("null image payload".to_string()),
-                Some(bytes) => decode_jpeg_into(bytes, self.options, &mut values, rows - row),
+                None => Err(Refused::Image("null image payload".to_string())),
+                Some(bytes) => {
+                    decode_jpeg_into(bytes, self.options, limits, &mut values, rows - row)
+                }
             };
             match decoded {
                 Ok((w, h)) => {
@@ -309,9 +374,19 @@ impl Stage for Decode {
                     heights.push(h);
                     keep.push(true);
                 }
-                Err(reason) => {
+                Err(Refused::Image(reason)) => {
                     rejected.push(DeadLetter::for_row(STAGE, batch, row, reason));
                     keep.push(false);
+                }
+                // The runtime splits the batch and decodes the halves apart.
+                Err(Refused::BatchFull) => {
+                    return Err(DataflowError::batch_too_large(
+                        STAGE,
+                        format!(
+                        "decoded pixels of the batch's {rows} images exceed max_batch_bytes ({})",
+                        self.config.max_batch_bytes
+                    ),
+                    ))
                 }
             }
         }
@@ -447,6 +522,7 @@ mod tests {
             input: "img".into(),
             output: "rgb".into(),
             keep_input: true,
+            ..DecodeConfig::default()
         });
         let out = stage.process_batch(&batch).unwrap();
         assert!(out.rejected.is_empty());
@@ -500,6 +576,113 @@ mod tests {
         assert!(Decode::new(DecodeConfig::default())
             .process_batch(&batch)
             .is_err());
+    }
+
+    /// `jpeg` with its frame header (SOF0..SOF2) claiming `width`×`height`.
+    fn forge_size(jpeg: &[u8], width: u16, height: u16) -> Vec<u8> {
+        let mut forged = jpeg.to_vec();
+        let sof = forged
+            .windows(2)
+            .position(|w| w[0] == 0xff && (0xc0..=0xc2).contains(&w[1]))
+            .expect("a frame header");
+        // Marker, length (2), precision (1), then height and width, big-endian.
+        forged[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+        forged[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+        forged
+    }
+
+    #[test]
+    fn a_header_claiming_too_many_pixels_is_refused_before_decoding() {
+        let good = sample_jpeg();
+        let forged = forge_size(&good, 16384, 16384);
+        assert!(forged.len() < 100_000);
+        let mut rows: Vec<Option<&[u8]>> = Vec::new();
+        for _ in 0..3 {
+            rows.push(Some(&forged));
+            rows.push(Some(&good));
+        }
+        let out = Decode::new(DecodeConfig::default())
+            .process_batch(&batch_of(rows))
+            .unwrap();
+        assert_eq!(out.records.num_rows(), 3, "the good neighbours decode");
+        let frames = out
+            .records
+            .column(0)
+            .as_primitive::<arrow_array::types::Int64Type>();
+        assert_eq!(frames.values(), &[1, 3, 5]);
+        assert_eq!(out.rejected.len(), 3);
+        for letter in &out.rejected {
+            assert_eq!(
+                letter.reason,
+                "image of 16384x16384 (268435456 pixels) exceeds max_pixels (40000000)"
+            );
+        }
+        // A lower limit refuses the real frame (640×272) too.
+        let config = DecodeConfig {
+            max_pixels: 640 * 272 - 1,
+            ..DecodeConfig::default()
+        };
+        let out = Decode::new(config)
+            .process_batch(&batch_of(vec![Some(&good)]))
+            .unwrap();
+        assert_eq!(out.records.num_rows(), 0);
+        assert!(out.rejected[0].reason.contains("640x272"));
+    }
+
+    #[test]
+    fn a_batch_over_max_batch_bytes_asks_to_be_split_and_one_image_always_fits() {
+        let good = sample_jpeg();
+        let config = DecodeConfig {
+            max_batch_bytes: 640 * 272 * 3 + 1,
+            ..DecodeConfig::default()
+        };
+        let mut stage = Decode::new(config);
+        let two = batch_of(vec![Some(&good), Some(&good)]);
+        let err = stage.process_batch(&two).unwrap_err();
+        assert!(matches!(err, DataflowError::BatchTooLarge { .. }), "{err}");
+        let one = batch_of(vec![Some(&good)]);
+        assert_eq!(stage.process_batch(&one).unwrap().records.num_rows(), 1);
+        // Smaller than one image: still decoded alone.
+        let mut tiny = Decode::new(DecodeConfig {
+            max_batch_bytes: 1,
+            ..DecodeConfig::default()
+        });
+        assert_eq!(tiny.process_batch(&one).unwrap().records.num_rows(), 1);
+    }
+
+    #[test]
+    fn limits_are_checked_at_validation() {
+        let input = Arc::new(Schema::new(vec![Field::new(
+            "bytes",
+            DataType::Binary,
+            false,
+        )]));
+        for (config, key) in [
+            (
+                DecodeConfig {
+                    max_pixels: 0,
+                    ..DecodeConfig::default()
+                },
+                "max_pixels",
+            ),
+            (
+                DecodeConfig {
+                    max_pixels: 1 << 30,
+                    ..DecodeConfig::default()
+                },
+                "max_pixels",
+            ),
+            (
+                DecodeConfig {
+                    max_batch_bytes: 1 << 31,
+                    ..DecodeConfig::default()
+                },
+                "max_batch_bytes",
+            ),
+        ] {
+            let err = Decode::new(config).output_schema(&input).unwrap_err();
+            assert_eq!(err.located().0, Some(key), "{err}");
+        }
     }
 
     /// Deserialises a config from string pairs (no JSON crate among the dependencies).

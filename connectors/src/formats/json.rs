@@ -14,6 +14,7 @@ pub fn infer_schema<'a>(
 ) -> Result<Schema, ArrowError> {
     let objects: Vec<Value> = payloads
         .into_iter()
+        .filter(|v| !too_deep(v, MAX_DEPTH))
         .filter_map(|v| serde_json::from_slice::<Value>(v).ok())
         .filter(Value::is_object)
         .collect();
@@ -36,11 +37,74 @@ pub fn infer_schema<'a>(
     }
 }
 
+/// Deepest nesting of arrays and objects accepted in a record.
+pub const MAX_DEPTH: usize = 64;
+
+/// What the JSON value starting `bytes` is, in words (`None`: an object, or nothing).
+fn non_object(bytes: &[u8]) -> Option<&'static str> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace())?;
+    Some(match first {
+        b'{' => return None,
+        b'[' => "an array",
+        b'"' => "a string",
+        b't' | b'f' => "a boolean",
+        b'n' => "null",
+        b'-' | b'0'..=b'9' => "a number",
+        _ => return None,
+    })
+}
+
+/// Whether arrays and objects nest deeper than `max` anywhere in `bytes` (strings skipped).
+fn too_deep(bytes: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Refuses a payload that is not an object or nests too deep, before the parser sees it.
+fn check_shape(payload: &[u8]) -> Result<(), ArrowError> {
+    if let Some(kind) = non_object(payload) {
+        return Err(ArrowError::JsonError(format!(
+            "expected a JSON object, got {kind}"
+        )));
+    }
+    if too_deep(payload, MAX_DEPTH) {
+        return Err(ArrowError::JsonError(format!(
+            "JSON nested deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    Ok(())
+}
+
 pub(super) fn decode(
     schema: &SchemaRef,
     framing: Framing,
     payloads: &[&[u8]],
 ) -> Result<RecordBatch, ArrowError> {
+    for payload in payloads {
+        check_shape(payload)?;
+    }
     match framing {
         Framing::Message => decode_messages(schema, payloads),
         Framing::FileRecord => decode_lines(schema, payloads),

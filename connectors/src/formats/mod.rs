@@ -26,7 +26,7 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::DataflowResult;
 use serde::Deserialize;
 
-pub use schema::{declared_schema, ColumnType};
+pub use schema::{declared_required, declared_schema, ColumnType, DeclaredColumn};
 
 /// Message value formats of the Kafka source (`format:`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -86,6 +86,8 @@ pub struct Decoder {
     format: TextFormat,
     framing: Framing,
     schema: SchemaRef,
+    /// Columns every record must have (not null), by index.
+    required: Vec<usize>,
 }
 
 /// The rows of the payloads that decoded, which payloads those were, and dead letters for the
@@ -104,6 +106,7 @@ impl Decoder {
             format,
             framing,
             schema,
+            required: Vec::new(),
         }
     }
 
@@ -111,14 +114,70 @@ impl Decoder {
         &self.schema
     }
 
+    /// Requires the named columns of every record (names not in the schema are ignored).
+    pub fn with_required(mut self, names: &[String]) -> Self {
+        self.required = names
+            .iter()
+            .filter_map(|n| self.schema.index_of(n).ok())
+            .collect();
+        self.required.sort_unstable();
+        self.required.dedup();
+        self
+    }
+
+    /// Names of the columns that every record of `sample` that decodes has (not null): an
+    /// inferred schema's required columns. None when no record decodes.
+    pub fn complete_columns(&self, sample: &[&[u8]]) -> Vec<String> {
+        let Ok(decoded) = self.decode_or_reject(sample, |_, _| DeadLetter {
+            stage: String::new(),
+            reason: String::new(),
+            record: String::new(),
+        }) else {
+            return Vec::new();
+        };
+        if decoded.batch.num_rows() == 0 {
+            return Vec::new();
+        }
+        self.schema
+            .fields()
+            .iter()
+            .zip(decoded.batch.columns())
+            .filter(|(_, c)| c.null_count() == 0)
+            .map(|(f, _)| f.name().clone())
+            .collect()
+    }
+
+    /// Names of the required columns.
+    pub fn required(&self) -> Vec<&str> {
+        self.required
+            .iter()
+            .map(|&i| self.schema.field(i).name().as_str())
+            .collect()
+    }
+
     /// All of `payloads` as one batch, or the first error if any payload is bad.
     pub fn decode(&self, payloads: &[&[u8]]) -> Result<RecordBatch, ArrowError> {
-        match self.format {
+        let batch = match self.format {
             TextFormat::Json => json::decode(&self.schema, self.framing, payloads),
             TextFormat::Csv { delimiter } => {
                 csv::decode(&self.schema, delimiter, self.framing, payloads)
             }
+        }?;
+        let missing: Vec<String> = self
+            .required
+            .iter()
+            .filter(|&&i| batch.column(i).null_count() > 0)
+            .map(|&i| format!("`{}`", self.schema.field(i).name()))
+            .collect();
+        if missing.is_empty() {
+            return Ok(batch);
         }
+        let s = if missing.len() > 1 { "s" } else { "" };
+        let message = format!("missing required column{s} {}", missing.join(", "));
+        Err(match self.format {
+            TextFormat::Json => ArrowError::JsonError(message),
+            TextFormat::Csv { .. } => ArrowError::CsvError(message),
+        })
     }
 
     /// Decodes `payloads` at once; if that fails, payload by payload, so that only the bad
@@ -157,12 +216,29 @@ impl Decoder {
 
     /// A decoding error as a dead letter's reason, naming `line` of the file the record starts
     /// on where the parser would name its own numbering.
+    /// The reason is cut to an excerpt: a parser's message may quote a whole record.
     pub fn reason(&self, error: &ArrowError, line: Option<u64>) -> String {
-        match (self.format, line) {
+        let reason = match (self.format, line) {
             (TextFormat::Csv { .. }, Some(line)) => csv::reason_at_line(error, line),
             _ => error.to_string(),
-        }
+        };
+        excerpt(&reason)
     }
+}
+
+/// Longest text of a record quoted in an error or a dead letter's reason.
+pub const MAX_EXCERPT_BYTES: usize = 300;
+
+/// `text` cut to at most [`MAX_EXCERPT_BYTES`] (at a character boundary), saying how long it was.
+pub fn excerpt(text: &str) -> String {
+    if text.len() <= MAX_EXCERPT_BYTES {
+        return text.to_string();
+    }
+    let mut end = MAX_EXCERPT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 /// The payload without trailing line ends.

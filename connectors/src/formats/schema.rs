@@ -50,15 +50,57 @@ impl ColumnType {
     }
 }
 
-/// The schema of declared columns (name → type, all nullable); `None` when none are declared.
-pub fn declared_schema(declared: &BTreeMap<String, ColumnType>) -> Option<SchemaRef> {
+/// A column declared with `schema:`: its type, and whether a record may leave it out or null
+/// (`int64?`). Columns are required unless so declared.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(try_from = "String")]
+pub struct DeclaredColumn {
+    pub data: ColumnType,
+    pub nullable: bool,
+}
+
+impl TryFrom<String> for DeclaredColumn {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let (name, nullable) = match text.strip_suffix('?') {
+            Some(name) => (name, true),
+            None => (text.as_str(), false),
+        };
+        let data = match name {
+            "string" => ColumnType::String,
+            "int64" => ColumnType::Int64,
+            "float64" => ColumnType::Float64,
+            "bool" => ColumnType::Bool,
+            _ => {
+                return Err(format!(
+                    "unknown column type `{text}`: expected string, int64, float64 or bool, with `?` if it may be missing"
+                ))
+            }
+        };
+        Ok(DeclaredColumn { data, nullable })
+    }
+}
+
+/// The schema of declared columns (name → type; the Arrow fields are nullable, required
+/// columns are checked per record by the decoder); `None` when none are declared.
+pub fn declared_schema(declared: &BTreeMap<String, DeclaredColumn>) -> Option<SchemaRef> {
     if declared.is_empty() {
         return None;
     }
     Some(Arc::new(Schema::new(
         declared
             .iter()
-            .map(|(name, t)| Field::new(name, t.data_type(), true))
+            .map(|(name, c)| Field::new(name, c.data.data_type(), true))
             .collect::<Vec<_>>(),
     )))
+}
+
+/// The declared columns a record must have.
+pub fn declared_required(declared: &BTreeMap<String, DeclaredColumn>) -> Vec<String> {
+    declared
+        .iter()
+        .filter(|(_, c)| !c.nullable)
+        .map(|(name, _)| name.clone())
+        .collect()
 }

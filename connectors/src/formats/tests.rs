@@ -104,10 +104,83 @@ fn json_lines_may_hold_several_objects() {
 #[test]
 fn declared_columns_and_header_text() {
     use std::collections::BTreeMap;
-    let declared = BTreeMap::from([("n".to_string(), ColumnType::Int64)]);
+    let declared = BTreeMap::from([(
+        "n".to_string(),
+        DeclaredColumn {
+            data: ColumnType::Int64,
+            nullable: false,
+        },
+    )]);
     let schema = declared_schema(&declared).unwrap();
     assert_eq!(schema.field(0).data_type(), &DataType::Int64);
     assert!(declared_schema(&BTreeMap::new()).is_none());
     let column = ColumnType::Bool.parse_column([Some(" TRUE "), Some("x"), None].into_iter());
     assert_eq!(column.null_count(), 2);
+}
+
+fn reason_of(d: &Decoder, payload: &[u8]) -> String {
+    let decoded = d
+        .decode_or_reject(&[payload], |_, e| DeadLetter {
+            stage: "source".into(),
+            reason: d.reason(e, None),
+            record: String::new(),
+        })
+        .unwrap();
+    assert_eq!(decoded.batch.num_rows(), 0, "{payload:?} decoded");
+    decoded.rejected[0].reason.clone()
+}
+
+#[test]
+fn records_must_be_objects_with_their_required_columns() {
+    for framing in [Framing::Message, Framing::FileRecord] {
+        let d = Decoder::new(TextFormat::Json, framing, schema()).with_required(&["a".into()]);
+        assert_eq!(d.required(), ["a"]);
+        assert!(reason_of(&d, b"42").ends_with("expected a JSON object, got a number"));
+        assert!(reason_of(&d, b"[1]").ends_with("expected a JSON object, got an array"));
+        assert!(reason_of(&d, b"{\"foo\":1}").ends_with("missing required column `a`"));
+        assert!(reason_of(&d, b"{\"a\":null}").ends_with("missing required column `a`"));
+        // `b` may be missing.
+        assert_eq!(d.decode(&[b"{\"a\":1}"]).unwrap().num_rows(), 1);
+    }
+    let d = messages(CSV).with_required(&["b".into()]);
+    assert!(reason_of(&d, b"1,").ends_with("missing required column `b`"));
+    assert_eq!(d.decode(&[b",x"]).unwrap().num_rows(), 1);
+}
+
+#[test]
+fn nesting_deeper_than_64_levels_is_refused_without_recursion() {
+    let d = messages(TextFormat::Json);
+    let deep = format!(
+        "{{\"b\":\"{}\",\"c\":{}{}}}",
+        "[".repeat(10),
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    assert!(reason_of(&d, deep.as_bytes()).ends_with("JSON nested deeper than 64 levels"));
+    // Brackets inside strings do not count.
+    let shallow = format!("{{\"b\":\"{}\"}}", "[".repeat(100));
+    assert_eq!(d.decode(&[shallow.as_bytes()]).unwrap().num_rows(), 1);
+    let payloads: [&[u8]; 2] = [deep.as_bytes(), b"{\"a\":1}"];
+    let inferred = json::infer_schema(payloads).unwrap();
+    assert_eq!(inferred.fields().len(), 1);
+}
+
+#[test]
+fn inferred_columns_are_required_when_every_sample_had_them() {
+    let d = messages(TextFormat::Json);
+    let sample: [&[u8]; 3] = [b"{\"a\":1,\"b\":\"x\"}", b"{\"a\":2}", b"not json"];
+    assert_eq!(d.complete_columns(&sample), ["a"]);
+    assert!(d.complete_columns(&[b"nope"]).is_empty());
+}
+
+#[test]
+fn declared_columns_are_required_unless_marked_nullable() {
+    use std::collections::BTreeMap;
+    let declared: BTreeMap<String, DeclaredColumn> =
+        serde_json::from_str(r#"{"user_id": "string", "score": "float64?"}"#).unwrap();
+    assert_eq!(declared_required(&declared), ["user_id"]);
+    assert!(!declared["user_id"].nullable);
+    assert_eq!(declared["score"].data, ColumnType::Float64);
+    let e = serde_json::from_str::<DeclaredColumn>(r#""strng""#).unwrap_err();
+    assert!(e.to_string().contains("unknown column type `strng`"), "{e}");
 }

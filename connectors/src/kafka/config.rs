@@ -3,7 +3,10 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
-use crate::formats::{ColumnType, MessageFormat};
+use crate::formats::{ColumnType, DeclaredColumn, MessageFormat};
+
+/// Default of `max_message_bytes`: 16 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// `source: { kafka: {...} }`.
 #[serde_inline_default]
@@ -27,6 +30,11 @@ pub struct KafkaSourceConfig {
     /// Most messages per batch.
     #[serde_inline_default(256)]
     pub batch_size: usize,
+    /// Largest message value taken into a batch; a larger one becomes a dead letter naming its
+    /// topic, partition, offset and size (librdkafka is set to fetch it, so it never stalls
+    /// its partition).
+    #[serde_inline_default(DEFAULT_MAX_MESSAGE_BYTES)]
+    pub max_message_bytes: usize,
     /// Longest wait to fill a batch before emitting what arrived.
     #[serde_inline_default(20)]
     pub linger_ms: u64,
@@ -34,10 +42,11 @@ pub struct KafkaSourceConfig {
     /// they come). For replaying a recorded topic at its real rate, demos and tests.
     #[serde(default)]
     pub max_records_per_second: Option<f64>,
-    /// Value columns for `json`/`csv` (name → type); inferred from the topic's first messages
-    /// when absent.
+    /// Value columns for `json`/`csv` (name → type, `int64?` for a column a message may leave
+    /// out or null; the others are required); inferred from the topic's first messages when
+    /// absent.
     #[serde(default)]
-    pub schema: Option<BTreeMap<String, ColumnType>>,
+    pub schema: Option<BTreeMap<String, DeclaredColumn>>,
     /// Message headers copied into typed columns (header name → type).
     #[serde(default)]
     pub header_columns: BTreeMap<String, ColumnType>,

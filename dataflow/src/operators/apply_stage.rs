@@ -6,6 +6,7 @@ use timely::dataflow::operators::Operator;
 
 use super::BatchStream;
 use crate::dead_letter::{self, DeadLetter};
+use crate::error::DataflowError;
 use crate::metrics::StageMetrics;
 use crate::stage::Stage;
 use crate::{Batch, BatchKind};
@@ -76,7 +77,16 @@ pub fn run_stage(stage: &mut dyn Stage, metrics: &StageMetrics, batch: &Batch) -
     }
     let started = Instant::now();
     let rows_in = batch.num_rows();
-    let (records, rejected) = match stage.process_batch(&batch.data) {
+    let result = stage.process_batch(&batch.data);
+    if matches!(result, Err(DataflowError::BatchTooLarge { .. })) && rows_in > 1 {
+        // Halves until each fits: a single row that is still too large fails alone.
+        let half = rows_in / 2;
+        let mut out = run_stage(stage, metrics, &batch.with_data(batch.data.slice(0, half)));
+        let rest = batch.with_data(batch.data.slice(half, rows_in - half));
+        out.extend(run_stage(stage, metrics, &rest));
+        return out;
+    }
+    let (records, rejected) = match result {
         Ok(out) => (Some(out.records), out.rejected),
         Err(e) => {
             let reason = e.to_string();
@@ -101,4 +111,79 @@ pub fn run_stage(stage: &mut dyn Stage, metrics: &StageMetrics, batch: &Batch) -
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::DataflowResult;
+    use crate::stage::StageOutput;
+    use arrow_array::{Array, Int64Array, RecordBatch};
+    use arrow_schema::SchemaRef;
+
+    /// Fails batches of more than `max` rows as too large, passes smaller ones through.
+    struct AtMost {
+        max: usize,
+        calls: Vec<usize>,
+    }
+
+    impl Stage for AtMost {
+        fn name(&self) -> &str {
+            "at_most"
+        }
+        fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+            Ok(input.clone())
+        }
+        fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+            self.calls.push(batch.num_rows());
+            if batch.num_rows() > self.max {
+                return Err(DataflowError::batch_too_large("at_most", "too many rows"));
+            }
+            Ok(StageOutput::all(batch.clone()))
+        }
+    }
+
+    fn numbers(batches: &[Batch]) -> Vec<i64> {
+        batches
+            .iter()
+            .filter(|b| b.kind == BatchKind::Records)
+            .flat_map(|b| {
+                let column = b.data.column(0).as_any().downcast_ref::<Int64Array>();
+                column.map(|c| c.values().to_vec()).unwrap_or_default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_too_large_is_split_until_it_fits_and_no_row_fails() {
+        let metrics = crate::metrics::Metrics::new()
+            .unwrap()
+            .stage("at_most")
+            .unwrap();
+        let data =
+            RecordBatch::try_from_iter([("n", Arc::new(Int64Array::from_iter_values(0..7)) as _)])
+                .unwrap();
+        let mut stage = AtMost {
+            max: 2,
+            calls: Vec::new(),
+        };
+        let out = run_stage(&mut stage, &metrics, &Batch::records(data.clone(), 0));
+        assert_eq!(numbers(&out), (0..7).collect::<Vec<_>>());
+        assert!(out.iter().all(|b| b.kind == BatchKind::Records));
+        assert_eq!(stage.calls, [7, 3, 1, 2, 4, 2, 2]);
+
+        // A single row still too large is a dead letter with the reason, alone.
+        let mut stage = AtMost {
+            max: 0,
+            calls: Vec::new(),
+        };
+        let out = run_stage(&mut stage, &metrics, &Batch::records(data.slice(0, 2), 0));
+        assert!(numbers(&out).is_empty());
+        let dead: usize = out
+            .iter()
+            .filter(|b| b.kind == BatchKind::DeadLetters)
+            .map(Batch::num_rows)
+            .sum();
+        assert_eq!(dead, 2);
+    }
 }

@@ -25,7 +25,7 @@ use riffle_dataflow::{DataflowError, DataflowResult};
 use tracing::{info, warn};
 
 use super::messages::Pending;
-use super::{read_error, METADATA_TIMEOUT, POLL_SLICE};
+use super::{read_error, with_fetch_settings, BATCH_VALUE_BYTES, METADATA_TIMEOUT, POLL_SLICE};
 use crate::formats::ColumnType;
 use crate::kafka::client::{client_config, Role};
 use crate::kafka::config::KafkaSourceConfig;
@@ -81,6 +81,7 @@ struct GroupContext {
     topic: String,
     header_columns: Vec<(String, ColumnType)>,
     keep_headers_json: bool,
+    max_message_bytes: usize,
     /// The batch being filled, handed to the worker when full, late, or before a revoke.
     current: Mutex<Pending>,
     sender: SyncSender<Pending>,
@@ -91,7 +92,17 @@ struct GroupContext {
     failed: Arc<Mutex<Option<String>>>,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        warn!(topic = %self.topic, "kafka group consumer: {error}: {reason}");
+        // Retrying cannot fetch it: the worker fails saying so instead of stalling.
+        if super::is_oversized_fetch(reason) {
+            lock(&self.failed).get_or_insert_with(|| {
+                super::oversized_fetch_error(self.max_message_bytes, reason)
+            });
+        }
+    }
+}
 
 impl ConsumerContext for GroupContext {
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -220,6 +231,7 @@ impl Feed {
             topic: config.topic.clone(),
             header_columns,
             keep_headers_json,
+            max_message_bytes: config.max_message_bytes,
             current: Mutex::default(),
             sender,
             handed: Mutex::default(),
@@ -227,13 +239,16 @@ impl Feed {
             stop: stop.clone(),
             failed: failed.clone(),
         };
-        let consumer: BaseConsumer<GroupContext> = client_config(
-            &config.brokers,
-            &config.options,
-            Role::GroupConsumer {
-                group,
-                start: &config.start,
-            },
+        let consumer: BaseConsumer<GroupContext> = with_fetch_settings(
+            config,
+            client_config(
+                &config.brokers,
+                &config.options,
+                Role::GroupConsumer {
+                    group,
+                    start: &config.start,
+                },
+            ),
         )
         .create_with_context(context)
         .map_err(|e| read_error(config, format!("creating a group consumer: {e}")))?;
@@ -319,12 +334,20 @@ fn consume(
             None => {}
             Some(Ok(message)) => {
                 let mut current = lock(&context.current);
-                current.push(&message, &context.header_columns, context.keep_headers_json);
+                current.push(
+                    &message,
+                    &context.header_columns,
+                    context.keep_headers_json,
+                    context.max_message_bytes,
+                );
             }
             Some(Err(KafkaError::PartitionEOF(_))) => {}
             Some(Err(e)) => warn!(topic = %context.topic, "kafka group consumer: {e}"),
         }
-        let full = lock(&context.current).messages.len() >= batch_size;
+        let full = {
+            let current = lock(&context.current);
+            current.messages.len() >= batch_size || current.values.len() >= BATCH_VALUE_BYTES
+        };
         if full || Instant::now() >= deadline {
             context.hand_over();
             deadline = Instant::now() + linger;

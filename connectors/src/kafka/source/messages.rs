@@ -23,24 +23,43 @@ impl KafkaReader {
     /// The value columns of the messages that decode, with the indices of those messages and
     /// dead letters for the others.
     pub(super) fn decode(&self, pending: &Pending) -> DataflowResult<Decoded> {
-        let Some(decoder) = &self.decoder else {
-            return Ok((None, (0..pending.messages.len()).collect(), Vec::new()));
+        let letter = |m: &Received, reason: String| DeadLetter {
+            stage: "source".to_string(),
+            reason,
+            record: serde_json::json!({
+                "topic": self.config.topic,
+                "partition": m.partition,
+                "offset": m.offset,
+            })
+            .to_string(),
         };
-        let values: Vec<&[u8]> = pending.messages.iter().map(|m| pending.value(m)).collect();
-        let decoded = decoder.decode_or_reject(&values, |i, e| {
-            let m = &pending.messages[i];
-            DeadLetter {
-                stage: "source".to_string(),
-                reason: e.to_string(),
-                record: serde_json::json!({
-                    "topic": self.config.topic,
-                    "partition": m.partition,
-                    "offset": m.offset,
-                })
-                .to_string(),
+        let mut fits = Vec::with_capacity(pending.messages.len());
+        let mut rejected = Vec::new();
+        for (i, m) in pending.messages.iter().enumerate() {
+            match m.oversized {
+                Some(size) => rejected.push(letter(
+                    m,
+                    format!(
+                        "message of {size} bytes exceeds max_message_bytes ({})",
+                        self.config.max_message_bytes
+                    ),
+                )),
+                None => fits.push(i),
             }
+        }
+        let Some(decoder) = &self.decoder else {
+            return Ok((None, fits, rejected));
+        };
+        let values: Vec<&[u8]> = fits
+            .iter()
+            .map(|&i| pending.value(&pending.messages[i]))
+            .collect();
+        let decoded = decoder.decode_or_reject(&values, |i, e| {
+            letter(&pending.messages[fits[i]], decoder.reason(e, None))
         })?;
-        Ok((Some(decoded.batch), decoded.kept, decoded.rejected))
+        rejected.extend(decoded.rejected);
+        let kept = decoded.kept.iter().map(|&i| fits[i]).collect();
+        Ok((Some(decoded.batch), kept, rejected))
     }
 
     /// The output batch: value columns (or `bytes` and the message fields) and the key and
@@ -95,6 +114,8 @@ pub(super) struct Received {
     pub(super) value: Range<usize>,
     /// Key and value bytes, for the byte counter.
     pub(super) size: usize,
+    /// The value's length when it was over `max_message_bytes` and so not kept.
+    pub(super) oversized: Option<usize>,
     pub(super) headers_json: Option<String>,
     /// The text of each configured header column's header (last one of that name).
     pub(super) header_values: Vec<Option<String>>,
@@ -120,11 +141,15 @@ impl Pending {
         message: &BorrowedMessage<'_>,
         header_columns: &[(String, ColumnType)],
         keep_headers_json: bool,
+        max_value_bytes: usize,
     ) {
         let payload = message.payload().unwrap_or_default();
         let key = message.key();
         let start = self.values.len();
-        self.values.extend_from_slice(payload);
+        let oversized = (payload.len() > max_value_bytes).then_some(payload.len());
+        if oversized.is_none() {
+            self.values.extend_from_slice(payload);
+        }
         let mut header_values = vec![None; header_columns.len()];
         let mut json = keep_headers_json.then(serde_json::Map::new);
         if let Some(headers) = message.headers() {
@@ -150,6 +175,7 @@ impl Pending {
             key: key.map(|k| String::from_utf8_lossy(k).into_owned()),
             value: start..self.values.len(),
             size: payload.len() + key.map_or(0, <[u8]>::len),
+            oversized,
             headers_json: json
                 .filter(|m| !m.is_empty())
                 .map(|m| Value::Object(m).to_string()),

@@ -34,10 +34,20 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use super::client::{client_config, Diagnosed, Role};
 use super::config::{KafkaSourceConfig, StartAt};
 use super::metrics;
-use crate::formats::{self, Decoder};
+use crate::formats::Decoder;
 
 /// Longest wait for metadata, watermarks and offset look-ups.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most value bytes gathered into one batch: with no value over `max_message_bytes` (capped at
+/// this too), a batch's values stay within the 2 GiB of a binary column.
+pub(super) const BATCH_VALUE_BYTES: usize = 1 << 30;
+
+/// librdkafka's default `fetch.max.bytes` and `receive.message.max.bytes`.
+const DEFAULT_FETCH_MAX_BYTES: usize = 52_428_800;
+const DEFAULT_RECEIVE_MAX_BYTES: usize = 100_000_000;
+/// Room for the protocol around a message in a fetch response.
+const FETCH_OVERHEAD: usize = 1 << 20;
+
 /// Longest single poll, so the batch deadline and end-of-partition checks stay responsive.
 const POLL_SLICE: Duration = Duration::from_millis(50);
 
@@ -74,11 +84,7 @@ impl KafkaSourceFactory {
         let partitions = assignment::fetch_partitions(&consumer, config)?;
         let decoder = match config.format.text() {
             None => None,
-            Some(format) => Some(Decoder::new(
-                format,
-                formats::Framing::Message,
-                schema::value_schema(config, format, &partitions)?,
-            )),
+            Some(format) => Some(schema::value_decoder(config, format, &partitions)?),
         };
         let schema = schema::output_schema(config, decoder.as_ref().map(Decoder::schema))?;
         Ok(KafkaSourceFactory {
@@ -152,6 +158,13 @@ fn validate(config: &KafkaSourceConfig) -> DataflowResult<()> {
     if config.batch_size == 0 {
         return Err(config_error(config, "batch_size must be at least 1"));
     }
+    if config.max_message_bytes == 0 || config.max_message_bytes > BATCH_VALUE_BYTES {
+        return Err(config_error(
+            config,
+            format!("max_message_bytes must be between 1 and {BATCH_VALUE_BYTES}"),
+        ));
+    }
+    receive_max_bytes(config)?;
     if let StartAt::Offsets(offsets) = &config.start {
         if let Some((p, o)) = offsets.iter().find(|(_, &o)| o < 0) {
             return Err(config_error(
@@ -163,20 +176,85 @@ fn validate(config: &KafkaSourceConfig) -> DataflowResult<()> {
     Ok(())
 }
 
+/// The librdkafka `receive.message.max.bytes` the source's consumers use. A fetch response
+/// larger than it is refused and retried forever, stalling its partition without a word, so
+/// it must hold a whole fetch plus a message of `max_message_bytes`; larger messages (up to
+/// what is left) are still fetched, and become dead letters.
+fn receive_max_bytes(config: &KafkaSourceConfig) -> DataflowResult<usize> {
+    let option = |key: &str| -> DataflowResult<Option<usize>> {
+        config
+            .options
+            .get(key)
+            .map(|v| {
+                v.trim().parse::<usize>().map_err(|_| {
+                    config_error(
+                        config,
+                        format!("options.\"{key}\": `{v}` is not a byte count"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let needed = config.max_message_bytes + FETCH_OVERHEAD;
+    match option("receive.message.max.bytes")? {
+        Some(set) if set < needed => Err(config_error(
+            config,
+            format!(
+                "options.\"receive.message.max.bytes\" ({set}) must be at least max_message_bytes + 1 MiB ({needed}): librdkafka cannot fetch a larger message, which would stall its partition"
+            ),
+        )),
+        Some(set) => Ok(set),
+        None => {
+            let fetch = option("fetch.max.bytes")?.unwrap_or(DEFAULT_FETCH_MAX_BYTES);
+            Ok(DEFAULT_RECEIVE_MAX_BYTES
+                .max(fetch.saturating_add(needed))
+                .min(i32::MAX as usize))
+        }
+    }
+}
+
+/// The source's fetch settings on top of a client configuration (the `options:` were applied
+/// last and win; `validate` checked them).
+fn with_fetch_settings(
+    config: &KafkaSourceConfig,
+    mut client: rdkafka::ClientConfig,
+) -> rdkafka::ClientConfig {
+    if let Ok(receive) = receive_max_bytes(config) {
+        client.set("receive.message.max.bytes", receive.to_string());
+    }
+    client
+}
+
+/// Whether a client error says a fetch response was too large to receive: the partition
+/// cannot advance, so the run stops saying so instead of retrying forever.
+fn is_oversized_fetch(reason: &str) -> bool {
+    reason.contains("receive.message.max.bytes")
+}
+
+/// What a run says when a message is too large to fetch at all.
+fn oversized_fetch_error(max_message_bytes: usize, reason: &str) -> String {
+    format!(
+        "a message is too large to fetch ({reason}); raise max_message_bytes (now {max_message_bytes}) or options.\"receive.message.max.bytes\""
+    )
+}
+
 /// A consumer of the source's topic, with the source's `options:`.
 fn consumer_config(
     config: &KafkaSourceConfig,
     partition_eof: bool,
     statistics: bool,
 ) -> rdkafka::ClientConfig {
-    client_config(
-        &config.brokers,
-        &config.options,
-        Role::SourceConsumer {
-            topic: &config.topic,
-            partition_eof,
-            statistics,
-        },
+    with_fetch_settings(
+        config,
+        client_config(
+            &config.brokers,
+            &config.options,
+            Role::SourceConsumer {
+                topic: &config.topic,
+                partition_eof,
+                statistics,
+            },
+        ),
     )
 }
 

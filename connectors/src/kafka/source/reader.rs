@@ -20,7 +20,7 @@ use tracing::{debug, warn};
 use super::assignment::{start_offsets, watermarks};
 use super::group::Feed;
 use super::messages::Pending;
-use super::{consumer_config, read_error, KafkaSourceFactory, POLL_SLICE};
+use super::{consumer_config, read_error, KafkaSourceFactory, BATCH_VALUE_BYTES, POLL_SLICE};
 use crate::formats::{ColumnType, Decoder};
 use crate::kafka::config::KafkaSourceConfig;
 use crate::kafka::metrics::kafka_metrics;
@@ -29,6 +29,8 @@ use crate::kafka::metrics::kafka_metrics;
 struct SourceContext {
     topic: String,
     high_watermarks: Mutex<HashMap<i32, i64>>,
+    /// A fetch too large to receive: retrying cannot help, so the next batch fails with it.
+    oversized_fetch: Mutex<Option<String>>,
 }
 
 impl ClientContext for SourceContext {
@@ -39,6 +41,9 @@ impl ClientContext for SourceContext {
             && error.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
         {
             warn!(topic = %self.topic, "kafka source: {error}: {reason}");
+        }
+        if super::is_oversized_fetch(reason) {
+            lock(&self.oversized_fetch).get_or_insert_with(|| reason.to_string());
         }
     }
 
@@ -147,6 +152,7 @@ impl KafkaReader {
         let context = SourceContext {
             topic: config.topic.clone(),
             high_watermarks: Mutex::new(HashMap::new()),
+            oversized_fetch: Mutex::new(None),
         };
         // The statistics carry each partition's high watermark: consumer lag for free.
         let consumer: BaseConsumer<SourceContext> =
@@ -207,7 +213,9 @@ impl KafkaReader {
         // Messages already fetched are taken without a timed wait: reading the clock and
         // arming a timeout per message cost more than copying a small one.
         let mut ready = true;
-        while pending.messages.len() < self.config.batch_size {
+        while pending.messages.len() < self.config.batch_size
+            && pending.values.len() < BATCH_VALUE_BYTES
+        {
             if self.config.stop_at_end && self.all_finished() {
                 break;
             }
@@ -248,7 +256,12 @@ impl KafkaReader {
                     if state.end.is_some_and(|end| offset + 1 >= end) {
                         state.finished = true;
                     }
-                    pending.push(&message, &self.header_columns, keep_headers_json);
+                    pending.push(
+                        &message,
+                        &self.header_columns,
+                        keep_headers_json,
+                        self.config.max_message_bytes,
+                    );
                 }
                 // Only a run that stops at the end cares; otherwise more messages may come.
                 Some(Err(KafkaError::PartitionEOF(p))) => {
@@ -383,6 +396,12 @@ impl KafkaReader {
     ) -> DataflowResult<Option<SourceBatch>> {
         if self.config.stop_at_end && self.all_finished() {
             return Ok(None);
+        }
+        if let Some(reason) = lock(&consumer.context().oversized_fetch).clone() {
+            return Err(read_error(
+                &self.config,
+                super::oversized_fetch_error(self.config.max_message_bytes, &reason),
+            ));
         }
         let pending = self.fill(consumer);
         self.last_bytes = pending.values.len();

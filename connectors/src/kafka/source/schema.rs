@@ -15,7 +15,7 @@ use tracing::debug;
 
 use super::assignment::{start_offsets, watermarks};
 use super::{config_error, consumer_config, POLL_SLICE};
-use crate::formats::{self, raw, TextFormat};
+use crate::formats::{self, raw, Decoder, TextFormat};
 use crate::kafka::config::{KafkaSourceConfig, StartAt};
 
 /// Messages read to infer a `json`/`csv` schema.
@@ -23,16 +23,28 @@ const INFER_MESSAGES: usize = 500;
 /// Longest wait for those messages.
 const INFER_WAIT: Duration = Duration::from_secs(5);
 
-/// The value columns of `json`/`csv` messages: declared, or inferred.
-pub(super) fn value_schema(
+/// The decoder of `json`/`csv` message values: declared columns (required unless declared
+/// nullable), or inferred ones (required when every sampled message had them).
+pub(super) fn value_decoder(
     config: &KafkaSourceConfig,
     format: TextFormat,
     partitions: &[i32],
-) -> DataflowResult<SchemaRef> {
+) -> DataflowResult<Decoder> {
+    let decoder = |schema| Decoder::new(format, formats::Framing::Message, schema);
     match &config.schema {
-        Some(declared) => formats::declared_schema(declared)
-            .ok_or_else(|| config_error(config, "`schema` declares no columns")),
-        None => infer_schema(config, format, partitions),
+        Some(declared) => {
+            let schema = formats::declared_schema(declared)
+                .ok_or_else(|| config_error(config, "`schema` declares no columns"))?;
+            Ok(decoder(schema).with_required(&formats::declared_required(declared)))
+        }
+        None => {
+            let sample = sample_messages(config, partitions)?;
+            let schema = infer_schema(config, format, &sample)?;
+            let payloads: Vec<&[u8]> = sample.iter().map(Vec::as_slice).collect();
+            let d = decoder(schema);
+            let required = d.complete_columns(&payloads);
+            Ok(d.with_required(&required))
+        }
     }
 }
 
@@ -41,9 +53,8 @@ pub(super) fn value_schema(
 fn infer_schema(
     config: &KafkaSourceConfig,
     format: TextFormat,
-    partitions: &[i32],
+    sample: &[Vec<u8>],
 ) -> DataflowResult<SchemaRef> {
-    let sample = sample_messages(config, partitions)?;
     let name = format.name();
     if sample.is_empty() {
         return Err(config_error(
