@@ -18,6 +18,9 @@
 //!
 //! [`SourceConfig`] and [`SinkConfig`] are the `source:` and `sink:` blocks of a pipeline file.
 
+// No panic on data or configuration in library code (its unit tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod csv;
 mod files;
 pub mod formats;

@@ -12,6 +12,9 @@
 //! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
 
+// No panic on data or configuration in library code (its unit tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod batch;
 pub mod checkpoint;
 pub mod cluster;

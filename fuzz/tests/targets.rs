@@ -42,6 +42,8 @@ fn pipeline_file() {
             if let Err(e) = riffle_pipelines::load(&file, None) {
                 assert_eq!(e.file, file, "{e}");
                 assert!(!e.message.is_empty());
+                // An excerpt of what was read, never the whole input.
+                assert!(e.message.len() <= 1100 && e.field.len() <= 300, "{e}");
             }
         });
 }

@@ -11,6 +11,9 @@
 //!
 //! Errors are [`GpuError`]; nothing here depends on the dataflow engine.
 
+// No panic on data or configuration in library code (its unit tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 mod device;
 mod discovery;
 #[cfg(feature = "emulator")]

@@ -14,6 +14,9 @@
 //! placement, the device abstraction, the CUDA kernels) are the `riffle-gpu` crate;
 //! [`gpu_check`] is `riffle gpu-check`'s library side.
 
+// No panic on data or configuration in library code (its unit tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod analytics;
 pub mod crop;
 pub mod decode;

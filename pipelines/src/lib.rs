@@ -17,6 +17,9 @@
 //!
 //! No stage kind is listed here except in [`spec`]'s one registration line per kind.
 
+// No panic on data or configuration in library code (its unit tests may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
 pub mod env;
 pub mod error;
 mod locate;

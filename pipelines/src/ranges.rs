@@ -73,6 +73,12 @@ pub const RANGES: &[Range] = &[
     int("backoff_ms", 0, HOUR_MS),
     int("max_backoff_ms", 0, HOUR_MS),
     int("connect_attempts", 0, 1_000_000),
+    // input limits (each connector checks the same bounds when it is built)
+    int("max_file_bytes", 1, i32::MAX as i64),
+    int("max_line_bytes", 1, 256 << 20),
+    int("max_pixels", 1, i32::MAX as i64 / 3),
+    int("max_batch_bytes", 1, i32::MAX as i64),
+    int("max_message_bytes", 1, 1 << 30),
     // Kafka
     int("partitions", 1, 100_000),
     int("replication_factor", -1, 1000),

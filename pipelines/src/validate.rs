@@ -81,10 +81,11 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
         field: e.key.clone(),
         message: e.to_string(),
     })?;
-    // Messages may quote values (a wrong type, a path not found): never a secret's.
+    // Messages may quote values (a wrong type, a path not found): never a secret's, and
+    // never more than an excerpt of a long one.
     let redact = |mut e: PipelineError| {
-        e.field = env.redactions.redact(&e.field);
-        e.message = env.redactions.redact(&e.message);
+        e.field = clip(env.redactions.redact(&e.field), 200);
+        e.message = clip(env.redactions.redact(&e.message), 1000);
         e
     };
     let spec = parse(file, &env.text).map_err(redact)?;
@@ -92,6 +93,18 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
     let mut pipeline = validate(file, &env.text, spec, output).map_err(redact)?;
     pipeline.redactions = env.redactions;
     Ok(pipeline)
+}
+
+/// `text` cut to at most about `max` bytes, saying how long it was.
+fn clip(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 /// Parses YAML into a spec; syntax errors, unknown keys and wrong types carry their line.

@@ -178,31 +178,33 @@ impl<'e> Memory<'e> {
             return Ok(());
         }
         let mut input = Vec::new();
-        let u32_le = |v: usize, out: &mut Vec<u8>| {
-            let v = u32::try_from(v).expect("fits in u32");
+        // Counts and indices go to the driver as u32: more than 4 G of anything is a bug here.
+        let u32_le = |v: usize, out: &mut Vec<u8>| -> Result<(), String> {
+            let v = u32::try_from(v).map_err(|_| format!("{v} does not fit the driver's u32"))?;
             out.extend_from_slice(&v.to_le_bytes());
+            Ok(())
         };
         input.extend_from_slice(&0x3145_4b52u32.to_le_bytes());
-        u32_le(self.buffers.len(), &mut input);
+        u32_le(self.buffers.len(), &mut input)?;
         for b in &self.buffers {
             input.push(b.tag);
             input.extend_from_slice(&((b.bytes.len() / b.size) as u64).to_le_bytes());
             input.extend_from_slice(&b.bytes);
         }
-        u32_le(queue.len(), &mut input);
+        u32_le(queue.len(), &mut input)?;
         for q in &queue {
-            u32_le(q.kernel.len(), &mut input);
+            u32_le(q.kernel.len(), &mut input)?;
             input.extend_from_slice(q.kernel.as_bytes());
             let (g, b) = (q.cfg.grid_dim, q.cfg.block_dim);
             for v in [g.0, g.1, g.2, b.0, b.1, b.2, q.cfg.shared_mem_bytes] {
                 input.extend_from_slice(&v.to_le_bytes());
             }
-            u32_le(q.args.len(), &mut input);
+            u32_le(q.args.len(), &mut input)?;
             for a in &q.args {
                 match a {
                     Arg::Buf(b) => {
                         input.push(0);
-                        u32_le(b.0, &mut input);
+                        u32_le(b.0, &mut input)?;
                     }
                     Arg::Scalar { tag, raw } => {
                         input.push(1);
