@@ -31,8 +31,15 @@ const MAX_LEN: usize = 64 * 1024;
 
 #[test]
 fn pipeline_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("p.yaml");
+    // Beside the shipped pipelines, so that a seed's `../models/...` resolves and validation
+    // goes past the paths into model signatures and column types.
+    let pipelines = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../pipelines");
+    let named = tempfile::Builder::new()
+        .prefix(".fuzz-")
+        .suffix(".yaml")
+        .tempfile_in(&pipelines)
+        .unwrap();
+    let file = named.path().to_path_buf();
     bolero::check!()
         .with_test_time(budget())
         .with_max_len(MAX_LEN)
