@@ -86,41 +86,41 @@ fn main() -> Result<()> {
     println!("| trial | tries | clean | panics | hangs | lost | duplicated |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
 
-    let mut row = Row::default();
-    for trial in 0..trials {
-        let dir = tmp.path().join(format!("supervisor{trial}"));
-        let outcome = supervisor_kill(&riffle, &brokers, &topic, &dir, &mut rng)?;
-        tally(&mut row, outcome);
-    }
-    row.print("`kill -9` of the supervisor, then the same command");
-
-    let mut row = Row::default();
-    for trial in 0..trials {
-        let dir = tmp.path().join(format!("worker{trial}"));
-        let outcome = worker_kill(&riffle, &brokers, &topic, &dir, &mut rng)?;
-        tally(&mut row, outcome);
-    }
-    row.print("`kill -9` of a worker process (the supervisor restarts the cluster)");
-
+    let dir = |kind: &str, trial: usize| tmp.path().join(format!("{kind}{trial}"));
+    rows(
+        "`kill -9` of the supervisor, then the same command",
+        trials,
+        |t| supervisor_kill(&riffle, &brokers, &topic, &dir("supervisor", t), &mut rng),
+    )?;
+    rows(
+        "`kill -9` of a worker process (the supervisor restarts the cluster)",
+        trials,
+        |t| worker_kill(&riffle, &brokers, &topic, &dir("worker", t), &mut rng),
+    )?;
     if tmpfs_allowed() {
-        let mut row = Row::default();
-        for trial in 0..trials.div_ceil(3) {
-            let dir = tmp.path().join(format!("disk{trial}"));
-            let outcome = disk_full(&riffle, &brokers, &topic, &dir)?;
-            tally(&mut row, outcome);
-        }
-        row.print("the checkpoints' disk full mid-run, then the same command");
+        rows(
+            "the checkpoints' disk full mid-run, then the same command",
+            trials.div_ceil(3),
+            |t| disk_full(&riffle, &brokers, &topic, &dir("disk", t)),
+        )?;
     } else {
         eprintln!("no tmpfs (needs root): the disk-full trials are left out");
     }
+    rows(
+        "the broker crashes and restarts (Kafka → Kafka, exactly-once)",
+        trials.div_ceil(5),
+        |t| broker_restart(&riffle, &brokers, &topic, &dir("broker", t)),
+    )?;
+    Ok(())
+}
 
+/// Runs `tries` trials of one kind and prints their row.
+fn rows(what: &str, tries: usize, mut trial: impl FnMut(usize) -> Result<Outcome>) -> Result<()> {
     let mut row = Row::default();
-    for trial in 0..trials.div_ceil(5) {
-        let dir = tmp.path().join(format!("broker{trial}"));
-        let outcome = broker_restart(&riffle, &brokers, &topic, &dir)?;
-        tally(&mut row, outcome);
+    for t in 0..tries {
+        tally(&mut row, trial(t)?);
     }
-    row.print("the broker crashes and restarts (Kafka → Kafka, exactly-once)");
+    row.print(what);
     Ok(())
 }
 

@@ -1047,23 +1047,8 @@ fn kill_9_at_random_moments_leaves_each_result_once_for_read_committed_consumers
     let input = frames_topic(&brokers, tmp.path(), "txn-in", 120);
     let expected = split_cameras("street", 120, 4);
     // Moments drawn from a seed printed here, so a failing trial can be replayed.
-    let seed = std::env::var("RIFFLE_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .subsec_nanos() as u64
-        });
-    eprintln!("kill moments from RIFFLE_KILL_SEED={seed}");
-    let mut state = seed | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut rng = Rng::seeded("RIFFLE_KILL_SEED");
+    let mut next = move || rng.next();
     let mut aborted = 0;
     for trial in 0..10 {
         let victim = (next() % 2) as usize;

@@ -26,21 +26,9 @@ const MAX_RSS_MB: i64 = 1536;
 /// An error names the field and quotes a bounded excerpt, never a whole input.
 const MAX_STDERR: usize = 16 * 1024;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
+/// A random pick from `items`.
+fn pick<'a>(rng: &mut Rng, items: &[&'a str]) -> &'a str {
+    items[rng.below(items.len())]
 }
 
 const NUMBERS: &[&str] = &[
@@ -89,7 +77,7 @@ fn mutate(text: &str, rng: &mut Rng) -> Vec<u8> {
                     let end = line[start..]
                         .find(|c: char| !c.is_ascii_digit() && c != '.')
                         .map_or(line.len(), |e| start + e);
-                    lines[i] = format!("{}{}{}", &line[..start], rng.pick(NUMBERS), &line[end..]);
+                    lines[i] = format!("{}{}{}", &line[..start], pick(rng, NUMBERS), &line[end..]);
                 }
             }
             1 if !lines.is_empty() => {
@@ -109,7 +97,7 @@ fn mutate(text: &str, rng: &mut Rng) -> Vec<u8> {
                     let value = if rng.below(4) == 0 {
                         "x".repeat(1 << 20)
                     } else {
-                        rng.pick(VALUES).to_string()
+                        pick(rng, VALUES).to_string()
                     };
                     lines[at] = format!("{key}: {value}");
                 }
@@ -124,7 +112,10 @@ fn mutate(text: &str, rng: &mut Rng) -> Vec<u8> {
             6 => lines.insert(0, ALIAS_BOMB.to_string()),
             7 if !lines.is_empty() => {
                 // A known key with a nested block that does not belong there.
-                let key = rng.pick(&["workers", "batch", "path", "model", "stages", "source"]);
+                let key = pick(
+                    rng,
+                    &["workers", "batch", "path", "model", "stages", "source"],
+                );
                 lines.insert(at, format!("  {key}: {{ {key}: [{key}, {{ {key}: 1 }}] }}"));
             }
             _ => {}
@@ -155,18 +146,8 @@ fn children_peak_rss_mb() -> i64 {
 #[test]
 fn validate_survives_mutated_pipeline_files() {
     require_onnx_runtime();
-    let seed = std::env::var("RIFFLE_MUTATION_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-                | 1
-        });
-    eprintln!("seed {seed} (RIFFLE_MUTATION_SEED={seed} repeats this run)");
-    let mut rng = Rng(seed);
+    let mut rng = Rng::seeded("RIFFLE_MUTATION_SEED");
+    let seed = rng.seed;
     let tmp = tempfile::tempdir().unwrap();
     let repo = repo();
     let (mut ok, mut refused, mut slowest) = (0, 0, Duration::ZERO);

@@ -53,10 +53,18 @@ runtime: {{ workers: 1, epoch_records: 8, checkpoint: {{ dir: ckpt }} }}
     )
 }
 
-fn start(pipeline: &Path, port: u16) -> Child {
+/// `riffle run` of `pipeline` as 2 local processes on a free pair of ports.
+fn run_args(pipeline: &Path) -> Vec<String> {
+    let port = free_port_pair().to_string();
+    let path = pipeline.to_str().unwrap();
+    ["run", "-q", path, "--processes", "2", "--base-port", &port]
+        .map(String::from)
+        .to_vec()
+}
+
+fn start(pipeline: &Path) -> Child {
     Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q", pipeline.to_str().unwrap(), "--processes", "2"])
-        .args(["--base-port", &port.to_string()])
+        .args(run_args(pipeline))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -92,22 +100,15 @@ fn a_second_run_on_the_same_outputs_is_refused_while_the_first_runs() {
     let tmp = tempfile::tempdir().unwrap();
     let topic = id_topic(tmp.path(), "lock", 200);
     let pipeline = paced_pipeline(tmp.path(), &topic, 40);
-    let mut first = start(&pipeline, free_port_pair());
+    let mut first = start(&pipeline);
     wait_for(
         "the first cluster's processes start",
         Duration::from_secs(30),
         || worker_pids(&pipeline).len() == 2,
     );
 
-    let second = riffle(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--processes",
-        "2",
-        "--base-port",
-        &free_port_pair().to_string(),
-    ]);
+    let args = run_args(&pipeline);
+    let second = riffle(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(!second.status.success(), "the second run must not start");
     assert!(
@@ -130,19 +131,9 @@ fn a_second_run_on_the_same_outputs_is_refused_while_the_first_runs() {
 
 #[test]
 fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly_once() {
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("seed {seed}");
-    let mut rng = seed;
-    let mut next = move || {
-        // xorshift64: a random moment per trial, reproducible from the printed seed.
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut rng = Rng::seeded("RIFFLE_KILL_SEED");
+    let seed = rng.seed;
+    let mut next = move || rng.next();
     let tmp = tempfile::tempdir().unwrap();
     let n = 240;
     let topic = id_topic(tmp.path(), "supervisor-kill", n);
@@ -154,7 +145,7 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
         // 2 processes × 60 records/s: about 2 s of reading.
         let pipeline = paced_pipeline(&dir, &topic, 60);
         let out = dir.join("out.jsonl");
-        let mut supervisor = start(&pipeline, free_port_pair());
+        let mut supervisor = start(&pipeline);
         wait_for(
             "the cluster's processes start",
             Duration::from_secs(30),
@@ -184,16 +175,8 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
         );
 
         // The same command again resumes from the last checkpoint.
-        let port = free_port_pair().to_string();
-        riffle_ok(&[
-            "run",
-            "-q",
-            pipeline.to_str().unwrap(),
-            "--processes",
-            "2",
-            "--base-port",
-            &port,
-        ]);
+        let args = run_args(&pipeline);
+        riffle_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let counts = id_counts(&out);
         let missing: Vec<i64> = (0..n as i64).filter(|i| !counts.contains_key(i)).collect();
         let twice: Vec<(&i64, &usize)> = counts.iter().filter(|(_, &c)| c > 1).collect();
@@ -255,22 +238,17 @@ fn a_full_disk_during_checkpoints_is_one_clear_error_and_the_rerun_is_exactly_on
     let _mounted = Mounted(disk.clone());
     let pipeline = paced_pipeline(tmp.path(), &topic, 40);
     let ckpt = disk.join("ckpt");
-    let ckpt_flag = ["--checkpoint-dir", ckpt.to_str().unwrap()];
-    let port = free_port_pair().to_string();
-    let run_args = [
-        &[
-            "run",
-            "-q",
-            pipeline.to_str().unwrap(),
-            "--processes",
-            "2",
-            "--base-port",
-            &port,
-        ][..],
-        &ckpt_flag[..],
-        &["--max-restarts", "1"][..],
-    ]
-    .concat();
+    let mut run_args = run_args(&pipeline);
+    run_args.extend(
+        [
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+            "--max-restarts",
+            "1",
+        ]
+        .map(String::from),
+    );
+    let run_args: Vec<&str> = run_args.iter().map(String::as_str).collect();
     let mut cluster = Command::new(env!("CARGO_BIN_EXE_riffle"))
         .args(&run_args)
         .env("RUST_LOG", "warn")

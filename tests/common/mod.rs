@@ -268,3 +268,41 @@ pub fn run_killing_one(pipeline: &Path, extra: &[&str], victim: usize, after_ms:
     );
     stderr
 }
+
+/// A small random generator (xorshift64) for trials at random moments: seeded from `var` when
+/// set, else from the clock, and the seed printed, so that a failing run can be repeated.
+pub struct Rng {
+    pub seed: u64,
+    state: u64,
+}
+
+impl Rng {
+    pub fn seeded(var: &str) -> Rng {
+        let seed = std::env::var(var)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        eprintln!("seed {seed} ({var}={seed} repeats this run)");
+        Rng {
+            seed,
+            state: seed | 1,
+        }
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.state
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}

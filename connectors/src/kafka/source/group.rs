@@ -40,8 +40,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A client of the group that never joins it: it reads the group's committed offsets.
-fn watcher(config: &KafkaSourceConfig, group: &str) -> DataflowResult<BaseConsumer> {
+/// A client of `group` with the source's brokers and options.
+fn group_config(config: &KafkaSourceConfig, group: &str) -> rdkafka::ClientConfig {
     client_config(
         &config.brokers,
         &config.options,
@@ -50,8 +50,13 @@ fn watcher(config: &KafkaSourceConfig, group: &str) -> DataflowResult<BaseConsum
             start: &config.start,
         },
     )
-    .create()
-    .map_err(|e| read_error(config, format!("creating a group client: {e}")))
+}
+
+/// A client of the group that never joins it: it reads the group's committed offsets.
+fn watcher(config: &KafkaSourceConfig, group: &str) -> DataflowResult<BaseConsumer> {
+    group_config(config, group)
+        .create()
+        .map_err(|e| read_error(config, format!("creating a group client: {e}")))
 }
 
 /// The group's committed offsets of `partitions` (stable ones only: a pending transaction's
@@ -239,19 +244,10 @@ impl Feed {
             stop: stop.clone(),
             failed: failed.clone(),
         };
-        let consumer: BaseConsumer<GroupContext> = with_fetch_settings(
-            config,
-            client_config(
-                &config.brokers,
-                &config.options,
-                Role::GroupConsumer {
-                    group,
-                    start: &config.start,
-                },
-            ),
-        )
-        .create_with_context(context)
-        .map_err(|e| read_error(config, format!("creating a group consumer: {e}")))?;
+        let consumer: BaseConsumer<GroupContext> =
+            with_fetch_settings(config, group_config(config, group))
+                .create_with_context(context)
+                .map_err(|e| read_error(config, format!("creating a group consumer: {e}")))?;
         consumer
             .subscribe(&[&config.topic])
             .map_err(|e| read_error(config, format!("joining group `{group}`: {e}")))?;
