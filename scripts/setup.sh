@@ -172,7 +172,8 @@ fi
 # Debian packages: only those missing are installed (the machines run as root).
 DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
   libavfilter-dev pkg-config clang libclang-dev libssl-dev python3-gi gir1.2-gst-rtsp-server-1.0
-  gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad)
+  gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
+  g++ libasan8 libubsan1)
 # apt_install WHAT PACKAGE...: installs the packages (as root, or through sudo), saying what for.
 apt_install() {
   local what="$1"
@@ -190,7 +191,7 @@ for p in "${DEB_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: Debian packages for video and TLS present"
+  echo "setup: Debian packages for video, TLS and the kernel emulator present"
 else
   apt_install "" "${missing[@]}"
 fi

@@ -35,6 +35,8 @@ fi
 # NVRTC (no GPU needed) so that the tests compile every CUDA kernel here too.
 LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH RIFFLE_EXPECT_NVRTC=1
+# The kernel emulator's AddressSanitizer/UBSan (g++'s libasan and libubsan) must work here.
+export RIFFLE_EXPECT_SANITIZERS=1
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet

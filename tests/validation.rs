@@ -627,3 +627,20 @@ fn validate_catches_what_run_would_refuse() {
         "{e}"
     );
 }
+
+#[test]
+fn output_moves_the_dead_letters_beside_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(tmp.path(), "workers: 2", "workers: 2");
+    let out = tmp.path().join("run1.jsonl");
+    let p = riffle_pipelines::load(&f, Some(&out)).unwrap();
+    let paths = riffle_pipelines::lock::lock_paths(&p);
+    assert!(
+        paths.contains(&tmp.path().join(".run1.dead-letters.jsonl.lock")),
+        "the dead letters follow --output: {paths:?}"
+    );
+    assert!(
+        paths.iter().all(|l| l.starts_with(tmp.path())),
+        "nothing is left beside the shipped output: {paths:?}"
+    );
+}

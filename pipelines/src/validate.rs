@@ -318,6 +318,17 @@ fn validate(
     }
     let dead_letter_config = match spec.dead_letter.as_mut() {
         Some(dl) => {
+            // `--output` moves a file of dead letters beside the new results, as it does the
+            // default one: two runs to different outputs must not share one.
+            if output.is_some() {
+                let moved = default_dead_letter(&spec.sink.value);
+                if let (Some(p), Some(to)) = (
+                    dl.value.paths_mut().into_iter().next(),
+                    moved.paths().first(),
+                ) {
+                    *p = to.to_path_buf();
+                }
+            }
             for p in dl.value.paths_mut() {
                 resolve(p);
             }

@@ -177,11 +177,17 @@ impl Emulator {
             } else {
                 String::from_utf8_lossy(&sanitized.stderr).into_owned()
             };
-            eprintln!(
+            let why = format!(
                 "kernel emulation: AddressSanitizer/UBSan unusable here, so reads out of bounds \
                  go unnoticed (guard bytes still catch writes); g++'s libasan and libubsan \
                  are needed:\n{why_not}"
             );
+            // Where tests rely on the sanitizers (scripts/test.sh sets this), running without
+            // them is a failure, not a line on stderr.
+            if std::env::var("RIFFLE_EXPECT_SANITIZERS").is_ok_and(|v| v == "1") {
+                return Err(format!("RIFFLE_EXPECT_SANITIZERS=1: {why}"));
+            }
+            eprintln!("{why}");
         }
         let plain = emulator.compile(&cpp, &[])?;
         if !plain.status.success() {
