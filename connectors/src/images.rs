@@ -329,7 +329,10 @@ fn assign_cameras(root: &Path, files: Vec<PathBuf>, cameras: Option<usize>) -> V
 impl ImagesSource {
     /// Rows of the cameras worker `index` owns (the k-th camera in sorted order goes to worker
     /// k mod peers): frame by frame across its cameras, each camera in frame order.
-    #[allow(clippy::indexing_slicing, reason = "row indices are positions in `self.entries`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "row indices are positions in `self.entries`"
+    )]
     fn camera_rows(&self, index: usize, peers: usize) -> Vec<usize> {
         let mut cameras: Vec<&str> = self.entries.iter().map(|e| e.camera_id.as_str()).collect();
         cameras.sort_unstable();
@@ -429,7 +432,10 @@ fn read_limited(path: &Path, max: u64) -> DataflowResult<Result<Vec<u8>, u64>> {
 }
 
 impl Source for ImagesPartition {
-    #[allow(clippy::indexing_slicing, reason = "`start..end` lies within `self.rows`, and entries are indexed modulo their length")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`start..end` lies within `self.rows`, and entries are indexed modulo their length"
+    )]
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
         let start = self.next;
         if start >= self.rows.len() {

@@ -33,7 +33,10 @@ pub struct LockedStdout {
 }
 
 impl LockedStdout {
-    #[allow(clippy::indexing_slicing, reason = "`end` is the length of complete lines in `buf`, found in `buf`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`end` is the length of complete lines in `buf`, found in `buf`"
+    )]
     fn write_out(&mut self, end: usize) -> io::Result<()> {
         let mut out = io::stdout().lock();
         out.write_all(&self.buf[..end])?;

@@ -74,7 +74,10 @@ impl RecordReader {
 
     /// Appends one line to `buf` while `buf` stays within `max_bytes`; past that, the rest of
     /// the line is read and dropped. Returns the bytes consumed and whether any were dropped.
-    #[allow(clippy::indexing_slicing, reason = "`take` is at most `available.len()`: a newline's index + 1, or the length")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`take` is at most `available.len()`: a newline's index + 1, or the length"
+    )]
     fn read_line(&mut self, buf: &mut Vec<u8>) -> DataflowResult<(usize, bool)> {
         let io = |e| DataflowError::io(format!("reading {}", self.path.display()), e);
         let (mut consumed, mut dropped) = (0, false);
@@ -109,7 +112,10 @@ impl RecordReader {
     /// Reads the next non-blank record into `bytes` (cleared first) and returns the line it
     /// starts on and whether it was over the limit (then `bytes` is empty), or `None` at the
     /// end of the file.
-    #[allow(clippy::indexing_slicing, reason = "`scanned` only advances over bytes of `bytes` already scanned")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`scanned` only advances over bytes of `bytes` already scanned"
+    )]
     fn read_record(&mut self, bytes: &mut Vec<u8>) -> DataflowResult<Option<(u64, bool)>> {
         loop {
             bytes.clear();
@@ -263,7 +269,10 @@ impl TextPartition {
     }
 
     /// Decodes a chunk, rejecting only its bad records.
-    #[allow(clippy::indexing_slicing, reason = "the indices come from `decode_or_reject` over `fits` itself")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "the indices come from `decode_or_reject` over `fits` itself"
+    )]
     fn decode_chunk(&self, records: &[Record]) -> DataflowResult<SourceBatch> {
         let letter = |line: u64, reason: String| DeadLetter {
             stage: "source".to_string(),

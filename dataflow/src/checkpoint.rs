@@ -101,6 +101,10 @@ impl CheckpointStore {
         Ok(epochs)
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`excess` is at most the number of epochs"
+    )]
     fn prune(&self) -> DataflowResult<()> {
         let epochs = self.epochs()?;
         let excess = epochs.len().saturating_sub(self.keep);

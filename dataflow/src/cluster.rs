@@ -174,6 +174,10 @@ const HELLO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 /// (announcing the cluster's token and its index, answered by the token) and accepts those
 /// after it. A connection with another token (a process of another cluster on a reused port)
 /// is closed and waited past.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`me` and every `peer` are process indices below the number of addresses, checked by the cluster config"
+)]
 fn connect(
     addresses: &[String],
     me: usize,

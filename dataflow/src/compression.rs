@@ -264,6 +264,10 @@ fn decode_column(field: &Field, column: &ArrayRef) -> DataflowResult<Rewritten> 
     Ok(Some((field, restored)))
 }
 
+#[allow(
+    clippy::indexing_slicing,
+    reason = "offset windows hold 2 items; `dense` has `width` values per row; the entries were checked to have 2 fields"
+)]
 fn decode_sparse(field: &Field, column: &ArrayRef) -> DataflowResult<ArrayRef> {
     let bad = |expected: &str, found: String| DataflowError::schema(field.name(), expected, found);
     let size_text = field.metadata().get(SIZE_KEY).cloned().unwrap_or_default();
@@ -349,6 +353,10 @@ where
 
 /// FP32 to FP16 over the raw buffer with half's vectorised conversion, saturating finite
 /// values beyond ±65504.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`src` is a chunk of at most CHUNK values, the length of `clamped`"
+)]
 fn to_f16(values: &Float32Array) -> Float16Array {
     let mut out = vec![f16::ZERO; values.len()];
     let mut clamped = [0f32; CHUNK];

@@ -12,8 +12,12 @@
 //! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
 
-// No panic on data or configuration in library code (its unit tests may unwrap).
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+// No panic on data or configuration in library code (its unit tests may unwrap); every index
+// or slice left says why it is in bounds.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 pub mod batch;
 pub mod checkpoint;

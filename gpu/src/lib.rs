@@ -11,8 +11,12 @@
 //!
 //! Errors are [`GpuError`]; nothing here depends on the dataflow engine.
 
-// No panic on data or configuration in library code (its unit tests may unwrap).
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+// No panic on data or configuration in library code (its unit tests may unwrap); every index
+// or slice left says why it is in bounds.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 mod device;
 mod discovery;

@@ -66,6 +66,10 @@ impl Locator<'_> {
     }
 }
 
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`at - 1` is read only when `at > 0`, and `at` is an index of `line`"
+)]
 fn contains_key(line: &str, needle: &str) -> bool {
     line.match_indices(needle).any(|(at, _)| {
         at == 0 || matches!(line.as_bytes()[at - 1], b' ' | b'{' | b',' | b'-' | b'\t')

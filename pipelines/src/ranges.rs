@@ -165,6 +165,10 @@ fn walk<'a>(value: &'a Value, path: &mut Vec<&'a str>, top: &str) -> Result<(), 
     }
 }
 
+#[allow(
+    clippy::indexing_slicing,
+    reason = "the slice starts `keys.len()` from the end of a path at least that long"
+)]
 fn rule_for(path: &[&str]) -> Option<&'static Range> {
     RANGES.iter().find(|r| {
         let keys: Vec<&str> = r.key.split('.').collect();

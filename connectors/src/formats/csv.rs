@@ -104,7 +104,10 @@ fn decode_messages(
         .unwrap_or_else(|| RecordBatch::new_empty(schema.clone())))
 }
 
-#[allow(clippy::indexing_slicing, reason = "`n` is what the decoder consumed of `buf`")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`n` is what the decoder consumed of `buf`"
+)]
 fn feed(decoder: &mut arrow_csv::reader::Decoder, mut buf: &[u8]) -> Result<(), ArrowError> {
     while !buf.is_empty() {
         let n = decoder.decode(buf)?;
@@ -120,7 +123,10 @@ fn feed(decoder: &mut arrow_csv::reader::Decoder, mut buf: &[u8]) -> Result<(), 
 }
 
 /// Records of a CSV file, as its framing cut them (a quoted field may span lines).
-#[allow(clippy::indexing_slicing, reason = "`n` is what the decoder consumed of `buf`")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`n` is what the decoder consumed of `buf`"
+)]
 fn decode_records(
     schema: &SchemaRef,
     delimiter: u8,

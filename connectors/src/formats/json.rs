@@ -142,7 +142,10 @@ fn decode_messages(schema: &SchemaRef, values: &[&[u8]]) -> Result<RecordBatch, 
 }
 
 /// Lines of a JSON-lines file, each holding whole values (usually one object).
-#[allow(clippy::indexing_slicing, reason = "`n` is what the decoder consumed of `buf`")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`n` is what the decoder consumed of `buf`"
+)]
 fn decode_lines(schema: &SchemaRef, lines: &[&[u8]]) -> Result<RecordBatch, ArrowError> {
     let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
         .with_batch_size(lines.len().max(1))

@@ -242,7 +242,10 @@ pub fn excerpt(text: &str) -> String {
 }
 
 /// The payload without trailing line ends.
-#[allow(clippy::indexing_slicing, reason = "`end` is an index of `value` + 1, or 0")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`end` is an index of `value` + 1, or 0"
+)]
 pub(crate) fn trim_line_end(value: &[u8]) -> &[u8] {
     let end = value
         .iter()

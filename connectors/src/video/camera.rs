@@ -160,7 +160,10 @@ impl CameraTask {
         self.queue.finish();
     }
 
-    #[allow(clippy::indexing_slicing, reason = "`record` is the JSON object built just above: indexing inserts the key")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`record` is the JSON object built just above: indexing inserts the key"
+    )]
     fn handle(&self, decoded: Decoded<'_>, p: &mut Progress) -> Flow {
         let camera = &self.camera;
         let started = p.started;

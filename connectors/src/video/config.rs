@@ -370,7 +370,10 @@ fn glob_cameras(pattern: &Path) -> DataflowResult<Vec<CameraConfig>> {
 }
 
 /// Shell-style match of `name` against `pattern` with `*` (any run) and `?` (one character).
-#[allow(clippy::indexing_slicing, reason = "`i` and `j` are checked against the lengths before each use")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`i` and `j` are checked against the lengths before each use"
+)]
 pub(crate) fn wildcard_match(pattern: &str, name: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let n: Vec<char> = name.chars().collect();

@@ -177,7 +177,10 @@ impl Drop for VideoPartition {
 
 impl Running {
     /// Up to `max` frames, one per camera in turn, with the cameras' dead letters.
-    #[allow(clippy::indexing_slicing, reason = "`camera` runs over the indices of `self.queues`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`camera` runs over the indices of `self.queues`"
+    )]
     fn take(
         &mut self,
         max: usize,
@@ -248,7 +251,10 @@ impl Source for VideoPartition {
 }
 
 /// Each camera's first and last frame in the batch: (partition = camera index, offset = frame).
-#[allow(clippy::indexing_slicing, reason = "frames carry indices into `cameras`, the list they were read for")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "frames carry indices into `cameras`, the list they were read for"
+)]
 fn positions(cameras: &[Camera], frames: &[(usize, Frame)]) -> Vec<SourcePosition> {
     let mut ranges: BTreeMap<usize, (i64, i64)> = BTreeMap::new();
     for (camera, f) in frames {
@@ -266,7 +272,10 @@ fn positions(cameras: &[Camera], frames: &[(usize, Frame)]) -> Vec<SourcePositio
         .collect()
 }
 
-#[allow(clippy::indexing_slicing, reason = "frames carry indices into `cameras`, the list they were read for")]
+#[allow(
+    clippy::indexing_slicing,
+    reason = "frames carry indices into `cameras`, the list they were read for"
+)]
 fn to_batch(cameras: &[Camera], frames: Vec<(usize, Frame)>) -> DataflowResult<RecordBatch> {
     let columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(

@@ -99,6 +99,10 @@ impl LeastDelay {
         }
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`i` is a position in `targets`, and the per-target vectors have its length"
+    )]
     fn report(&mut self, worker: usize, ns_per_row: f64, backlog: u64) {
         if let Some(i) = self.targets.iter().position(|t| *t == worker) {
             let s = &mut self.ns_per_row[i];
@@ -108,6 +112,10 @@ impl LeastDelay {
         }
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`i` and `best.1` are positions in `targets`, and the per-target vectors have its length"
+    )]
     fn pick(&mut self, rows: u64) -> usize {
         // Unmeasured workers count as the fastest measured one, so they get tried.
         let fastest = self

@@ -40,6 +40,10 @@ pub trait Place<'scope> {
 }
 
 impl<'scope> Place<'scope> for BatchStream<'scope> {
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "indexed modulo the length of `targets`: the given workers, or all peers (at least one)"
+    )]
     fn place(self, workers: &[usize]) -> Self {
         let peers = self.scope().peers();
         let me = self.scope().index();

@@ -32,6 +32,7 @@ macro_rules! elem {
 
         /// Scalars by reference, as cudarc's `arg` takes them.
         impl From<&$t> for Arg {
+            #[allow(clippy::indexing_slicing, reason = "scalars are at most 8 bytes")]
             fn from(v: &$t) -> Arg {
                 let mut raw = [0u8; 8];
                 let mut bytes = Vec::new();
@@ -128,6 +129,10 @@ impl<'e> Memory<'e> {
     }
 
     /// Copies `values` to the start of `dst` (which must hold at least as many).
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a `Buf` is an index this memory handed out, and the values were checked to fit it"
+    )]
     pub fn memcpy_htod<T: Elem>(&mut self, values: &[T], dst: Buf) {
         let stored = self.stored(dst, T::TAG);
         let len = stored.bytes.len() / stored.size;
@@ -139,6 +144,10 @@ impl<'e> Memory<'e> {
         self.buffers[dst.0].bytes[..bytes.len()].copy_from_slice(&bytes);
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a `Buf` is an index this memory handed out"
+    )]
     pub fn len(&self, b: Buf) -> usize {
         let stored = &self.buffers[b.0];
         stored.bytes.len() / stored.size
@@ -152,6 +161,10 @@ impl<'e> Memory<'e> {
 
     /// The buffer `b` for a copy, which the stream would order after the queued launches:
     /// those must have run ([`Memory::synchronize`]).
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a `Buf` is an index this memory handed out"
+    )]
     fn stored(&self, b: Buf, tag: u8) -> &Stored {
         assert!(
             self.queue.is_empty(),

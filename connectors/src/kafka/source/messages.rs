@@ -22,7 +22,10 @@ type Decoded = (Option<RecordBatch>, Vec<usize>, Vec<DeadLetter>);
 impl KafkaReader {
     /// The value columns of the messages that decode, with the indices of those messages and
     /// dead letters for the others.
-    #[allow(clippy::indexing_slicing, reason = "`fits` and the decoder's indices are positions in `pending.messages`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`fits` and the decoder's indices are positions in `pending.messages`"
+    )]
     pub(super) fn decode(&self, pending: &Pending) -> DataflowResult<Decoded> {
         let letter = |m: &Received, reason: String| DeadLetter {
             stage: "source".to_string(),
@@ -65,7 +68,10 @@ impl KafkaReader {
 
     /// The output batch: value columns (or `bytes` and the message fields) and the key and
     /// header columns of messages `rows`.
-    #[allow(clippy::indexing_slicing, reason = "`rows` are positions in `pending.messages`; each message has one header value per header column")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`rows` are positions in `pending.messages`; each message has one header value per header column"
+    )]
     pub(super) fn assemble(
         &self,
         pending: &mut Pending,
@@ -138,7 +144,10 @@ impl Pending {
         }
     }
 
-    #[allow(clippy::indexing_slicing, reason = "`i` is a position in `header_columns`, which sized `header_values`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`i` is a position in `header_columns`, which sized `header_values`"
+    )]
     pub(super) fn push(
         &mut self,
         message: &BorrowedMessage<'_>,
@@ -186,7 +195,10 @@ impl Pending {
         });
     }
 
-    #[allow(clippy::indexing_slicing, reason = "`message.value` is the range `push` wrote into `values`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`message.value` is the range `push` wrote into `values`"
+    )]
     pub(super) fn value(&self, message: &Received) -> &[u8] {
         &self.values[message.value.clone()]
     }
@@ -194,7 +206,10 @@ impl Pending {
     /// The values of messages `rows` as a binary column. When that is every message in order
     /// (raw values: always), the value buffer becomes the column as is: one copy out of
     /// librdkafka, none more.
-    #[allow(clippy::indexing_slicing, reason = "`rows` are positions in `self.messages`")]
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`rows` are positions in `self.messages`"
+    )]
     fn take_values(&mut self, rows: &[usize]) -> DataflowResult<ArrayRef> {
         let whole =
             rows.len() == self.messages.len() && rows.iter().enumerate().all(|(i, &r)| i == r);
