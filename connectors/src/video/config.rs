@@ -217,12 +217,18 @@ impl VideoConfig {
             }
             let live = c.live.unwrap_or(matches!(c.uri, CameraUri::Url(_)));
             if let CameraUri::File(path) = &c.uri {
-                if !live && !path.is_file() {
-                    return Err(config_error(format!(
-                        "camera `{}`: {} is not a file",
-                        c.id,
-                        path.display()
-                    )));
+                // A FIFO or device as a recorded file would block or never end: refused by name.
+                let why = match std::fs::metadata(path) {
+                    _ if live => None,
+                    Ok(meta) if meta.is_file() => None,
+                    Ok(meta) => Some(crate::files::not_regular(path, &meta)),
+                    Err(e) if crate::files::is_link_loop(&e) => {
+                        Some(format!("{} is a loop of symbolic links", path.display()))
+                    }
+                    Err(e) => Some(format!("{} is not a file ({e})", path.display())),
+                };
+                if let Some(why) = why {
+                    return Err(config_error(format!("camera `{}`: {why}", c.id)));
                 }
             }
             let every_nth = c.every_nth.or(self.every_nth).unwrap_or(1);

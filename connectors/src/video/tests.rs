@@ -140,6 +140,13 @@ fn bad_configurations_are_refused_with_the_reason() {
             "is not a file",
         ),
         (
+            format!(
+                "cameras: [{}]",
+                file_camera("a", std::path::Path::new("/dev/zero"))
+            ),
+            "/dev/zero is a character device, not a regular file",
+        ),
+        (
             format!("{{ glob: \"{}/*.nope\" }}", dir.display()),
             "no file matches",
         ),
