@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
+use riffle_connectors::formats::excerpt_within;
 use riffle_connectors::kafka::{ExactlyOnce, SourceGroup};
 use riffle_connectors::{JsonlSinkConfig, SinkConfig, SourceConfig};
 use riffle_dataflow::sink::SinkFactory;
@@ -84,8 +85,8 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
     // Messages may quote values (a wrong type, a path not found): never a secret's, and
     // never more than an excerpt of a long one.
     let redact = |mut e: PipelineError| {
-        e.field = clip(env.redactions.redact(&e.field), 200);
-        e.message = clip(env.redactions.redact(&e.message), 1000);
+        e.field = excerpt_within(&env.redactions.redact(&e.field), 200);
+        e.message = excerpt_within(&env.redactions.redact(&e.message), 1000);
         e
     };
     let spec = parse(file, &env.text).map_err(redact)?;
@@ -93,18 +94,6 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
     let mut pipeline = validate(file, &env.text, spec, output).map_err(redact)?;
     pipeline.redactions = env.redactions;
     Ok(pipeline)
-}
-
-/// `text` cut to at most about `max` bytes, saying how long it was.
-fn clip(text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes in all)", &text[..end], text.len())
 }
 
 /// Parses YAML into a spec; syntax errors, unknown keys and wrong types carry their line.

@@ -231,10 +231,15 @@ pub const MAX_EXCERPT_BYTES: usize = 300;
 
 /// `text` cut to at most [`MAX_EXCERPT_BYTES`] (at a character boundary), saying how long it was.
 pub fn excerpt(text: &str) -> String {
-    if text.len() <= MAX_EXCERPT_BYTES {
+    excerpt_within(text, MAX_EXCERPT_BYTES)
+}
+
+/// `text` cut to at most `max` bytes (at a character boundary), saying how long it was.
+pub fn excerpt_within(text: &str, max: usize) -> String {
+    if text.len() <= max {
         return text.to_string();
     }
-    let mut end = MAX_EXCERPT_BYTES;
+    let mut end = max;
     while !text.is_char_boundary(end) {
         end -= 1;
     }
