@@ -133,17 +133,13 @@ fn guards(pipeline: &Pipeline) -> Vec<Guard> {
             lock: checkpoint.dir.join("riffle.lock"),
         });
     }
-    let dead_letter = match &pipeline.spec.dead_letter {
-        Some(d) => d.value.clone(),
-        None => crate::validate::default_dead_letter(&pipeline.spec.sink.value),
-    };
     for output in pipeline
         .spec
         .sink
         .value
         .paths()
         .into_iter()
-        .chain(dead_letter.paths())
+        .chain(pipeline.dead_letter_config.paths())
     {
         let name = output
             .file_name()

@@ -27,6 +27,8 @@ pub struct Pipeline {
     pub source: Arc<dyn SourceFactory>,
     pub sink: Arc<dyn SinkFactory>,
     pub dead_letter: Arc<dyn SinkFactory>,
+    /// Where rejected records go: the file's `dead_letter` (moved by `--output`) or the default.
+    pub dead_letter_config: SinkConfig,
     /// Schema after the source (index 0) and after each stage.
     pub schemas: Vec<SchemaRef>,
     /// Values of secret `${VAR}`s in the file, kept out of what is shown (`riffle plan`).
@@ -398,6 +400,7 @@ fn validate(
         source,
         sink,
         dead_letter,
+        dead_letter_config,
         schemas,
         redactions: Redactions::default(),
     })
@@ -462,7 +465,7 @@ fn check_writable(path: &Path) -> Result<(), String> {
 
 /// Rejected records go beside the sink's file, to `<topic>-dead-letters` (reason and stage in
 /// headers) for a Kafka sink, or to `dead-letters.jsonl` for stdout.
-pub(crate) fn default_dead_letter(sink: &SinkConfig) -> SinkConfig {
+fn default_dead_letter(sink: &SinkConfig) -> SinkConfig {
     if let SinkConfig::Kafka(kafka) = sink {
         let mut dlq = kafka.clone();
         dlq.topic = format!("{}-dead-letters", kafka.topic);
