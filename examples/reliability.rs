@@ -272,6 +272,19 @@ fn free_port_pair() -> u16 {
 
 const FILE_SINK: &str = "{ jsonl: { path: out.jsonl } }";
 
+/// Starts `pipeline` and returns once both processes run and a random moment (0.2–2.7 s) has
+/// passed.
+fn start_until_a_random_moment(riffle: &Path, pipeline: &Path, rng: &mut Rng) -> Result<Child> {
+    let child = start(riffle, pipeline, &[])?;
+    wait_until(LIMIT, || worker_pids(pipeline).len() == 2);
+    std::thread::sleep(Duration::from_millis(200 + rng.below(2500)));
+    Ok(child)
+}
+
+fn kill_9(pid: u32) {
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+}
+
 fn supervisor_kill(
     riffle: &Path,
     brokers: &str,
@@ -280,16 +293,12 @@ fn supervisor_kill(
     rng: &mut Rng,
 ) -> Result<Outcome> {
     let p = pipeline(dir, brokers, topic, FILE_SINK)?;
-    let mut first = start(riffle, &p, &[])?;
-    wait_until(LIMIT, || worker_pids(&p).len() == 2);
-    std::thread::sleep(Duration::from_millis(200 + rng.below(2500)));
+    let mut first = start_until_a_random_moment(riffle, &p, rng)?;
     first.kill()?;
     first.wait()?;
     // Processes left behind are a hang: they would write beside the next run.
     let orphans = !wait_until(Duration::from_secs(5), || worker_pids(&p).is_empty());
-    for pid in worker_pids(&p) {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-    }
+    worker_pids(&p).into_iter().for_each(kill_9);
     let (ok, panicked, hung) = finish(start(riffle, &p, &[])?)?;
     Ok(Outcome {
         ok,
@@ -307,12 +316,10 @@ fn worker_kill(
     rng: &mut Rng,
 ) -> Result<Outcome> {
     let p = pipeline(dir, brokers, topic, FILE_SINK)?;
-    let run = start(riffle, &p, &[])?;
-    wait_until(LIMIT, || worker_pids(&p).len() == 2);
-    std::thread::sleep(Duration::from_millis(200 + rng.below(2500)));
+    let run = start_until_a_random_moment(riffle, &p, rng)?;
     let pids = worker_pids(&p);
-    if let Some(pid) = pids.get(rng.below(pids.len() as u64) as usize) {
-        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    if let Some(&pid) = pids.get(rng.below(pids.len() as u64) as usize) {
+        kill_9(pid);
     }
     let (ok, panicked, hung) = finish(run)?;
     Ok(Outcome {
