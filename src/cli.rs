@@ -11,6 +11,15 @@ use riffle_dataflow::cluster::ClusterConfig;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as text, or as JSON objects (one a line, for log collectors).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -146,9 +155,16 @@ pub struct RunArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Serve Prometheus metrics at this address while running (e.g. 127.0.0.1:9898).
+    /// Serve Prometheus metrics, /healthz and /readyz at this address while running (e.g.
+    /// 127.0.0.1:9898). With --processes N, process i serves its own at this port + i.
     #[arg(long)]
     pub metrics_addr: Option<String>,
+    /// Serve the live view at this address (e.g. 127.0.0.1:8080): cameras with their
+    /// detections, stage charts, latest results and dead letters, plus /metrics, /healthz and
+    /// /readyz. Process 0 serves it for the whole cluster; when the input ends it stays up with
+    /// the final state until Ctrl-C.
+    #[arg(long)]
+    pub ui: Option<String>,
     /// Write results to this file instead of the sink's configured path.
     #[arg(long)]
     pub output: Option<PathBuf>,

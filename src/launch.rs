@@ -13,17 +13,25 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::cli::RunArgs;
+use crate::cli::{LogFormat, RunArgs};
 
 /// Set in the environment of a supervisor's processes: the run locks are already held.
 pub const LOCKS_HELD: &str = "RIFFLE_LOCKS_HELD";
 
-pub fn launch_local_cluster(args: &RunArgs, lock: &riffle_pipelines::RunLock) -> Result<()> {
+pub fn launch_local_cluster(
+    args: &RunArgs,
+    log_format: LogFormat,
+    lock: &riffle_pipelines::RunLock,
+) -> Result<()> {
+    // SIGTERM or Ctrl-C reach the supervisor only (its processes have a process group of their
+    // own): it passes one SIGTERM on to each, and they finish their open epochs and exit.
+    let signals = crate::serve::StopSignals::install()?;
     let mut backoff = Duration::from_millis(100);
     let mut restarts = 0;
     loop {
-        match run_cluster_once(args, lock) {
+        match run_cluster_once(args, log_format, lock, &signals) {
             Ok(()) => return Ok(()),
+            Err(why) if signals.received() => return Err(why.context("while stopping")),
             Err(why) if restarts < args.max_restarts => {
                 restarts += 1;
                 eprintln!(
@@ -43,7 +51,12 @@ pub fn launch_local_cluster(args: &RunArgs, lock: &riffle_pipelines::RunLock) ->
 pub const CLUSTER_TOKEN: &str = "RIFFLE_CLUSTER_TOKEN";
 
 /// Runs the cluster until every process exits, or one fails (the others are then stopped).
-fn run_cluster_once(args: &RunArgs, lock: &riffle_pipelines::RunLock) -> Result<()> {
+fn run_cluster_once(
+    args: &RunArgs,
+    log_format: LogFormat,
+    lock: &riffle_pipelines::RunLock,
+    signals: &crate::serve::StopSignals,
+) -> Result<()> {
     let exe = std::env::current_exe().context("locating the riffle binary")?;
     let mut children: Vec<(usize, Child)> = Vec::new();
     // A fresh token per start: a process left over from an earlier start, or of another
@@ -71,13 +84,21 @@ fn run_cluster_once(args: &RunArgs, lock: &riffle_pipelines::RunLock) -> Result<
         if let Some(dir) = &args.checkpoint_dir {
             cmd.arg("--checkpoint-dir").arg(dir);
         }
-        // One endpoint per host: the first process serves metrics.
-        if let (Some(addr), 0) = (&args.metrics_addr, process) {
+        // Each process serves its own metrics (at the port + its index); process 0 serves the
+        // view and the others report to it.
+        if let Some(addr) = &args.metrics_addr {
             cmd.arg("--metrics-addr").arg(addr);
+        }
+        if let Some(addr) = &args.ui {
+            cmd.arg("--ui").arg(addr);
         }
         if args.quiet || process > 0 {
             cmd.arg("--quiet");
         }
+        if log_format == LogFormat::Json {
+            cmd.arg("--log-format").arg("json");
+        }
+        cmd.process_group(0);
         cmd.env(CLUSTER_TOKEN, token.to_string());
         cmd.env(LOCKS_HELD, "1");
         tie_to_supervisor(&mut cmd, lock.raw_fds());
@@ -90,7 +111,23 @@ fn run_cluster_once(args: &RunArgs, lock: &riffle_pipelines::RunLock) -> Result<
         std::thread::sleep(Duration::from_millis(50));
     }
     // A process that fails leaves the others waiting for it forever: stop them all.
+    let mut forwarded = false;
     loop {
+        if signals.received() && !forwarded {
+            forwarded = true;
+            for (_, child) in children.iter_mut() {
+                // Only a child not yet reaped: its pid cannot belong to another process.
+                if !matches!(child.try_wait(), Ok(None)) {
+                    continue;
+                }
+                if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+                    // SAFETY: kill(2) on the pid of our own child, which is not reaped.
+                    unsafe {
+                        libc::kill(pid, libc::SIGTERM);
+                    }
+                }
+            }
+        }
         let mut failed = None;
         let mut all_done = true;
         for (process, child) in children.iter_mut() {

@@ -55,13 +55,7 @@ fn quiet_network_panics() {
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,riffle=info")),
-        )
-        .init();
+    init_logging(cli.log_format);
     quiet_network_panics();
     if matches!(
         cli.command,
@@ -76,7 +70,7 @@ fn main() {
         }
     }
     let outcome = match cli.command {
-        Command::Run(args) => run_command(args),
+        Command::Run(args) => run_command(args, cli.log_format),
         Command::Validate { file } => validate_command(&file),
         Command::Bench(args) => bench::bench_command(args),
         Command::Produce(args) => produce::produce_command(args),
@@ -93,6 +87,21 @@ fn main() {
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Log lines to stderr: text (colours only on a terminal) or JSON objects.
+fn init_logging(format: cli::LogFormat) {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,riffle=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        cli::LogFormat::Text => builder.init(),
+        cli::LogFormat::Json => builder.json().init(),
     }
 }
 
@@ -164,7 +173,7 @@ fn validate_command(file: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn run_command(args: RunArgs) -> Result<()> {
+fn run_command(args: RunArgs, log_format: cli::LogFormat) -> Result<()> {
     let pipeline = load_for_run(&args)?;
     // One run at a time per checkpoint directory and output: a supervisor takes the locks for
     // its cluster and passes them down, so its own processes do not take them again.
@@ -174,7 +183,7 @@ fn run_command(args: RunArgs) -> Result<()> {
         && args.cluster.hostfile.is_none()
     {
         let lock = riffle_pipelines::RunLock::acquire(&pipeline)?;
-        return launch::launch_local_cluster(&args, &lock);
+        return launch::launch_local_cluster(&args, log_format, &lock);
     }
     let pipeline = Arc::new(pipeline);
     let cluster = args.cluster.to_config(
@@ -194,11 +203,9 @@ fn run_command(args: RunArgs) -> Result<()> {
             riffle_pipelines::plan::describe(&pipeline, cluster.threads, cluster.processes())
         );
     }
+    let signals = serve::StopSignals::install()?;
     let metrics = Metrics::new()?;
-    let _server = match &args.metrics_addr {
-        Some(addr) => Some(serve::serve_metrics(addr, metrics.clone())?),
-        None => None,
-    };
+    let endpoints = serve::Endpoints::start(&args, &pipeline, &cluster, &metrics)?;
     let progress = progress_bar(&args, &pipeline, &cluster, &metrics);
     let started = Instant::now();
     let report = run(
@@ -229,6 +236,18 @@ fn run_command(args: RunArgs) -> Result<()> {
             elapsed.as_secs_f64()
         );
         eprint!("{}", report.summary);
+    }
+    if signals.received() {
+        eprintln!("riffle: stopped on request; the last checkpoint covers every result written");
+    }
+    // A finite run's view stays up with its final state until the user stops riffle.
+    if let Some(addr) = endpoints.finish() {
+        if !signals.received() {
+            eprintln!(
+                "riffle: the input ended; the live view stays up on http://{addr}/ until Ctrl-C"
+            );
+            signals.wait();
+        }
     }
     Ok(())
 }

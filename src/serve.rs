@@ -1,63 +1,204 @@
-//! The Prometheus endpoint (`--metrics-addr`).
+//! A run's HTTP endpoints (metrics and health, the live view) and how it stops on a signal.
 
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
+use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::Metrics;
+use riffle_ui::{PeerReporter, ViewConfig, ViewServer};
 
-/// Serves `GET /metrics` on `addr` from a background thread for the life of the process.
-pub fn serve_metrics(addr: &str, metrics: Arc<Metrics>) -> Result<JoinHandle<()>> {
-    let server =
-        tiny_http::Server::http(addr).map_err(|e| anyhow!("metrics endpoint on {addr}: {e}"))?;
-    tracing::info!("serving Prometheus metrics on http://{addr}/metrics");
-    Ok(std::thread::spawn(move || {
-        for request in server.incoming_requests() {
-            let response = match (request.url(), metrics.render_prometheus()) {
-                ("/metrics", Ok(body)) => {
-                    tiny_http::Response::from_string(body).with_header(content_type())
-                }
-                ("/metrics", Err(e)) => {
-                    tiny_http::Response::from_string(e.to_string()).with_status_code(500)
-                }
-                _ => tiny_http::Response::from_string("see /metrics").with_status_code(404),
-            };
-            let _ = request.respond(response);
-        }
-    }))
+use crate::cli::RunArgs;
+
+/// The servers and reporters of one process of a run.
+pub struct Endpoints {
+    view: Option<ViewServer>,
+    metrics: Option<ViewServer>,
+    peer: Option<PeerReporter>,
 }
 
-fn content_type() -> tiny_http::Header {
-    "Content-Type: text/plain; version=0.0.4"
+impl Endpoints {
+    /// `--ui` on process 0: the view; on other processes: a reporter to process 0's view.
+    /// `--metrics-addr`: this process's metrics and health (port + process index in a local
+    /// cluster, so every process of a host serves its own).
+    pub fn start(
+        args: &RunArgs,
+        pipeline: &riffle_pipelines::Pipeline,
+        cluster: &ClusterConfig,
+        metrics: &Arc<Metrics>,
+    ) -> Result<Self> {
+        let config = ViewConfig {
+            pipeline: pipeline.name().to_string(),
+            plan: riffle_pipelines::plan::describe(pipeline, cluster.threads, cluster.processes()),
+            process: cluster.process,
+            processes: cluster.processes(),
+            workers: cluster.threads,
+            page: false,
+        };
+        let mut endpoints = Endpoints {
+            view: None,
+            metrics: None,
+            peer: None,
+        };
+        if let Some(addr) = &args.metrics_addr {
+            let addr = if args.cluster.hostfile.is_none() {
+                offset_port(addr, cluster.process)?
+            } else {
+                addr.clone()
+            };
+            let server = riffle_ui::serve(&addr, metrics.clone(), config.clone())?;
+            tracing::info!(
+                "serving Prometheus metrics on http://{}/metrics (and /healthz, /readyz)",
+                server.addr()
+            );
+            endpoints.metrics = Some(server);
+        }
+        match (&args.ui, cluster.process) {
+            (Some(addr), 0) => {
+                let view = riffle_ui::serve(
+                    addr,
+                    metrics.clone(),
+                    ViewConfig {
+                        page: true,
+                        ..config
+                    },
+                )?;
+                eprintln!("riffle: live view on http://{}/", view.addr());
+                endpoints.view = Some(view);
+            }
+            (Some(addr), process) => {
+                let at = view_of_process_zero(addr, args.cluster.hostfile.as_deref())?;
+                endpoints.peer = Some(PeerReporter::start(
+                    &at,
+                    metrics.clone(),
+                    process,
+                    cluster.threads,
+                )?);
+            }
+            (None, _) => {}
+        }
+        Ok(endpoints)
+    }
+
+    /// The run is over: the view shows the final state. Returns the view's address when
+    /// this process serves one, which stays up until the process exits.
+    pub fn finish(self) -> Option<std::net::SocketAddr> {
+        if let Some(peer) = self.peer {
+            peer.finish();
+        }
+        let addr = self.view.as_ref().map(ViewServer::addr);
+        if let Some(view) = self.view {
+            view.finish();
+        }
+        addr
+    }
+}
+
+/// `host:port` with the port moved up by `offset`.
+pub fn offset_port(addr: &str, offset: usize) -> Result<String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow!("`{addr}`: expected HOST:PORT"))?;
+    let port: usize = port
         .parse()
-        .expect("a constant, well-formed header")
+        .with_context(|| format!("`{addr}`: the port is not a number"))?;
+    let moved = u16::try_from(port + offset)
+        .map_err(|_| anyhow!("`{addr}`: port {port} + {offset} is past 65535"))?;
+    Ok(format!("{host}:{moved}"))
+}
+
+/// Where another process reaches process 0's view at `ui`: the host of process 0 in the
+/// hostfile (or this host), on `ui`'s port.
+fn view_of_process_zero(ui: &str, hostfile: Option<&Path>) -> Result<String> {
+    let (host, port) = ui
+        .rsplit_once(':')
+        .ok_or_else(|| anyhow!("--ui `{ui}`: expected HOST:PORT"))?;
+    let host = match hostfile {
+        Some(file) => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let first = text
+                .lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty() && !l.starts_with('#'))
+                .ok_or_else(|| anyhow!("{}: no process listed", file.display()))?;
+            first.rsplit_once(':').map_or(first, |(h, _)| h).to_string()
+        }
+        None if matches!(host, "0.0.0.0" | "[::]" | "") => "127.0.0.1".to_string(),
+        None => host.to_string(),
+    };
+    Ok(format!("{host}:{port}"))
+}
+
+/// SIGTERM and SIGINT: the first asks the run to stop at the end of its open epochs (they
+/// complete, are written and checkpointed, and the process exits 0); a second one ends the
+/// process at once.
+pub struct StopSignals {
+    received: Arc<AtomicBool>,
+    rx: Receiver<()>,
+}
+
+impl StopSignals {
+    pub fn install() -> Result<Self> {
+        let mut signals = signal_hook::iterator::Signals::new([
+            signal_hook::consts::SIGTERM,
+            signal_hook::consts::SIGINT,
+        ])
+        .context("installing the SIGTERM/SIGINT handler")?;
+        let received = Arc::new(AtomicBool::new(false));
+        let (tx, rx): (Sender<()>, Receiver<()>) = std::sync::mpsc::channel();
+        let flag = received.clone();
+        std::thread::Builder::new()
+            .name("riffle-signals".into())
+            .spawn(move || {
+                for signal in signals.forever() {
+                    if flag.swap(true, Ordering::SeqCst) {
+                        eprintln!("riffle: second signal ({signal}): stopping now");
+                        std::process::exit(128 + signal);
+                    }
+                    tracing::info!("signal {signal}: finishing the open epochs, then stopping");
+                    riffle_dataflow::runtime::request_stop();
+                    let _ = tx.send(());
+                }
+            })
+            .context("starting the signal thread")?;
+        Ok(StopSignals { received, rx })
+    }
+
+    /// A stop signal came.
+    pub fn received(&self) -> bool {
+        self.received.load(Ordering::SeqCst)
+    }
+
+    /// Blocks until a stop signal comes (at once if one came already).
+    pub fn wait(&self) {
+        if !self.received() {
+            let _ = self.rx.recv();
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
 
     #[test]
-    fn serves_stage_metrics_in_prometheus_text_format() {
-        let metrics = Metrics::new().unwrap();
-        metrics
-            .stage("model")
-            .unwrap()
-            .record_batch(8, 8, 0, std::time::Duration::from_millis(3));
-        let addr = format!("127.0.0.1:{}", 30000 + std::process::id() % 20000);
-        let _server = serve_metrics(&addr, metrics).unwrap();
-        let mut stream = std::net::TcpStream::connect(&addr).unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut body = String::new();
-        stream.read_to_string(&mut body).unwrap();
-        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-        assert!(
-            body.contains("riffle_stage_records_in_total{stage=\"model\"} 8"),
-            "{body}"
+    fn ports_and_view_addresses() {
+        assert_eq!(offset_port("127.0.0.1:9898", 2).unwrap(), "127.0.0.1:9900");
+        assert!(offset_port("127.0.0.1:65535", 1).is_err());
+        assert!(offset_port("nowhere", 0).is_err());
+        assert_eq!(
+            view_of_process_zero("0.0.0.0:8080", None).unwrap(),
+            "127.0.0.1:8080"
         );
-        assert!(body.contains("riffle_stage_batch_rows_bucket"), "{body}");
+        let dir = tempfile::tempdir().unwrap();
+        let hosts = dir.path().join("hosts");
+        std::fs::write(&hosts, "# cluster\n\n10.0.0.5:2101\n10.0.0.6:2101\n").unwrap();
+        assert_eq!(
+            view_of_process_zero("0.0.0.0:8080", Some(&hosts)).unwrap(),
+            "10.0.0.5:8080"
+        );
     }
 }

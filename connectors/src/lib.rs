@@ -25,6 +25,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
 
+pub mod annotate;
 pub mod csv;
 mod files;
 pub mod formats;
@@ -42,6 +43,7 @@ use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowResult, SourceFactory};
 use serde::Deserialize;
 
+pub use crate::annotate::AnnotateSinkConfig;
 pub use crate::csv::{CsvSource, CsvSourceConfig};
 pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
@@ -110,6 +112,7 @@ pub enum SinkConfig {
     Stdout(StdoutSinkConfig),
     Ipc(IpcSinkConfig),
     Kafka(Box<kafka::KafkaSinkConfig>),
+    Annotate(AnnotateSinkConfig),
 }
 
 impl SinkConfig {
@@ -119,6 +122,7 @@ impl SinkConfig {
             SinkConfig::Stdout(c) => Box::new(c.clone()),
             SinkConfig::Ipc(c) => Box::new(c.clone()),
             SinkConfig::Kafka(c) => Box::new(kafka::KafkaSinkFactory::new(c)?),
+            SinkConfig::Annotate(c) => Box::new(c.clone()),
         })
     }
 
@@ -128,7 +132,8 @@ impl SinkConfig {
             SinkConfig::Jsonl(c) => vec![c.path.as_path()],
             SinkConfig::Stdout(_) => Vec::new(),
             SinkConfig::Ipc(c) => vec![c.path.as_path()],
-            SinkConfig::Kafka(_) => Vec::new(),
+            // A folder of pictures, one file a frame: no single file to lock or check.
+            SinkConfig::Kafka(_) | SinkConfig::Annotate(_) => Vec::new(),
         }
     }
 
@@ -139,6 +144,7 @@ impl SinkConfig {
             SinkConfig::Stdout(_) => Vec::new(),
             SinkConfig::Ipc(c) => vec![&mut c.path],
             SinkConfig::Kafka(_) => Vec::new(),
+            SinkConfig::Annotate(c) => vec![&mut c.dir],
         }
     }
 }

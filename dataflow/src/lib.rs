@@ -9,6 +9,7 @@
 //! - [`metrics`]: per-stage counters and latency histograms, exported to Prometheus.
 //! - [`runtime`]: the run loop: a [`runtime::Job`] on workers, with epochs, flow control,
 //!   checkpoints and liveness.
+//! - [`live`]: a bounded side channel of sampled frames and latest results for a live view.
 //! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
 
@@ -25,6 +26,7 @@ pub mod cluster;
 pub mod compression;
 pub mod dead_letter;
 pub mod error;
+pub mod live;
 pub mod metrics;
 pub mod operators;
 pub mod runtime;

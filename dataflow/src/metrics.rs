@@ -5,7 +5,8 @@
 //! histograms (Prometheus buckets are too coarse for a p99 report).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -14,6 +15,7 @@ use prometheus::{
 };
 
 use crate::error::{DataflowError, DataflowResult};
+use crate::live::LiveTap;
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -36,6 +38,8 @@ pub struct Metrics {
     end_to_end: prometheus::Histogram,
     stages: Mutex<BTreeMap<String, Arc<StageMetrics>>>,
     end_to_end_hdr: Mutex<Histogram<u64>>,
+    live: OnceLock<Arc<LiveTap>>,
+    ready_workers: AtomicUsize,
 }
 
 /// The metrics of one stage (all workers of the process share it).
@@ -111,6 +115,27 @@ impl Metrics {
         registry
             .register(Box::new(end_to_end.clone()))
             .map_err(prom_err)?;
+        let build_info = prometheus::IntGaugeVec::new(
+            Opts::new("build_info", "Riffle's version (the value is always 1)"),
+            &["version"],
+        )
+        .map_err(prom_err)?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        registry.register(Box::new(build_info)).map_err(prom_err)?;
+        // CPU, memory, open files and start time of this process (`process_*`, unprefixed as
+        // Prometheus' conventions have them).
+        #[cfg(target_os = "linux")]
+        prometheus::default_registry()
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .or_else(|e| match e {
+                prometheus::Error::AlreadyReg => Ok(()),
+                e => Err(e),
+            })
+            .map_err(prom_err)?;
         Ok(Arc::new(Metrics {
             registry,
             records_in,
@@ -123,6 +148,8 @@ impl Metrics {
             end_to_end,
             stages: Mutex::new(BTreeMap::new()),
             end_to_end_hdr: Mutex::new(hdr()?),
+            live: OnceLock::new(),
+            ready_workers: AtomicUsize::new(0),
         }))
     }
 
@@ -152,6 +179,35 @@ impl Metrics {
         Ok(created)
     }
 
+    /// Has the run feed `tap` (a live view is watching); the first tap attached stays.
+    pub fn attach_live(&self, tap: Arc<LiveTap>) {
+        let _ = self.live.set(tap);
+    }
+
+    /// The live tap, when a viewer attached one.
+    pub fn live(&self) -> Option<&Arc<LiveTap>> {
+        self.live.get()
+    }
+
+    /// A worker of this process has built its dataflow (models loaded) and has its share of the
+    /// source.
+    pub fn worker_ready(&self) {
+        self.ready_workers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Workers of this process that are ready (see [`Metrics::worker_ready`]).
+    pub fn ready_workers(&self) -> usize {
+        self.ready_workers.load(Ordering::SeqCst)
+    }
+
+    /// Every stage's metrics, in creation order.
+    pub fn stages(&self) -> Vec<Arc<StageMetrics>> {
+        let stages = lock(&self.stages);
+        let mut list: Vec<_> = stages.values().cloned().collect();
+        list.sort_by_key(|s| s.order);
+        list
+    }
+
     /// Records `rows` results that reached the sink, ingested at `ingest_ns`.
     pub fn record_end_to_end(&self, ingest_ns: u64, now_ns: u64, rows: usize) {
         let latency = Duration::from_nanos(now_ns.saturating_sub(ingest_ns));
@@ -169,15 +225,17 @@ impl Metrics {
     /// Prometheus text exposition of every metric.
     pub fn render_prometheus(&self) -> DataflowResult<String> {
         let mut buf = Vec::new();
+        let mut families = self.registry.gather();
+        families.extend(prometheus::default_registry().gather());
         TextEncoder::new()
-            .encode(&self.registry.gather(), &mut buf)
+            .encode(&families, &mut buf)
             .map_err(prom_err)?;
         String::from_utf8(buf).map_err(|e| DataflowError::Config(e.to_string()))
     }
 
     /// Values of metrics that connectors registered (`riffle_kafka_*`, `riffle_video_*`), one
     /// line each.
-    fn connector_values(&self) -> Vec<(String, f64)> {
+    pub fn connector_values(&self) -> Vec<(String, f64)> {
         let mut out = Vec::new();
         for family in self.registry.gather() {
             if !CONNECTOR_PREFIXES
@@ -247,6 +305,27 @@ impl StageMetrics {
 
     pub fn records_out(&self) -> u64 {
         self.records_out.get()
+    }
+
+    /// Records sent to dead letters by this stage.
+    pub fn dead_letters(&self) -> u64 {
+        self.dead_letters.get()
+    }
+
+    /// Records that reached the stage after their real-time budget.
+    pub fn late(&self) -> u64 {
+        self.late.get()
+    }
+
+    /// Batches processed.
+    pub fn batches(&self) -> u64 {
+        self.batches.get()
+    }
+
+    /// A copy of the per-batch latency histogram (µs) since the start; the difference of two
+    /// copies (`Histogram::subtract`) gives the quantiles of the time between them.
+    pub fn latency_histogram(&self) -> Histogram<u64> {
+        lock(&self.hdr).latency_us.clone()
     }
 
     fn summary(&self) -> StageSummary {

@@ -99,6 +99,13 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                         input.for_each(|cap, data| {
                             let epoch = cap.least().copied().unwrap_or_default();
                             for batch in data.drain(..) {
+                                // A live view sees results as they arrive, before they commit.
+                                if let Some(live) = metrics.live() {
+                                    match batch.kind {
+                                        BatchKind::Records => live.results(&batch.data),
+                                        BatchKind::DeadLetters => live.dead_letters(&batch.data),
+                                    }
+                                }
                                 match batch.kind {
                                     BatchKind::Records => {
                                         pending.entry(epoch).or_default().push(batch)

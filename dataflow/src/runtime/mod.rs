@@ -87,6 +87,20 @@ pub struct RunReport {
     pub workers: usize,
 }
 
+static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Asks every worker of this process to stop reading: the input ends where each worker is,
+/// the epochs already read complete, are written and checkpointed, and [`run`] returns as at
+/// the end of the input. Safe to call from a signal handler's thread.
+pub fn request_stop() {
+    STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Whether [`request_stop`] was called.
+pub fn stop_requested() -> bool {
+    STOP.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// Runs the job to the end of its sources. Worker errors (a sink that cannot write, a source
 /// that fails) end the run and are returned; bad records never do: they go to the dead-letter
 /// sink.

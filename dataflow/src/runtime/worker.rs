@@ -112,6 +112,7 @@ pub(crate) fn run_worker(
     };
     let source_metrics = metrics.stage("source")?;
     let mut source = start.source.partition(index, peers)?;
+    metrics.worker_ready();
     let epoch_records = job.epochs.records;
     let in_flight = job.epochs.max_in_flight;
     let mut epoch: Epoch = start.first_epoch;
@@ -120,11 +121,21 @@ pub(crate) fn run_worker(
     let mut records_in_epoch = 0;
     let mut last_epoch = Instant::now();
     loop {
+        // A stop request (SIGTERM) ends the input here, as the end of a file would: what was
+        // read completes its epochs, the last checkpoint covers it, and a restart goes on
+        // from there.
+        if super::stop_requested() {
+            tracing::info!("worker {index}: stop requested, finishing the open epochs");
+            break;
+        }
         let read_started = Instant::now();
         let Some(batch) = source.next_batch()? else {
             break;
         };
         let rows = batch.records.num_rows();
+        if let Some(live) = metrics.live() {
+            live.sample_frames(&batch.records);
+        }
         source_metrics.record_batch(rows, rows, batch.rejected.len(), read_started.elapsed());
         let ingest = now_ns();
         for p in &batch.positions {

@@ -1,0 +1,193 @@
+// Riffle's live view: renders the snapshots the server sends over /events.
+"use strict";
+
+const PALETTE = ["#ff4d4d", "#4dd2ff", "#ffd24d", "#7dff4d", "#ff4dd2", "#4d7dff", "#ff9f4d", "#b84dff"];
+const cameras = new Map(); // camera id -> { canvas, caption, version, image }
+const $ = (id) => document.getElementById(id);
+
+function fmt(n) {
+  if (typeof n !== "number") return String(n);
+  if (Math.abs(n) >= 1e6) return (n / 1e6).toFixed(2) + "M";
+  if (Math.abs(n) >= 1e4) return (n / 1e3).toFixed(1) + "k";
+  return Number.isInteger(n) ? String(n) : n.toFixed(1);
+}
+
+// Detections are lists of objects with x1, y1, x2, y2 (source pixels) in a result row.
+function detectionsOf(row) {
+  for (const value of Object.values(row || {})) {
+    if (Array.isArray(value) && value.length > 0 && typeof value[0] === "object" && value[0] !== null && "x1" in value[0]) {
+      return value;
+    }
+  }
+  return [];
+}
+
+function colourOf(d, i) {
+  const key = d.track_id ?? d.class_id ?? i;
+  return PALETTE[Math.abs(Number(key) || 0) % PALETTE.length];
+}
+
+function cameraCard(id) {
+  let cam = cameras.get(id);
+  if (cam) return cam;
+  const empty = $("cameras").querySelector(".empty");
+  if (empty) empty.remove();
+  const card = document.createElement("div");
+  card.className = "camera";
+  const canvas = document.createElement("canvas");
+  canvas.width = 640;
+  canvas.height = 360;
+  canvas.dataset.camera = id;
+  canvas.className = "camera-frame";
+  const caption = document.createElement("div");
+  caption.className = "caption";
+  caption.textContent = id;
+  card.append(canvas, caption);
+  $("cameras").append(card);
+  cam = { canvas, caption, version: 0, loading: 0 };
+  cameras.set(id, cam);
+  return cam;
+}
+
+function drawCamera(cam, view, image) {
+  const { canvas } = cam;
+  const row = view.row || {};
+  const sourceW = Number(row.width) || image.naturalWidth;
+  const sourceH = Number(row.height) || image.naturalHeight;
+  canvas.width = 640;
+  canvas.height = Math.max(1, Math.round(640 * image.naturalHeight / image.naturalWidth));
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
+  const sx = canvas.width / sourceW, sy = canvas.height / sourceH;
+  const drawn = [];
+  ctx.lineWidth = 3;
+  ctx.font = "13px system-ui, sans-serif";
+  detectionsOf(row).forEach((d, i) => {
+    const x = d.x1 * sx, y = d.y1 * sy, w = (d.x2 - d.x1) * sx, h = (d.y2 - d.y1) * sy;
+    const colour = colourOf(d, i);
+    ctx.strokeStyle = colour;
+    ctx.strokeRect(x, y, w, h);
+    const label = [d.label ?? d.class_id, d.score != null ? Number(d.score).toFixed(2) : null, d.track_id != null ? "#" + d.track_id : null]
+      .filter((p) => p != null).join(" ");
+    const tw = ctx.measureText(label).width + 6;
+    ctx.fillStyle = colour;
+    ctx.fillRect(x - 1.5, Math.max(0, y - 17), tw, 16);
+    ctx.fillStyle = "#000";
+    ctx.fillText(label, x + 2, Math.max(12, y - 4));
+    drawn.push({ x: Math.round(x), y: Math.round(y), w: Math.round(w), h: Math.round(h), colour });
+  });
+  canvas.dataset.frame = String(view.frame);
+  canvas.dataset.version = String(view.version);
+  canvas.dataset.boxes = String(drawn.length);
+  canvas.dataset.drawn = JSON.stringify(drawn);
+  cam.caption.textContent = `${view.camera_id} · frame ${view.frame} · ${drawn.length} detection${drawn.length === 1 ? "" : "s"} · ${fmt(view.shown)} shown`;
+}
+
+function renderCameras(list) {
+  for (const view of list) {
+    const cam = cameraCard(view.camera_id);
+    // One picture in flight per camera: a slow browser skips versions, never queues them.
+    if (view.version === cam.version || cam.loading) continue;
+    cam.loading = view.version;
+    const image = new Image();
+    image.onload = () => { cam.loading = 0; cam.version = view.version; drawCamera(cam, view, image); };
+    image.onerror = () => { cam.loading = 0; cam.version = view.version; };
+    image.src = `/frame?camera=${encodeURIComponent(view.camera_id)}&v=${view.version}`;
+  }
+}
+
+function sparkline(points, keys, colours, width = 160, height = 34) {
+  const canvas = document.createElement("canvas");
+  canvas.width = width;
+  canvas.height = height;
+  const ctx = canvas.getContext("2d");
+  const max = Math.max(1e-9, ...points.flatMap((p) => keys.map((k) => p[k])));
+  keys.forEach((k, j) => {
+    ctx.strokeStyle = colours[j];
+    ctx.beginPath();
+    points.forEach((p, i) => {
+      const x = points.length > 1 ? (i / (points.length - 1)) * (width - 2) + 1 : 1;
+      const y = height - 2 - (p[k] / max) * (height - 4);
+      i ? ctx.lineTo(x, y) : ctx.moveTo(x, y);
+    });
+    ctx.stroke();
+  });
+  return canvas;
+}
+
+function renderStages(stages) {
+  const body = $("stages").querySelector("tbody");
+  body.replaceChildren();
+  for (const s of stages) {
+    const tr = document.createElement("tr");
+    tr.dataset.stage = s.name;
+    const last = s.series.length ? s.series[s.series.length - 1] : { rate: 0, p50_ms: 0, p99_ms: 0 };
+    const cells = [s.name, s.records_in, s.records_out, s.dead_letters, s.late, s.batches, s.mean_batch];
+    cells.forEach((v, i) => {
+      const td = document.createElement("td");
+      td.textContent = i === 0 ? v : fmt(v);
+      if (i > 0) { td.className = "num"; td.dataset.key = ["", "in", "out", "dead", "late", "batches", "mean"][i]; }
+      tr.append(td);
+    });
+    const rate = document.createElement("td");
+    rate.append(sparkline(s.series, ["rate"], ["#3fb68b"]), document.createTextNode(fmt(last.rate)));
+    const lat = document.createElement("td");
+    lat.append(sparkline(s.series, ["p50_ms", "p99_ms"], ["#4dd2ff", "#ff9f4d"]),
+      document.createTextNode(`${last.p50_ms.toFixed(2)} / ${last.p99_ms.toFixed(2)}`));
+    tr.append(rate, lat);
+    body.append(tr);
+  }
+}
+
+function cell(value) {
+  const td = document.createElement("td");
+  td.textContent = typeof value === "object" && value !== null ? JSON.stringify(value) : String(value ?? "");
+  td.title = td.textContent.slice(0, 2000);
+  return td;
+}
+
+function renderRows(table, rows, columns) {
+  const keys = columns || [...new Set(rows.flatMap((r) => Object.keys(r)))];
+  const head = table.querySelector("thead");
+  if (!columns) {
+    const tr = document.createElement("tr");
+    keys.forEach((k) => { const th = document.createElement("th"); th.textContent = k; tr.append(th); });
+    head.replaceChildren(tr);
+  }
+  const body = table.querySelector("tbody");
+  body.replaceChildren(...rows.map((r) => { const tr = document.createElement("tr"); keys.forEach((k) => tr.append(cell(r[k]))); return tr; }));
+}
+
+function render(s) {
+  $("pipeline").textContent = s.about.pipeline;
+  document.title = `Riffle · ${s.about.pipeline}`;
+  const status = $("status");
+  status.textContent = s.finished ? "finished (final state)" : s.ready ? "running" : "starting";
+  status.className = "status " + (s.finished ? "finished" : s.ready ? "running" : "");
+  $("results").textContent = fmt(s.results_seen);
+  $("results").dataset.value = String(s.results_seen);
+  $("dead").textContent = fmt(s.dead_letters_seen);
+  $("late").textContent = fmt(s.stages.reduce((a, st) => a + st.late, 0));
+  $("processes").textContent = `${s.processes.length} of ${s.about.processes}`;
+  $("uptime").textContent = `${Math.round(s.uptime_s)} s`;
+  $("plan").textContent = s.about.plan;
+  renderCameras(s.cameras);
+  renderStages(s.stages);
+  renderRows($("rows"), s.rows);
+  renderRows($("dead-letters"), s.dead_letters, ["stage", "reason", "record"]);
+  const conn = Object.entries(s.connectors).map(([k, v]) => ({ k, v }));
+  for (const p of s.processes) conn.push({ k: `process ${p.process}`, v: `${p.finished ? "finished" : p.ready ? "ready" : "starting"}, ${fmt(p.rss_bytes / 1048576)} MiB` });
+  renderRows($("connectors"), conn, ["k", "v"]);
+}
+
+function connect() {
+  const events = new EventSource("/events");
+  events.onmessage = (e) => { if (e.data && e.data !== "{}") render(JSON.parse(e.data)); };
+  events.onerror = () => {
+    const status = $("status");
+    status.textContent = "connection lost; retrying";
+    status.className = "status lost";
+  };
+}
+
+connect();

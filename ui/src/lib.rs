@@ -1,0 +1,402 @@
+//! Riffle's live view and operational endpoints, served by the `riffle` binary.
+//!
+//! [`serve`] starts one HTTP server (axum on a tokio runtime of its own thread) with:
+//! - `GET /metrics`: Prometheus text of this process;
+//! - `GET /healthz`: 200 while the process runs; `GET /readyz`: 200 once every worker of the
+//!   process has built its dataflow (models loaded) and has its share of the source, else 503;
+//! - with the page on ([`ViewConfig::page`]): `GET /` (the page, its assets embedded in the
+//!   binary), `GET /events` (server-sent events: the view's JSON snapshot on every change),
+//!   `GET /api/state` (the same snapshot), `GET /frame?camera=..&v=..` (a camera's sampled frame
+//!   the snapshot's boxes belong to) and `POST /api/report` (the other processes of a
+//!   cluster send their [`Report`]s here).
+//!
+//! The view is fed from the side of the dataflow ([`riffle_dataflow::live::LiveTap`]): frames
+//! are sampled at the source at a bounded rate per camera, results and dead letters are copied
+//! as they reach the sink; nothing waits for the page. Other processes run a [`PeerReporter`]
+//! that sends their stages' counters and sampled frames to process 0.
+//!
+//! ```no_run
+//! use riffle_dataflow::metrics::Metrics;
+//! use riffle_ui::{serve, ViewConfig};
+//!
+//! let metrics = Metrics::new()?;
+//! let view = serve("127.0.0.1:8080", metrics, ViewConfig {
+//!     pipeline: "demo".into(),
+//!     page: true,
+//!     ..ViewConfig::default()
+//! })?;
+//! println!("open http://{}/", view.addr());
+//! // ... run the pipeline with the same `Metrics`, then:
+//! view.finish();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod hub;
+pub mod report;
+pub mod thumb;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use riffle_dataflow::live::LiveTap;
+use riffle_dataflow::metrics::Metrics;
+use serde::Deserialize;
+use tokio_stream::wrappers::WatchStream;
+use tokio_stream::StreamExt;
+
+pub use hub::{About, Hub};
+pub use report::{Report, Reporter};
+
+/// How often the view drains the tap, reads the metrics and tells the page.
+pub const TICK: Duration = Duration::from_millis(500);
+/// Frames per camera the view samples at most.
+pub const FRAMES_PER_SECOND: f64 = 5.0;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UiError {
+    #[error("serving on {addr}: {cause}")]
+    Bind { addr: String, cause: std::io::Error },
+    #[error("starting the view's thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// What the server shows and how this process fits in its cluster.
+#[derive(Clone, Debug, Default)]
+pub struct ViewConfig {
+    pub pipeline: String,
+    /// The plan as `riffle plan` prints it.
+    pub plan: String,
+    pub process: usize,
+    pub processes: usize,
+    /// Worker threads of this process (for `/readyz`).
+    pub workers: usize,
+    /// Serve the page (`--ui`), not only the metrics and health endpoints.
+    pub page: bool,
+}
+
+struct Shared {
+    metrics: Arc<Metrics>,
+    config: ViewConfig,
+    hub: Mutex<Hub>,
+    updates: tokio::sync::watch::Sender<Arc<str>>,
+}
+
+/// A running server; [`ViewServer::finish`] tells the page the run is over.
+pub struct ViewServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    tap: Option<Arc<LiveTap>>,
+    finished: Arc<AtomicBool>,
+    ticker: Option<std::thread::JoinHandle<Reporter>>,
+}
+
+/// Serves `/metrics`, `/healthz`, `/readyz` and, with `config.page`, the live view, on `addr`
+/// (port 0: any free port, see [`ViewServer::addr`]), from threads of its own. With the page
+/// on, a [`LiveTap`] is attached to `metrics`, so a run with these metrics feeds the view.
+pub fn serve(addr: &str, metrics: Arc<Metrics>, config: ViewConfig) -> Result<ViewServer, UiError> {
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|cause| UiError::Bind {
+            addr: addr.to_string(),
+            cause,
+        })?;
+    let bound = listener.local_addr().map_err(|cause| UiError::Bind {
+        addr: addr.to_string(),
+        cause,
+    })?;
+    let tap = config.page.then(|| {
+        let tap = Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN));
+        metrics.attach_live(tap.clone());
+        tap
+    });
+    let (updates, _) = tokio::sync::watch::channel(Arc::<str>::from("{}"));
+    let shared = Arc::new(Shared {
+        hub: Mutex::new(Hub::new(About {
+            pipeline: config.pipeline.clone(),
+            plan: config.plan.clone(),
+            processes: config.processes.max(1),
+        })),
+        metrics,
+        config,
+        updates,
+    });
+    let app = router(shared.clone());
+    std::thread::Builder::new()
+        .name("riffle-view".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!("view: no runtime: {e}");
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        if let Err(e) = axum::serve(listener, app).await {
+                            tracing::error!("view server: {e}");
+                        }
+                    }
+                    Err(e) => tracing::error!("view server: {e}"),
+                }
+            });
+        })
+        .map_err(UiError::Thread)?;
+    let finished = Arc::new(AtomicBool::new(false));
+    let ticker = match &tap {
+        Some(tap) => Some(spawn_ticker(shared.clone(), tap.clone(), finished.clone())?),
+        None => None,
+    };
+    Ok(ViewServer {
+        addr: bound,
+        shared,
+        tap,
+        finished,
+        ticker,
+    })
+}
+
+impl ViewServer {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The run of this process is over: a last tick takes what is left in the tap and the
+    /// page shows the final state (the server thread keeps serving until the process exits).
+    pub fn finish(mut self) {
+        self.finished.store(true, Ordering::SeqCst);
+        let mut reporter = self
+            .ticker
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        if let Some(tap) = &self.tap {
+            tick(&self.shared, tap, &mut reporter, true);
+        }
+    }
+}
+
+fn spawn_ticker(
+    shared: Arc<Shared>,
+    tap: Arc<LiveTap>,
+    finished: Arc<AtomicBool>,
+) -> Result<std::thread::JoinHandle<Reporter>, UiError> {
+    std::thread::Builder::new()
+        .name("riffle-view-tick".into())
+        .spawn(move || {
+            let mut reporter = Reporter::default();
+            while !finished.load(Ordering::SeqCst) {
+                tick(&shared, &tap, &mut reporter, false);
+                std::thread::sleep(TICK);
+            }
+            reporter
+        })
+        .map_err(UiError::Thread)
+}
+
+fn tick(shared: &Shared, tap: &LiveTap, reporter: &mut Reporter, last: bool) {
+    let mut drained = tap.drain();
+    let frames = std::mem::take(&mut drained.frames);
+    let mut report = reporter.report(
+        shared.config.process,
+        &shared.metrics,
+        shared.config.workers,
+        frames,
+    );
+    report.finished = last;
+    let snapshot = {
+        let mut hub = lock(&shared.hub);
+        hub.report(report);
+        hub.drained(drained);
+        hub.tick();
+        hub.snapshot()
+    };
+    shared.updates.send_replace(Arc::from(snapshot.to_string()));
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    let mut router = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz));
+    if shared.config.page {
+        router = router
+            .route("/", get(|| asset("text/html; charset=utf-8", PAGE)))
+            .route(
+                "/app.js",
+                get(|| asset("text/javascript; charset=utf-8", SCRIPT)),
+            )
+            .route(
+                "/style.css",
+                get(|| asset("text/css; charset=utf-8", STYLE)),
+            )
+            .route("/events", get(events))
+            .route("/api/state", get(state))
+            .route("/frame", get(frame))
+            .route("/api/report", post(peer_report));
+    } else {
+        router = router.route(
+            "/",
+            get(|| async {
+                "Riffle: /metrics, /healthz, /readyz (the live view: riffle run --ui ADDR)\n"
+            }),
+        );
+    }
+    router.with_state(shared)
+}
+
+const PAGE: &str = include_str!("../assets/index.html");
+const SCRIPT: &str = include_str!("../assets/app.js");
+const STYLE: &str = include_str!("../assets/style.css");
+
+async fn asset(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.metrics.render_prometheus() {
+        Ok(body) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
+    let ready = shared.metrics.ready_workers();
+    let want = shared.config.workers.max(1);
+    if ready >= want {
+        (
+            StatusCode::OK,
+            format!("ready: {ready} of {want} workers\n"),
+        )
+            .into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {ready} of {want} workers have their models and sources\n"),
+        )
+            .into_response()
+    }
+}
+
+async fn events(
+    State(shared): State<Arc<Shared>>,
+) -> Sse<impl tokio_stream::Stream<Item = Result<Event, Infallible>>> {
+    let stream = WatchStream::new(shared.updates.subscribe())
+        .map(|snapshot| Ok(Event::default().data(snapshot.as_ref())));
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+async fn state(State(shared): State<Arc<Shared>>) -> Response {
+    let snapshot = shared.updates.borrow().clone();
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        snapshot.to_string(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct FrameQuery {
+    camera: String,
+    v: u64,
+}
+
+async fn frame(State(shared): State<Arc<Shared>>, Query(q): Query<FrameQuery>) -> Response {
+    let picture = lock(&shared.hub).picture(&q.camera, q.v);
+    match picture {
+        Some(bytes) => (
+            [
+                (header::CONTENT_TYPE, "image/jpeg"),
+                (header::CACHE_CONTROL, "max-age=3600"),
+            ],
+            bytes.as_ref().clone(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no such frame (any more)\n").into_response(),
+    }
+}
+
+async fn peer_report(State(shared): State<Arc<Shared>>, Json(report): Json<Report>) -> StatusCode {
+    lock(&shared.hub).report(report);
+    StatusCode::NO_CONTENT
+}
+
+/// A process other than 0 of a cluster with a view: sends its reports to process 0's view.
+pub struct PeerReporter {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PeerReporter {
+    /// Attaches a tap to `metrics` and sends a report to `view` (`host:port` of process 0's
+    /// view) every [`TICK`] until [`PeerReporter::finish`].
+    pub fn start(
+        view: &str,
+        metrics: Arc<Metrics>,
+        process: usize,
+        workers: usize,
+    ) -> Result<Self, UiError> {
+        let tap = Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN));
+        metrics.attach_live(tap.clone());
+        let url = format!("http://{view}/api/report");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("riffle-view-report".into())
+            .spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .timeout_global(Some(Duration::from_secs(2)))
+                    .build()
+                    .into();
+                let mut reporter = Reporter::default();
+                let mut warned = false;
+                loop {
+                    let last = flag.load(Ordering::SeqCst);
+                    let mut report =
+                        reporter.report(process, &metrics, workers, tap.drain().frames);
+                    report.finished = last;
+                    if let Err(e) = agent.post(&url).send_json(&report) {
+                        // The view may not be up yet, or gone: the run goes on regardless.
+                        if !warned {
+                            tracing::debug!("process {process}: the view at {url}: {e}");
+                            warned = true;
+                        }
+                    }
+                    if last {
+                        break;
+                    }
+                    std::thread::sleep(TICK);
+                }
+            })
+            .map_err(UiError::Thread)?;
+        Ok(PeerReporter {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Sends the last report (the process's run is over) and stops.
+    pub fn finish(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
