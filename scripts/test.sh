@@ -8,6 +8,10 @@ if ! command -v kcat >/dev/null; then
   echo "test: installing kcat (Debian package), an independent Kafka client for interop tests"
   apt-get update -qq && apt-get install -y -qq kcat >/dev/null
 fi
+if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+  echo "test: installing chromium and chromium-driver (Debian packages) for the live view's browser test (tests/ui.rs)"
+  apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
 # Multi-host test (tests/netns.rs) in network namespaces, where the kernel allows them.
 if [ -z "${RIFFLE_NETNS:-}" ]; then
   if ! command -v ip >/dev/null; then

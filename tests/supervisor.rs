@@ -297,3 +297,93 @@ fn a_full_disk_during_checkpoints_is_one_clear_error_and_the_rerun_is_exactly_on
     assert_eq!(counts.len(), n, "every record");
     assert!(counts.values().all(|&c| c == 1), "no duplicates");
 }
+
+/// A checkpoint file exists in `dir`.
+fn has_checkpoint(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".ckpt"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn sigterm_finishes_the_open_epochs_checkpoints_exits_0_and_the_rerun_goes_on_exactly_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 240;
+    let topic = id_topic(tmp.path(), "sigterm", n);
+    // One process, then a supervised cluster of two (the supervisor passes SIGTERM on).
+    for processes in [1, 2] {
+        let dir = tmp.path().join(format!("p{processes}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pipeline = paced_pipeline(&dir, &topic, 40);
+        let out = dir.join("out.jsonl");
+        let args: Vec<String> = if processes == 1 {
+            ["run", "-q", pipeline.to_str().unwrap()]
+                .map(String::from)
+                .to_vec()
+        } else {
+            run_args(&pipeline)
+        };
+        let mut run = Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(&args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for(
+            &format!("{processes} process(es): results and a checkpoint"),
+            Duration::from_secs(30),
+            || id_counts(&out).len() >= 16 && has_checkpoint(&dir.join("ckpt")),
+        );
+        assert!(
+            run.try_wait().unwrap().is_none(),
+            "still running at the signal"
+        );
+        // SAFETY: kill(2) on our own child, not yet waited for.
+        assert_eq!(
+            unsafe { libc::kill(run.id() as libc::pid_t, libc::SIGTERM) },
+            0
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(s) = run.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "exits within 30 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        run.stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert!(
+            status.success(),
+            "{processes}: SIGTERM exits 0, not {status}: {stderr}"
+        );
+        assert!(
+            worker_pids(&pipeline).is_empty(),
+            "no process of the stopped run is left"
+        );
+        let stopped = id_counts(&out);
+        assert!(
+            stopped.len() < n,
+            "{processes}: the stop landed before the end ({} of {n})",
+            stopped.len()
+        );
+        assert!(
+            stopped.values().all(|&c| c == 1),
+            "no duplicates at the stop"
+        );
+
+        // The same command goes on from the last checkpoint, which covers what was written.
+        riffle_ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let counts = id_counts(&out);
+        assert_eq!(counts.len(), n, "{processes}: every record");
+        assert!(counts.values().all(|&c| c == 1), "{processes}: each once");
+    }
+}

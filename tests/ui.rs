@@ -220,6 +220,22 @@ async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
         "the stage table lists the model: {stages}"
     );
 
+    // The screenshot (the README's picture) at a moment every camera shows boxes, if one
+    // comes within a while.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let shown = browser.execute(CAMERAS_JS, vec![]).await.unwrap();
+        let boxed = shown
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["boxes"].as_u64().unwrap_or(0) > 0)
+            .count();
+        if boxed == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let png = browser.screenshot().await.unwrap();
     assert_eq!(&png[1..4], b"PNG");
     let artefact = Path::new(env!("CARGO_TARGET_TMPDIR")).join("live-view.png");

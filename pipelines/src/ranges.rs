@@ -108,6 +108,8 @@ pub const RANGES: &[Range] = &[
     int("seen_window", 1, DECADE_S),
     int("window", 1, DECADE_S),
     int("k", 1, 10_000),
+    // annotated frames
+    int("annotate.quality", 1, 100),
 ];
 
 /// Subtrees of strings for other programs (librdkafka properties, topic configs).

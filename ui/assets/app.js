@@ -43,7 +43,10 @@ function cameraCard(id) {
   caption.className = "caption";
   caption.textContent = id;
   card.append(canvas, caption);
-  $("cameras").append(card);
+  card.dataset.camera = id;
+  // Cards in camera order, whatever order the cameras first showed up in.
+  const after = [...$("cameras").children].find((c) => c.dataset.camera > id);
+  $("cameras").insertBefore(card, after || null);
   cam = { canvas, caption, version: 0, loading: 0 };
   cameras.set(id, cam);
   return cam;

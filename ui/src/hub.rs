@@ -51,14 +51,17 @@ struct Point {
 #[derive(Default)]
 struct Series {
     points: VecDeque<Point>,
-    last_total: Option<u64>,
+    /// (time, records out) of the last ticks: rates are taken over [`RATE_TICKS`] of them.
+    totals: VecDeque<(f64, u64)>,
 }
+
+/// Ticks a rate is averaged over (2 s at 500 ms): batches come in bursts.
+const RATE_TICKS: usize = 4;
 
 /// See the [module documentation](self).
 pub struct Hub {
     about: About,
     started: Instant,
-    last_tick: Option<Instant>,
     reports: BTreeMap<usize, Report>,
     cameras: BTreeMap<String, Camera>,
     rows: VecDeque<Value>,
@@ -73,7 +76,6 @@ impl Hub {
         Hub {
             about,
             started: Instant::now(),
-            last_tick: None,
             reports: BTreeMap::new(),
             cameras: BTreeMap::new(),
             rows: VecDeque::new(),
@@ -172,20 +174,17 @@ impl Hub {
 
     /// Closes a tick: adds a point to every stage's chart.
     pub fn tick(&mut self) {
-        let now = Instant::now();
-        let dt = self
-            .last_tick
-            .map(|t| now.duration_since(t).as_secs_f64())
-            .filter(|dt| *dt > 0.0);
-        self.last_tick = Some(now);
-        let t = now.duration_since(self.started).as_secs_f64();
+        let t = self.started.elapsed().as_secs_f64();
         for (name, (total, p50, p99)) in self.stage_totals() {
             let series = self.series.entry(name).or_default();
-            let rate = match (series.last_total, dt) {
-                (Some(last), Some(dt)) => total.saturating_sub(last) as f64 / dt,
+            let rate = match series.totals.front() {
+                Some((t0, first)) if t > *t0 => total.saturating_sub(*first) as f64 / (t - t0),
                 _ => 0.0,
             };
-            series.last_total = Some(total);
+            if series.totals.len() >= RATE_TICKS {
+                series.totals.pop_front();
+            }
+            series.totals.push_back((t, total));
             if series.points.len() >= SERIES_POINTS {
                 series.points.pop_front();
             }

@@ -174,6 +174,11 @@ impl ViewServer {
         self.addr
     }
 
+    /// Pages connected to `/events` now.
+    pub fn viewers(&self) -> usize {
+        self.shared.updates.receiver_count()
+    }
+
     /// The run of this process is over: a last tick takes what is left in the tap and the
     /// page shows the final state (the server thread keeps serving until the process exits).
     pub fn finish(mut self) {
