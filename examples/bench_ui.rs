@@ -28,7 +28,10 @@ fn main() -> anyhow::Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let tmp = tempfile::tempdir()?;
     let text = std::fs::read_to_string(root.join("pipelines/camera-perception.yaml"))?
-        .replace("../data/frames", &root.join("data/frames").display().to_string())
+        .replace(
+            "../data/frames",
+            &root.join("data/frames").display().to_string(),
+        )
         .replace("../models/", &format!("{}/", root.join("models").display()))
         .replace("cameras: 4", &format!("cameras: 4\n    repeat: {repeat}"));
     let file = tmp.path().join("camera-perception.yaml");
@@ -57,8 +60,14 @@ fn main() -> anyhow::Result<()> {
     println!("| camera-perception, {frames} frames, 2 workers, median (range) of {rounds} rounds | frames/s |");
     println!("|---|---:|");
     println!("| no view | {} |", spread(&plain, 1));
-    println!("| `--ui`, page open in headless Chromium | {} |", spread(&viewed, 1));
-    println!("| ratio (with / without, per round; target ≥ 0.97) | {} |", spread(&ratios, 3));
+    println!(
+        "| `--ui`, page open in headless Chromium | {} |",
+        spread(&viewed, 1)
+    );
+    println!(
+        "| ratio (with / without, per round; target ≥ 0.97) | {} |",
+        spread(&ratios, 3)
+    );
     Ok(())
 }
 
@@ -82,7 +91,12 @@ fn run(file: &Path, output: &Path, view: bool) -> anyhow::Result<f64> {
         let page = format!("http://{}/", server.addr());
         browser = Some(Killed(
             Command::new(CHROMIUM)
-                .args(["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+                .args([
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                ])
                 .args(["--window-size=1400,1600", "--user-data-dir"])
                 .arg(std::env::temp_dir().join(format!("riffle-bench-ui-{}", std::process::id())))
                 .arg(&page)
