@@ -105,18 +105,21 @@ fn writes_each_frame_with_its_boxes_drawn() {
 }
 
 #[test]
-fn results_without_a_picture_are_one_clear_error() {
+fn results_without_a_picture_are_refused_by_validate() {
     require_onnx_runtime();
     let tmp = tempfile::tempdir().unwrap();
     let frames = frames_subset(tmp.path(), "cam", 0..2);
     let text = pipeline(&frames, "{ annotate: { dir: annotated } }")
         .replace("[camera_id, frame, path,", "[camera_id, frame,");
     let file = write(tmp.path(), "nopicture.yaml", &text);
-    let out = riffle(&["run", "-q", file.to_str().unwrap()]);
+    // `validate` catches it, naming the sink's line and what would do.
+    let out = riffle(&["validate", file.to_str().unwrap()]);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("annotate sink") && stderr.contains("`path`"),
+        stderr.contains("sink.annotate")
+            && stderr.contains("`path`")
+            && stderr.contains("nopicture.yaml:"),
         "{stderr}"
     );
 }

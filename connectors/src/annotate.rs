@@ -33,6 +33,59 @@ pub struct AnnotateSinkConfig {
     pub quality: u8,
 }
 
+impl AnnotateSinkConfig {
+    /// Checks, before running, that results in `schema` name their files and carry a picture;
+    /// the message says what is missing and what would do.
+    pub fn check_schema(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
+        use arrow_schema::DataType;
+        let has = |name: &str, types: &[DataType]| {
+            schema
+                .field_with_name(name)
+                .is_ok_and(|f| types.contains(f.data_type()))
+        };
+        let columns = || {
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if !has("camera_id", &[DataType::Utf8]) || !has("frame", &[DataType::Int64]) {
+            return Err(format!(
+                "expected results with `camera_id` (Utf8) and `frame` (Int64) to name the files; they have {}",
+                columns()
+            ));
+        }
+        let picture = has("bytes", &[DataType::Binary])
+            || (has("pixels", &[DataType::Binary])
+                && has("width", &[DataType::UInt32])
+                && has("height", &[DataType::UInt32]))
+            || has("path", &[DataType::Utf8]);
+        if !picture {
+            return Err(format!(
+                "expected the frame's picture in the results: a `bytes` column (JPEG), `pixels` \
+                 with `width` and `height` (RGB), or `path` (a JPEG file); they have {} (keep one \
+                 of them in the last `select`)",
+                columns()
+            ));
+        }
+        match schema.field_with_name(&self.detections) {
+            Ok(f) if matches!(f.data_type(), DataType::List(_)) => Ok(()),
+            Ok(f) => Err(format!(
+                "annotate.detections: `{}` is {}, expected a list of detections (x1, y1, x2, y2)",
+                self.detections,
+                f.data_type()
+            )),
+            Err(_) => Err(format!(
+                "annotate.detections: no column `{}` in the results ({})",
+                self.detections,
+                columns()
+            )),
+        }
+    }
+}
+
 /// Box colours (RGB), by track id or class id.
 const PALETTE: [[u8; 3]; 8] = [
     [255, 77, 77],

@@ -378,6 +378,11 @@ fn validate(
             })?;
         }
     }
+    if let (SinkConfig::Annotate(annotate), Some(results)) = (&spec.sink.value, schemas.last()) {
+        annotate
+            .check_schema(results)
+            .map_err(|message| at.error(sink_line, None, "sink.annotate".into(), message))?;
+    }
     let sink: Arc<dyn SinkFactory> = Arc::from(
         spec.sink
             .value
