@@ -6,7 +6,7 @@ use jpeg_encoder::{ColorType, Encoder};
 const MAX_WIDTH: u32 = 960;
 const QUALITY: u8 = 80;
 
-/// `pixels` (packed RGB, `width` × `height`) as a JPEG, shrunk to at most [`MAX_WIDTH`] wide.
+/// `pixels` (packed RGB, `width` × `height`) as a JPEG, shrunk to at most 960 pixels wide.
 /// `None` when the sizes do not match the pixels or the encoder refuses them.
 pub fn rgb_to_jpeg(width: u32, height: u32, pixels: &[u8]) -> Option<Vec<u8>> {
     let (w, h) = (width as usize, height as usize);
