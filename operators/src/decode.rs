@@ -240,7 +240,9 @@ fn decode_jpeg_into(
         out.reserve(size.saturating_mul(rows_left).min(budget));
     }
     out.resize(start + size, 0);
-    if let Err(e) = decoder.decode_into(&mut out[start..]) {
+    // `out` was just resized to `start + size`: the slice is never missing.
+    let image = out.get_mut(start..).unwrap_or_default();
+    if let Err(e) = decoder.decode_into(image) {
         out.truncate(start);
         return Err(invalid(e).into());
     }

@@ -15,7 +15,10 @@
 //! [`gpu_check`] is `riffle gpu-check`'s library side.
 
 // No panic on data or configuration in library code (its unit tests may unwrap).
-#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
 
 pub mod analytics;
 pub mod crop;

@@ -151,6 +151,10 @@ impl TopK {
     }
 
     /// Top-k (class, score) pairs of one row, best first.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`idx` holds class indices 0..logits.len(), and only those index `logits`"
+    )]
     fn top_of_row(&mut self, logits: &[f32], out: &mut Vec<(usize, f32)>) {
         out.clear();
         let k = self.config.k.min(logits.len());
@@ -320,7 +324,12 @@ impl Stage for TopK {
                 top_scores.push(None);
                 continue;
             }
-            self.top_of_row(&values[row * classes..(row + 1) * classes], &mut best);
+            let logits = values
+                .get(row * classes..(row + 1) * classes)
+                .ok_or_else(|| {
+                    DataflowError::stage(NAME, format!("row {row} is beyond the logits"))
+                })?;
+            self.top_of_row(logits, &mut best);
             lengths.push(best.len());
             for &(class, score) in &best {
                 let id = i32::try_from(class).map_err(|_| {

@@ -94,7 +94,8 @@ pub struct TrackMemory {
 /// One crossing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Crossing {
-    line: usize,
+    /// The line's name.
+    line: String,
     track_id: i64,
     class_id: i64,
     inward: bool,
@@ -176,7 +177,7 @@ impl LineCount {
             if line.name.is_empty() {
                 return bad(format!("lines[{i}].name"), "a line needs a name".into());
             }
-            if config.lines[..i].iter().any(|l| l.name == line.name) {
+            if config.lines.iter().take(i).any(|l| l.name == line.name) {
                 return bad(
                     format!("lines[{i}].name"),
                     format!("line name `{}` is used twice", line.name),
@@ -245,7 +246,7 @@ impl LineCount {
             let at = c.anchor.of(object.rect);
             let memory = state.tracks.entry(track_id).or_default();
             memory.seen = frame;
-            for (i, line) in c.lines.iter().enumerate() {
+            for line in &c.lines {
                 let now = side(line.from, line.to, at);
                 if now == 0.0 {
                     continue;
@@ -254,7 +255,7 @@ impl LineCount {
                     if crosses(before, at, line.from, line.to) {
                         let inward = now > 0.0;
                         crossings.push(Crossing {
-                            line: i,
+                            line: line.name.clone(),
                             track_id,
                             class_id: object.class_id,
                             inward,
@@ -265,7 +266,12 @@ impl LineCount {
                             .or_default()
                             .entry(object.class_id)
                             .or_default();
-                        counts[usize::from(!inward)] += 1;
+                        let [count_in, count_out] = counts;
+                        if inward {
+                            *count_in += 1;
+                        } else {
+                            *count_out += 1;
+                        }
                     }
                 }
                 memory.anchors.insert(line.name.clone(), at);
@@ -325,7 +331,7 @@ impl Columns {
 
     fn push(&mut self, lines: &[LineConfig], crossings: &[Crossing], state: &LineState) {
         for c in crossings {
-            self.event_line.push(lines[c.line].name.clone());
+            self.event_line.push(c.line.clone());
             self.event_track.push(c.track_id);
             self.event_class.push(c.class_id);
             self.direction.push(if c.inward { "in" } else { "out" });

@@ -90,13 +90,18 @@ pub(crate) fn crosses(p: [f32; 2], q: [f32; 2], a: [f32; 2], b: [f32; 2]) -> boo
 pub(crate) fn inside(polygon: &[[f32; 2]], p: [f32; 2]) -> bool {
     let [px, py] = p.map(f64::from);
     let mut inside = false;
-    let n = polygon.len();
-    for i in 0..n {
-        let [xi, yi] = polygon[i].map(f64::from);
-        let [xj, yj] = polygon[(i + n - 1) % n].map(f64::from);
+    // Each vertex with the one before it, the first with the last.
+    let Some(&last) = polygon.last() else {
+        return false;
+    };
+    let mut previous = last;
+    for &vertex in polygon {
+        let [xi, yi] = vertex.map(f64::from);
+        let [xj, yj] = previous.map(f64::from);
         if (yi > py) != (yj > py) && px < (xj - xi) * (py - yi) / (yj - yi) + xi {
             inside = !inside;
         }
+        previous = vertex;
     }
     inside
 }
@@ -231,9 +236,11 @@ impl<'a> DetectionsColumn<'a> {
         if self.list.is_null(row) {
             return Ok(Vec::new());
         }
-        let offsets = self.list.value_offsets();
-        let (start, end) = (offsets[row] as usize, offsets[row + 1] as usize);
-        let mut objects = Vec::with_capacity(end - start);
+        let Some(&[start, end]) = self.list.value_offsets().get(row..row + 2) else {
+            return Err(format!("row {row} is beyond the detections column"));
+        };
+        let (start, end) = (start as usize, end as usize);
+        let mut objects = Vec::with_capacity(end.saturating_sub(start));
         for (index, i) in (start..end).enumerate() {
             if self.entries.is_null(i) || self.class_id.is_null(i) || self.score.is_null(i) {
                 return Err(format!(

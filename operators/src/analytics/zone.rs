@@ -97,7 +97,8 @@ pub struct ZoneState {
 /// One entry or exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct ZoneEvent {
-    zone: usize,
+    /// The zone's name.
+    zone: String,
     track_id: i64,
     class_id: i64,
     /// `None` for an entry; for an exit, the time inside in frames and ms.
@@ -184,7 +185,7 @@ impl Zone {
             if zone.name.is_empty() {
                 return bad(format!("zones[{i}].name"), "a zone needs a name".into());
             }
-            if config.zones[..i].iter().any(|z| z.name == zone.name) {
+            if config.zones.iter().take(i).any(|z| z.name == zone.name) {
                 return bad(
                     format!("zones[{i}].name"),
                     format!("zone name `{}` is used twice", zone.name),
@@ -261,7 +262,7 @@ impl Zone {
             .collect();
         let seen: BTreeSet<i64> = tracks.iter().map(|t| t.0).collect();
         let mut events = Vec::new();
-        for (z, zone) in c.zones.iter().enumerate() {
+        for zone in &c.zones {
             let stays = state.inside.entry(zone.name.clone()).or_default();
             let within: BTreeMap<i64, i64> = tracks
                 .iter()
@@ -287,7 +288,7 @@ impl Zone {
                 if let Some(stay) = stays.remove(&t) {
                     let frames = end.frame.saturating_sub(stay.entered.frame);
                     events.push(ZoneEvent {
-                        zone: z,
+                        zone: zone.name.clone(),
                         track_id: t,
                         class_id: stay.class_id,
                         dwell: Some((frames, self.ms_between(stay.entered, end))),
@@ -307,7 +308,7 @@ impl Zone {
                             },
                         );
                         events.push(ZoneEvent {
-                            zone: z,
+                            zone: zone.name.clone(),
                             track_id: t,
                             class_id,
                             dwell: None,
@@ -375,7 +376,7 @@ impl Columns {
 
     fn push(&mut self, zones: &[ZoneAreaConfig], events: &[ZoneEvent], state: &ZoneState) {
         for e in events {
-            self.zone.push(zones[e.zone].name.clone());
+            self.zone.push(e.zone.clone());
             self.track.push(e.track_id);
             self.class.push(e.class_id);
             self.event

@@ -25,7 +25,7 @@ pub(crate) fn axes<'a>(
     get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
     rank: usize,
 ) -> DataflowResult<Vec<usize>> {
-    let raw: Vec<i64> = if node.input.len() > 1 && !node.input[1].is_empty() {
+    let raw: Vec<i64> = if node.input.get(1).is_some_and(|name| !name.is_empty()) {
         get(1)?.as_i64()?.to_vec()
     } else {
         attr(node, "axes").map_or_else(Vec::new, |a| a.ints.clone())
@@ -57,22 +57,16 @@ pub(super) fn run_node<'a>(
         "Gather" => {
             let (data, indices) = (get(0)?, get(1)?);
             let idx = gather_rows_of(node, &data.shape, indices.as_i64()?)?;
-            let width: usize = data.shape[1..].iter().product();
+            let row_shape = data
+                .shape
+                .get(1..)
+                .ok_or_else(|| err("Gather of a scalar"))?;
+            let width: usize = row_shape.iter().product();
             let mut shape = indices.shape.clone();
-            shape.extend_from_slice(&data.shape[1..]);
+            shape.extend_from_slice(row_shape);
             match &data.data {
-                Data::F32(v) => Tensor::f32(
-                    shape,
-                    idx.iter()
-                        .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
-                        .collect(),
-                ),
-                Data::I64(v) => Tensor::i64(
-                    shape,
-                    idx.iter()
-                        .flat_map(|&i| v[i * width..(i + 1) * width].iter().copied())
-                        .collect(),
-                ),
+                Data::F32(v) => Tensor::f32(shape, gather_rows(v, width, &idx)?),
+                Data::I64(v) => Tensor::i64(shape, gather_rows(v, width, &idx)?),
             }
         }
         "Add" | "Sub" | "Mul" | "Div" => {
@@ -128,8 +122,13 @@ pub(super) fn run_node<'a>(
             let mut out = Vec::with_capacity(shape.iter().product());
             for o in 0..outer {
                 for p in &parts {
-                    let chunk: usize = p.shape[axis..].iter().product();
-                    out.extend_from_slice(&p.as_f32()?[o * chunk..(o + 1) * chunk]);
+                    // `concat` checked that every part has the axis.
+                    let chunk: usize = p.shape.get(axis..).unwrap_or_default().iter().product();
+                    let block = p
+                        .as_f32()?
+                        .get(o * chunk..(o + 1) * chunk)
+                        .ok_or_else(|| err("Concat: an input's data does not match its shape"))?;
+                    out.extend_from_slice(block);
                 }
             }
             Tensor::f32(shape, out)
@@ -150,21 +149,9 @@ pub(super) fn run_node<'a>(
                 (1.0, 0.0)
             };
             let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-            let (av, bv) = (a.as_f32()?, b.as_f32()?);
-            let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
-            let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
-            let mut out = vec![0f32; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    let mut acc = 0f32;
-                    for p in 0..k {
-                        acc += at(i, p) * bt(p, j);
-                    }
-                    out[i * n + j] = alpha * acc;
-                }
-            }
+            let out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
             let product = Tensor::f32(vec![m, n], out);
-            if op == "Gemm" && node.input.len() > 2 && !node.input[2].is_empty() {
+            if op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty()) {
                 let c = map(get(2)?, |x| beta * x)?;
                 broadcast(&product, &c, |a, b| a + b)?
             } else {
@@ -175,30 +162,77 @@ pub(super) fn run_node<'a>(
     })
 }
 
+/// `alpha · op(A)·op(B)` for row-major `av` (m×k, or k×m when `ta`) and `bv` (k×n, or n×k
+/// when `tb`); an error when they hold fewer values than that.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`av` holds at least m·k and `bv` k·n values (checked first), i < m, j < n and \
+              p < k, and `out` holds m·n"
+)]
+fn matmul(
+    op: &str,
+    av: &[f32],
+    bv: &[f32],
+    (m, k, n): (usize, usize, usize),
+    (ta, tb): (bool, bool),
+    alpha: f32,
+) -> DataflowResult<Vec<f32>> {
+    if av.len() < m * k || bv.len() < k * n {
+        return Err(err(format!(
+            "{op}: the operands' data does not match their shapes"
+        )));
+    }
+    let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
+    let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0f32;
+            for p in 0..k {
+                acc += at(i, p) * bt(p, j);
+            }
+            out[i * n + j] = alpha * acc;
+        }
+    }
+    Ok(out)
+}
+
+/// The rows `idx` of a table of rows `width` values long, one after the other; an error when
+/// one lies outside `values`.
+fn gather_rows<T: Copy>(values: &[T], width: usize, idx: &[usize]) -> DataflowResult<Vec<T>> {
+    let mut out = Vec::with_capacity(idx.len() * width);
+    for &i in idx {
+        let row = values.get(i * width..(i + 1) * width).ok_or_else(|| {
+            err(format!(
+                "Gather: row {i} is beyond the table's {} values",
+                values.len()
+            ))
+        })?;
+        out.extend_from_slice(row);
+    }
+    Ok(out)
+}
+
 /// A Gather from a table split by rows: each part serves its rows, scattered back in order.
 pub(super) fn gather_split(table: &SplitTable, indices: &Tensor) -> DataflowResult<Tensor> {
     let first = table
         .parts
         .first()
         .ok_or_else(|| err("Gather: a split table without parts"))?;
-    let width: usize = first.shape[1..].iter().product();
+    let row_shape = first
+        .shape
+        .get(1..)
+        .ok_or_else(|| err("Gather of a scalar"))?;
+    let width: usize = row_shape.iter().product();
     let routes = table.rows.route(indices.as_i64()?)?;
     let mut out = vec![0f32; indices.len() * width];
     for (part, route) in table.parts.iter().zip(&routes) {
-        let values = part.as_f32()?;
-        let rows: Vec<f32> = route
-            .local
-            .iter()
-            .flat_map(|&i| {
-                values[i as usize * width..(i as usize + 1) * width]
-                    .iter()
-                    .copied()
-            })
-            .collect();
-        scatter_rows(&mut out, width, &route.positions, &rows);
+        let local: Vec<usize> = route.local.iter().map(|&i| i as usize).collect();
+        let rows = gather_rows(part.as_f32()?, width, &local)?;
+        scatter_rows(&mut out, width, &route.positions, &rows)?;
     }
     let mut shape = indices.shape.clone();
-    shape.extend_from_slice(&first.shape[1..]);
+    shape.extend_from_slice(row_shape);
     Ok(Tensor::f32(shape, out))
 }
 
@@ -220,13 +254,19 @@ pub(super) fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> Dataf
     for _ in 0..total {
         let ia: usize = index.iter().zip(&ta).map(|(i, s)| i * s).sum();
         let ib: usize = index.iter().zip(&tb).map(|(i, s)| i * s).sum();
-        out.push(f(av[ia], bv[ib]));
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            if index[d] < shape[d] {
+        let (Some(&x), Some(&y)) = (av.get(ia), bv.get(ib)) else {
+            return Err(err(
+                "an elementwise operand's data does not match its shape",
+            ));
+        };
+        out.push(f(x, y));
+        // The next index, row-major: the last axis first, carrying into the ones before.
+        for (i, &size) in index.iter_mut().zip(&shape).rev() {
+            *i += 1;
+            if *i < size {
                 break;
             }
-            index[d] = 0;
+            *i = 0;
         }
     }
     Ok(Tensor::f32(shape, out))
@@ -235,32 +275,39 @@ pub(super) fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> Dataf
 pub(super) fn reduce_sum(x: &Tensor, axes: &[usize], keep: bool) -> DataflowResult<Tensor> {
     let v = x.as_f32()?;
     let rank = x.shape.len();
-    let kept: Vec<usize> = (0..rank)
-        .map(|d| if axes.contains(&d) { 1 } else { x.shape[d] })
+    let kept: Vec<usize> = x
+        .shape
+        .iter()
+        .enumerate()
+        .map(|(d, &size)| if axes.contains(&d) { 1 } else { size })
         .collect();
     let total: usize = kept.iter().product();
     let mut out = vec![0f32; total];
     let mut index = vec![0usize; rank];
     for value in v {
         let mut o = 0;
-        for d in 0..rank {
-            o = o * kept[d] + if axes.contains(&d) { 0 } else { index[d] };
+        for (d, (&k, &i)) in kept.iter().zip(&index).enumerate() {
+            o = o * k + if axes.contains(&d) { 0 } else { i };
         }
-        out[o] += value;
-        for d in (0..rank).rev() {
-            index[d] += 1;
-            if index[d] < x.shape[d] {
+        *out.get_mut(o)
+            .ok_or_else(|| err("ReduceSum: the data does not match its shape"))? += value;
+        // The next index, row-major: the last axis first, carrying into the ones before.
+        for (i, &size) in index.iter_mut().zip(&x.shape).rev() {
+            *i += 1;
+            if *i < size {
                 break;
             }
-            index[d] = 0;
+            *i = 0;
         }
     }
     let shape = if keep {
         kept
     } else {
-        (0..rank)
-            .filter(|d| !axes.contains(d))
-            .map(|d| x.shape[d])
+        x.shape
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| !axes.contains(d))
+            .map(|(_, &size)| size)
             .collect()
     };
     Ok(Tensor::f32(shape, out))

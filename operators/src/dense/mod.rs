@@ -83,10 +83,8 @@ impl Tensor {
         let tensor = match t.data_type {
             1 => {
                 let values = if !t.raw_data.is_empty() {
-                    t.raw_data
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect()
+                    let (words, _) = t.raw_data.as_chunks::<4>();
+                    words.iter().map(|b| f32::from_le_bytes(*b)).collect()
                 } else {
                     t.float_data.clone()
                 };
@@ -94,12 +92,8 @@ impl Tensor {
             }
             7 => {
                 let values = if !t.raw_data.is_empty() {
-                    t.raw_data
-                        .chunks_exact(8)
-                        .map(|b| {
-                            i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
-                        })
-                        .collect()
+                    let (words, _) = t.raw_data.as_chunks::<8>();
+                    words.iter().map(|b| i64::from_le_bytes(*b)).collect()
                 } else {
                     t.int64_data.clone()
                 };
@@ -204,8 +198,12 @@ impl RowShards {
         self.starts.last().copied().unwrap_or(0)
     }
 
+    /// The rows of part `part` (none for a part beyond the last).
     pub fn range(&self, part: usize) -> std::ops::Range<usize> {
-        self.starts[part]..self.starts[part + 1]
+        match self.starts.get(part..part + 2) {
+            Some(&[start, end]) => start..end,
+            _ => 0..0,
+        }
     }
 
     /// Splits a gather's indices (ONNX semantics: negative counts from the end) by part.
@@ -214,9 +212,13 @@ impl RowShards {
         let mut routes = vec![ShardRoute::default(); self.parts()];
         for (position, &i) in indices.iter().enumerate() {
             let row = gather_row(i, rows)?;
-            let part = self.starts.partition_point(|s| *s <= row) - 1;
-            routes[part].positions.push(position);
-            routes[part].local.push((row - self.starts[part]) as i64);
+            // The last part starting at or before `row` (`starts` begins at 0 and ends past it).
+            let part = self.starts.partition_point(|s| *s <= row).saturating_sub(1);
+            let (Some(route), Some(&start)) = (routes.get_mut(part), self.starts.get(part)) else {
+                return Err(err(format!("Gather: row {row} is in no part of the table")));
+            };
+            route.positions.push(position);
+            route.local.push((row - start) as i64);
         }
         Ok(routes)
     }
@@ -248,11 +250,25 @@ pub(crate) fn gather_rows_of(
     indices.iter().map(|&i| gather_row(i, rows)).collect()
 }
 
-/// Writes each part's gathered rows (`width` values each) to their positions in `out`.
-pub fn scatter_rows(out: &mut [f32], width: usize, positions: &[usize], rows: &[f32]) {
+/// Writes each part's gathered rows (`width` values each) to their positions in `out`; an error
+/// when a position is beyond `out`.
+pub fn scatter_rows(
+    out: &mut [f32],
+    width: usize,
+    positions: &[usize],
+    rows: &[f32],
+) -> DataflowResult<()> {
+    let len = out.len();
     for (p, row) in positions.iter().zip(rows.chunks_exact(width.max(1))) {
-        out[p * width..(p + 1) * width].copy_from_slice(row);
+        out.get_mut(p * width..(p + 1) * width)
+            .ok_or_else(|| {
+                err(format!(
+                    "Gather: position {p} is beyond the output's {len} values"
+                ))
+            })?
+            .copy_from_slice(row);
     }
+    Ok(())
 }
 
 impl DenseGraph {
@@ -360,17 +376,25 @@ impl DenseGraph {
             let Some(table) = self.weights.remove(&name) else {
                 continue;
             };
-            let rows = RowShards::split(table.shape[0], parts);
-            let width: usize = table.shape[1..].iter().product();
+            // `embedding_tables` only names tables of at least 2 dimensions.
+            let Some((&table_rows, row_shape)) = table.shape.split_first() else {
+                return Err(err(format!("table `{name}` is a scalar")));
+            };
+            let rows = RowShards::split(table_rows, parts);
+            let width: usize = row_shape.iter().product();
             let values = table.as_f32()?;
             let parts = (0..rows.parts())
                 .map(|k| {
                     let r = rows.range(k);
-                    let mut shape = table.shape.clone();
-                    shape[0] = r.len();
-                    Tensor::f32(shape, values[r.start * width..r.end * width].to_vec())
+                    let shape = std::iter::once(r.len())
+                        .chain(row_shape.iter().copied())
+                        .collect();
+                    let part = values.get(r.start * width..r.end * width).ok_or_else(|| {
+                        err(format!("table `{name}`: its data does not match its shape"))
+                    })?;
+                    Ok(Tensor::f32(shape, part.to_vec()))
                 })
-                .collect();
+                .collect::<DataflowResult<_>>()?;
             self.split.insert(name, SplitTable { rows, parts });
         }
         Ok(())

@@ -12,11 +12,11 @@ pub fn gemm(
     ta: bool,
     tb: bool,
 ) -> DataflowResult<(usize, usize, usize)> {
-    if a.len() != 2 || b.len() != 2 {
+    let (&[a0, a1], &[b0, b1]) = (a, b) else {
         return Err(err(format!("{op}: only 2-D operands are supported")));
-    }
-    let (m, k) = if ta { (a[1], a[0]) } else { (a[0], a[1]) };
-    let (k2, n) = if tb { (b[1], b[0]) } else { (b[0], b[1]) };
+    };
+    let (m, k) = if ta { (a1, a0) } else { (a0, a1) };
+    let (k2, n) = if tb { (b1, b0) } else { (b0, b1) };
     if k != k2 {
         return Err(err(format!("{op}: inner dimensions {k} and {k2} differ")));
     }
@@ -52,23 +52,30 @@ pub fn unsqueeze(shape: &[usize], mut add: Vec<usize>) -> Vec<usize> {
 /// The 2-D shape Flatten gives at `axis`.
 pub fn flatten(shape: &[usize], axis: i64) -> Vec<usize> {
     let axis = axis.clamp(0, shape.len() as i64) as usize;
-    let outer: usize = shape[..axis].iter().product();
+    let outer: usize = shape.iter().take(axis).product();
     let total: usize = shape.iter().product();
     vec![outer, total / outer.max(1)]
 }
 
 /// Concat of `parts` at `axis`: the axis made non-negative, the rows before it, and the
-/// output shape.
+/// output shape. Every part has the axis (an error otherwise).
 pub fn concat(parts: &[&[usize]], axis: i64) -> DataflowResult<(usize, usize, Vec<usize>)> {
     let first = parts.first().ok_or_else(|| err("Concat of nothing"))?;
     let rank = first.len();
     let axis = if axis < 0 { axis + rank as i64 } else { axis } as usize;
-    if axis >= rank {
-        return Err(err("Concat: axis out of range"));
-    }
-    let outer: usize = first[..axis].iter().product();
     let mut shape = first.to_vec();
-    shape[axis] = parts.iter().map(|p| p[axis]).sum();
+    let Some((before, [size, ..])) = shape.split_at_mut_checked(axis) else {
+        return Err(err("Concat: axis out of range"));
+    };
+    let outer: usize = before.iter().product();
+    *size = parts
+        .iter()
+        .map(|p| {
+            p.get(axis)
+                .copied()
+                .ok_or_else(|| err("Concat: inputs of different ranks"))
+        })
+        .sum::<DataflowResult<usize>>()?;
     Ok((axis, outer, shape))
 }
 
@@ -97,9 +104,9 @@ pub fn broadcast(
     let strides = |s: &[usize]| -> Vec<usize> {
         let mut st = vec![0; s.len()];
         let mut acc = 1;
-        for i in (0..s.len()).rev() {
-            st[i] = if s[i] == 1 { 0 } else { acc };
-            acc *= s[i];
+        for (st, &size) in st.iter_mut().zip(s).rev() {
+            *st = if size == 1 { 0 } else { acc };
+            acc *= size;
         }
         st
     };

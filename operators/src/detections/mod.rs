@@ -90,24 +90,25 @@ const HEIGHT: &str = "height";
 /// Indices of the boxes greedy NMS keeps, best score first: a box is suppressed when its IoU
 /// with an already kept box exceeds `iou_threshold`. Boxes are `[x1, y1, x2, y2]`.
 pub fn non_max_suppression(boxes: &[[f32; 4]], scores: &[f32], iou_threshold: f32) -> Vec<usize> {
-    let n = boxes.len().min(scores.len());
-    let mut order: Vec<usize> = (0..n).collect();
+    // (index, box, score) of the first `min(boxes, scores)` boxes.
+    let mut order: Vec<(usize, &[f32; 4], f32)> = boxes
+        .iter()
+        .zip(scores)
+        .enumerate()
+        .map(|(i, (b, &s))| (i, b, s))
+        .collect();
     // NaN scores sort last; equal scores keep input order.
-    order.sort_by(|&a, &b| {
-        scores[b]
-            .partial_cmp(&scores[a])
-            .unwrap_or_else(|| scores[a].is_nan().cmp(&scores[b].is_nan()))
+    order.sort_by(|&(_, _, a), &(_, _, b)| {
+        b.partial_cmp(&a)
+            .unwrap_or_else(|| a.is_nan().cmp(&b.is_nan()))
     });
-    let mut kept: Vec<usize> = Vec::new();
-    for i in order {
-        if kept
-            .iter()
-            .all(|&k| iou(&boxes[k], &boxes[i]) <= iou_threshold)
-        {
-            kept.push(i);
+    let mut kept: Vec<(usize, &[f32; 4])> = Vec::new();
+    for (i, b, _) in order {
+        if kept.iter().all(|&(_, k)| iou(k, b) <= iou_threshold) {
+            kept.push((i, b));
         }
     }
-    kept
+    kept.into_iter().map(|(i, _)| i).collect()
 }
 
 /// Intersection over union of two `[x1, y1, x2, y2]` boxes; 0 when the union is empty.
@@ -281,7 +282,9 @@ impl Detections {
         let cfg = &self.config;
         // Group candidates per class so NMS never suppresses across classes.
         let mut by_class: BTreeMap<i64, Vec<Detection>> = BTreeMap::new();
-        for (i, (&score, &class)) in scores.iter().zip(classes).enumerate() {
+        // `boxes` holds 4 values per score (checked by the caller).
+        let (boxes, _) = boxes.as_chunks::<4>();
+        for ((&score, &class), &b) in scores.iter().zip(classes).zip(boxes) {
             // NaN scores and class ids carry no usable detection.
             if score.is_nan() || score < cfg.score_threshold || !class.is_finite() {
                 continue;
@@ -290,8 +293,7 @@ impl Detections {
             if !cfg.keep_classes.is_empty() && !cfg.keep_classes.contains(&class_id) {
                 continue;
             }
-            let b = &boxes[i * 4..i * 4 + 4];
-            let rect = to_pixels([b[0], b[1], b[2], b[3]], cfg.box_format, size);
+            let rect = to_pixels(b, cfg.box_format, size);
             by_class.entry(class_id).or_default().push(Detection {
                 class_id,
                 score,
@@ -307,7 +309,7 @@ impl Detections {
             let rects: Vec<[f32; 4]> = candidates.iter().map(|d| d.rect).collect();
             let scores: Vec<f32> = candidates.iter().map(|d| d.score).collect();
             let keep = non_max_suppression(&rects, &scores, cfg.iou_threshold);
-            kept.extend(keep.into_iter().map(|i| candidates[i]));
+            kept.extend(keep.into_iter().filter_map(|i| candidates.get(i).copied()));
         }
         // Scores passed the threshold, so none is NaN here.
         kept.sort_by(|a, b| b.score.total_cmp(&a.score));
@@ -482,22 +484,29 @@ impl Stage for Detections {
                 valid.push(false);
                 continue;
             }
-            let found = self.detect_row(
-                &boxes[row * k * 4..(row + 1) * k * 4],
-                &scores[row * k..(row + 1) * k],
-                &classes[row * k..(row + 1) * k],
-                size,
-            );
+            let (Some(row_boxes), Some(row_scores), Some(row_classes)) = (
+                boxes.get(row * k * 4..(row + 1) * k * 4),
+                scores.get(row * k..(row + 1) * k),
+                classes.get(row * k..(row + 1) * k),
+            ) else {
+                return Err(DataflowError::stage(
+                    NAME,
+                    format!("input tensors do not hold {rows} rows of {k} detections"),
+                ));
+            };
+            let found = self.detect_row(row_boxes, row_scores, row_classes, size);
             lengths.push(found.len());
             valid.push(true);
             kept.extend(found);
         }
 
-        let coord = |i: usize| -> ArrayRef {
-            Arc::new(Float32Array::from_iter_values(
-                kept.iter().map(|d| d.rect[i]),
-            ))
-        };
+        let mut coords: [Vec<f32>; 4] = Default::default();
+        for d in &kept {
+            for (coord, &v) in coords.iter_mut().zip(&d.rect) {
+                coord.push(v);
+            }
+        }
+        let [x1, y1, x2, y2] = coords.map(|c| Arc::new(Float32Array::from(c)) as ArrayRef);
         let entries = StructArray::try_new(
             self.entry_fields.clone(),
             vec![
@@ -508,10 +517,10 @@ impl Stage for Detections {
                     kept.iter().map(|d| self.config.labels.get(&d.class_id)),
                 )),
                 Arc::new(Float32Array::from_iter_values(kept.iter().map(|d| d.score))),
-                coord(0),
-                coord(1),
-                coord(2),
-                coord(3),
+                x1,
+                y1,
+                x2,
+                y2,
             ],
             None,
         )?;

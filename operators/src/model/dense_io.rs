@@ -52,10 +52,14 @@ pub(super) fn push_dense_outputs<'a>(
     rows: usize,
 ) -> DataflowResult<()> {
     for (field, name) in fields.iter().zip(wanted) {
-        let at = names.iter().position(|n| n == name).ok_or_else(|| {
-            DataflowError::stage("model", format!("output `{name}` missing from the run"))
-        })?;
-        let tensor = std::mem::replace(&mut outputs[at], DenseTensor::f32(vec![0], Vec::new()));
+        let slot = names
+            .iter()
+            .position(|n| n == name)
+            .and_then(|at| outputs.get_mut(at))
+            .ok_or_else(|| {
+                DataflowError::stage("model", format!("output `{name}` missing from the run"))
+            })?;
+        let tensor = std::mem::replace(slot, DenseTensor::f32(vec![0], Vec::new()));
         if tensor.shape.first() != Some(&rows) {
             return Err(DataflowError::stage(
                 "model",

@@ -292,7 +292,9 @@ impl Stage for Model {
             .iter()
             .filter_map(|f| batch.column_by_name(f.name()).cloned())
             .collect();
-        let out_fields = &schema.fields()[columns.len()..];
+        // The fields after the input's own (`columns` holds some of `schema`'s fields, so never
+        // more than it has).
+        let out_fields = schema.fields().get(columns.len()..).unwrap_or_default();
         let out_names = self.config.outputs.keys();
         let fail = |e: ort::Error| DataflowError::stage("model", e);
         match &mut self.backend {

@@ -165,7 +165,10 @@ impl Rank {
         let kept: Vec<usize> = (0..input.fields().len())
             .filter(|&i| i != item && i != score)
             .collect();
-        let mut fields: Vec<FieldRef> = kept.iter().map(|&i| input.fields()[i].clone()).collect();
+        let mut fields: Vec<FieldRef> = kept
+            .iter()
+            .filter_map(|&i| input.fields().get(i).cloned())
+            .collect();
         let item_list = Arc::new(Field::new_list_field(DataType::Int64, false));
         let score_list = Arc::new(Field::new_list_field(DataType::Float32, scores_nullable));
         let added = [
@@ -224,12 +227,24 @@ fn run_starts<T: ArrowNativeType>(keys: &[T]) -> Vec<u32> {
     }
     // Rows are counted in u32 (take indices); the caller checked the batch fits in i32.
     starts.extend(
-        keys.windows(2)
+        keys.iter()
+            .zip(keys.iter().skip(1))
             .enumerate()
-            .filter(|(_, pair)| pair[0] != pair[1])
+            .filter(|(_, (a, b))| a != b)
             .map(|(i, _)| i as u32 + 1),
     );
     starts
+}
+
+/// `values[row]`; an error when the column is shorter (`scores` was checked to hold a value
+/// per row, and every column of a batch has its rows).
+fn value_at<T: Copy>(values: &[T], row: usize) -> DataflowResult<T> {
+    values.get(row).copied().ok_or_else(|| {
+        DataflowError::stage(
+            NAME,
+            format!("row {row} is beyond the column's {} values", values.len()),
+        )
+    })
 }
 
 /// Descending scores with NaN last; equal scores (0.0 and -0.0 included) compare equal.
@@ -374,8 +389,12 @@ impl Stage for Rank {
                 }
                 let null_score = score_nulls.as_ref().is_some_and(|n| n.is_null(row));
                 candidates.push(Candidate {
-                    score: if null_score { f32::NAN } else { scores[row] },
-                    item: items[row],
+                    score: if null_score {
+                        f32::NAN
+                    } else {
+                        value_at(scores, row)?
+                    },
+                    item: value_at(items, row)?,
                     row: row as u32,
                 });
             }
@@ -383,7 +402,7 @@ impl Stage for Rank {
             for c in candidates.iter() {
                 let row = c.row as usize;
                 ranked_items.push(c.item);
-                ranked_scores.push(scores[row]);
+                ranked_scores.push(value_at(scores, row)?);
                 ranked_valid.append(!score_nulls.as_ref().is_some_and(|n| n.is_null(row)));
             }
             // At most one entry per input row, and rows fit in i32 (checked above).

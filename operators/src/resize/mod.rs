@@ -191,9 +191,9 @@ pub(crate) fn check_row(pixels: &[u8], width: u32, height: u32) -> Result<(), St
 /// `(p / 255 - mean) / std` for every channel and u8 value `p`.
 fn normalisation_lut(mean: [f32; 3], std: [f32; 3]) -> Lut {
     let mut lut = [[0.0f32; 256]; 3];
-    for (c, table) in lut.iter_mut().enumerate() {
+    for ((table, mean), std) in lut.iter_mut().zip(mean).zip(std) {
         for (p, v) in table.iter_mut().enumerate() {
-            *v = (p as f32 / 255.0 - mean[c]) / std[c];
+            *v = (p as f32 / 255.0 - mean) / std;
         }
     }
     lut
@@ -357,6 +357,10 @@ impl Values {
     }
 
     /// Appends one resized RGB8 image in `layout`.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a `Lut` table has 256 entries, indexed by u8 pixel values"
+    )]
     pub(crate) fn push(&mut self, rgb: &[u8], layout: Layout, lut: &Lut) {
         match (self, layout) {
             (Values::F32(v), Layout::Nchw) => {
@@ -365,7 +369,8 @@ impl Values {
                 }
             }
             (Values::F32(v), Layout::Nhwc) => {
-                for px in rgb.chunks_exact(3) {
+                let (pixels, _) = rgb.as_chunks::<3>();
+                for px in pixels {
                     v.push(lut[0][px[0] as usize]);
                     v.push(lut[1][px[1] as usize]);
                     v.push(lut[2][px[2] as usize]);

@@ -81,6 +81,11 @@ impl Taps {
     }
 
     /// Output value `out` from source values `src(i)`: the kernels' exact integer arithmetic.
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`out` < self.len() (`apply` loops over the output size), and `bilinear` gives \
+                  each output index `window` weights and a count of at most `window`"
+    )]
     fn convolve(&self, out: usize, src: impl Fn(usize) -> u8) -> u8 {
         let start = self.starts[out] as usize;
         let count = self.counts[out] as usize;
@@ -145,7 +150,7 @@ fn coefficients(in_size: u32, out_size: u32) -> (Vec<f64>, usize, Vec<(u32, u32)
             bound_end -= 1;
         }
         if ww != 0.0 {
-            coeffs[cur_index..].iter_mut().for_each(|w| *w /= ww);
+            coeffs.iter_mut().skip(cur_index).for_each(|w| *w /= ww);
         }
         coeffs.resize(cur_index + window, 0.);
         bounds.push((bound_start, bound_end - bound_start));
@@ -169,6 +174,12 @@ fn precision_of(coeffs: &[f64]) -> u32 {
 }
 
 /// Both passes on one image with the taps of its size: the kernels' arithmetic on the host.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`resize_rgb8` checked that `pixels` holds src_w·src_h·3 bytes and built the taps \
+              for those sizes, so a tap reads a source row < src_h or a column < src_w; `tmp` \
+              holds dst_h rows of `row_len` bytes"
+)]
 fn apply(rows: &Taps, cols: &Taps, pixels: &[u8], src_w: usize) -> Vec<u8> {
     let row_len = src_w * 3;
     let (dst_h, dst_w) = (rows.len(), cols.len());

@@ -50,6 +50,10 @@ pub fn initiate(z: [f64; 4]) -> (Mean, Covariance) {
 }
 
 /// One frame ahead: `x = F x`, `P = F P Fᵀ + Q` with `F = [[I, I], [0, I]]`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "fixed-size 8-vector and 8×8 matrix: every index is a counter over 0..4 or 0..8, or i + 4 with i < 4"
+)]
 pub fn predict(mean: &mut Mean, cov: &mut Covariance) {
     let h = mean[3];
     let q = [
@@ -83,6 +87,10 @@ pub fn predict(mean: &mut Mean, cov: &mut Covariance) {
 
 /// Corrects the state with a measurement `[cx, cy, aspect, h]`. `None` (state untouched) when
 /// the innovation covariance is not positive definite or the result is not finite.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "fixed-size 4-, 8- and 8×8 arrays: every index is a counter over 0..4 or 0..8, within those lengths"
+)]
 pub fn update(mean: &mut Mean, cov: &mut Covariance, z: [f64; 4]) -> Option<()> {
     let h = mean[3];
     let r = [STD_POSITION * h, STD_POSITION * h, 1e-1, STD_POSITION * h];
@@ -122,6 +130,10 @@ pub fn update(mean: &mut Mean, cov: &mut Covariance, z: [f64; 4]) -> Option<()> 
     Some(())
 }
 
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`i` enumerates the 8 entries of `std`, and the matrix is 8×8"
+)]
 fn diagonal(std: [f64; 8]) -> Covariance {
     let mut cov = [[0.0; 8]; 8];
     for (i, s) in std.iter().enumerate() {
@@ -131,6 +143,10 @@ fn diagonal(std: [f64; 8]) -> Covariance {
 }
 
 /// Lower-triangular `L` with `L Lᵀ = s`, or `None` when `s` is not positive definite.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "fixed-size 4×4 arrays: i < 4, j <= i and k < j, all within 0..4"
+)]
 fn cholesky(s: &[[f64; 4]; 4]) -> Option<[[f64; 4]; 4]> {
     let mut l = [[0.0; 4]; 4];
     for i in 0..4 {
@@ -150,6 +166,10 @@ fn cholesky(s: &[[f64; 4]; 4]) -> Option<[[f64; 4]; 4]> {
 }
 
 /// `x` with `L Lᵀ x = b`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "fixed-size 4-vectors and 4×4 matrix: i and k range within 0..4"
+)]
 fn cholesky_solve(l: &[[f64; 4]; 4], b: [f64; 4]) -> [f64; 4] {
     let mut y = [0.0; 4];
     for i in 0..4 {

@@ -368,7 +368,10 @@ impl KeyedLogic for Tracker {
         let mut columns: Vec<ArrayRef> = rows.columns().to_vec();
         if cfg.output == cfg.input {
             let i = rows.schema().index_of(&cfg.input)?;
-            columns[i] = tracked;
+            let slot = columns
+                .get_mut(i)
+                .ok_or_else(|| DataflowError::stage(NAME, "the detections column went missing"))?;
+            *slot = tracked;
         } else {
             columns.push(tracked);
         }
@@ -398,10 +401,18 @@ fn with_track_ids(
     }
     let mut track_ids: Vec<Option<i64>> = vec![None; entries.len()];
     let offsets = list.value_offsets();
-    for (row, row_ids) in ids.iter().enumerate() {
-        let (from, to) = (offsets[row] as usize, offsets[row + 1] as usize);
-        for (k, slot) in track_ids[from..to].iter_mut().enumerate() {
-            *slot = row_ids.get(k).copied().flatten();
+    let bounds = offsets.iter().zip(offsets.iter().skip(1));
+    for (row_ids, (&from, &to)) in ids.iter().zip(bounds) {
+        let slots = usize::try_from(from)
+            .ok()
+            .zip(usize::try_from(to).ok())
+            .and_then(|(from, to)| track_ids.get_mut(from..to))
+            .ok_or_else(|| {
+                DataflowError::stage(NAME, "a detections list's offsets are out of range")
+            })?;
+        // Detections beyond a row's ids (none for valid rows) keep a null id.
+        for (slot, &id) in slots.iter_mut().zip(row_ids) {
+            *slot = id;
         }
     }
     let mut children: Vec<ArrayRef> = entries.columns().to_vec();

@@ -114,19 +114,29 @@ impl CameraTracks {
         self.advance(frame, detections, p)
     }
 
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "a `Slot` or a hit list indexes `tracked` or `lost`, enumerated from them (the hit \
+                  lists and slot lists have their lengths); `assign` returns (row, column) pairs \
+                  within `sim`, whose rows are `pool`/`remaining`/`unconfirmed` and columns \
+                  `high`/`low`/`left`; those hold indices enumerated from `dets`, the length of `ids`"
+    )]
     fn advance(&mut self, frame: i64, dets: &[Detection], p: &Params) -> Vec<Option<i64>> {
         let first_frame = self.last_frame.is_none();
         self.last_frame = Some(frame);
         // Boxes without area cannot be tracked (aspect = w / h); they keep a null id.
         let usable = |d: &Detection| d.rect[2] > d.rect[0] && d.rect[3] > d.rect[1];
-        let high: Vec<usize> = (0..dets.len())
-            .filter(|&i| usable(&dets[i]) && dets[i].score >= p.high_threshold)
+        let high: Vec<usize> = dets
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| usable(d) && d.score >= p.high_threshold)
+            .map(|(i, _)| i)
             .collect();
-        let low: Vec<usize> = (0..dets.len())
-            .filter(|&i| {
-                let s = dets[i].score;
-                usable(&dets[i]) && s >= p.low_threshold && s < p.high_threshold
-            })
+        let low: Vec<usize> = dets
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| usable(d) && d.score >= p.low_threshold && d.score < p.high_threshold)
+            .map(|(i, _)| i)
             .collect();
 
         let mut tracked = std::mem::take(&mut self.tracked);
@@ -136,44 +146,37 @@ impl CameraTracks {
         let mut lost_hit: Vec<Option<usize>> = vec![None; lost.len()];
 
         // Confirmed and lost tracks form the pool; unconfirmed ones are matched last.
-        let mut pool: Vec<Slot> = (0..tracked.len())
-            .filter(|&i| tracked[i].id.is_some())
-            .map(Slot::Tracked)
+        let pool: Vec<Slot> = tracked
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.id.is_some())
+            .map(|(i, _)| Slot::Tracked(i))
             .chain((0..lost.len()).map(Slot::Lost))
             .collect();
-        for slot in &pool {
-            let t = match *slot {
-                Slot::Tracked(i) => &mut tracked[i],
-                Slot::Lost(i) => {
-                    // A lost track keeps drifting but stops growing or shrinking.
-                    lost[i].mean[7] = 0.0;
-                    &mut lost[i]
-                }
-            };
+        for t in tracked.iter_mut().filter(|t| t.id.is_some()) {
             kalman::predict(&mut t.mean, &mut t.covariance);
         }
-        let pool_track = |slot: Slot, tracked: &[Track], lost: &[Track]| -> [f64; 4] {
-            match slot {
-                Slot::Tracked(i) => tracked[i].rect(),
-                Slot::Lost(i) => lost[i].rect(),
-            }
-        };
+        for t in &mut lost {
+            // A lost track keeps drifting but stops growing or shrinking.
+            t.mean[7] = 0.0;
+            kalman::predict(&mut t.mean, &mut t.covariance);
+        }
 
         // 1. Pool × high-score detections, IoU weighted by score.
         let sim = similarity(
             pool.iter().map(|&s| {
-                let class = match s {
-                    Slot::Tracked(i) => tracked[i].class_id,
-                    Slot::Lost(i) => lost[i].class_id,
+                let t = match s {
+                    Slot::Tracked(i) => &tracked[i],
+                    Slot::Lost(i) => &lost[i],
                 };
-                (pool_track(s, &tracked, &lost), class)
+                (t.rect(), t.class_id)
             }),
             &high,
             dets,
             true,
             p.class_aware,
         );
-        let first = assign(&sim, pool.len(), high.len(), p.match_iou);
+        let first = assign(&sim, p.match_iou);
         let mut pool_matched = vec![false; pool.len()];
         let mut high_matched = vec![false; high.len()];
         let mut refound: Vec<usize> = Vec::new();
@@ -195,16 +198,11 @@ impl CameraTracks {
         }
 
         // 2. Tracked tracks still unmatched × low-score detections, plain IoU.
-        pool = (0..pool.len())
-            .filter(|&k| !pool_matched[k])
-            .filter_map(|k| match pool[k] {
-                Slot::Tracked(i) => Some(Slot::Tracked(i)),
-                Slot::Lost(_) => None,
-            })
-            .collect();
         let remaining: Vec<usize> = pool
             .iter()
-            .filter_map(|s| match *s {
+            .zip(&pool_matched)
+            .filter(|&(_, &matched)| !matched)
+            .filter_map(|(s, _)| match *s {
                 Slot::Tracked(i) => Some(i),
                 Slot::Lost(_) => None,
             })
@@ -218,8 +216,7 @@ impl CameraTracks {
             false,
             p.class_aware,
         );
-        let mut newly_lost: Vec<usize> = Vec::new();
-        let second = assign(&sim, remaining.len(), low.len(), SECOND_MATCH_IOU);
+        let second = assign(&sim, SECOND_MATCH_IOU);
         let mut second_matched = vec![false; remaining.len()];
         for &(k, j) in &second {
             second_matched[k] = true;
@@ -227,19 +224,25 @@ impl CameraTracks {
             tracked[i].update(&dets[low[j]], frame);
             tracked_hit[i] = Some(low[j]);
         }
-        for (k, &i) in remaining.iter().enumerate() {
-            if !second_matched[k] {
-                newly_lost.push(i);
-            }
-        }
+        let newly_lost: Vec<usize> = remaining
+            .iter()
+            .zip(&second_matched)
+            .filter(|&(_, &matched)| !matched)
+            .map(|(&i, _)| i)
+            .collect();
 
         // 3. Unconfirmed tracks × high-score detections left: a match confirms the track.
-        let unconfirmed: Vec<usize> = (0..tracked.len())
-            .filter(|&i| tracked[i].id.is_none())
+        let unconfirmed: Vec<usize> = tracked
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.id.is_none())
+            .map(|(i, _)| i)
             .collect();
-        let left: Vec<usize> = (0..high.len())
-            .filter(|&j| !high_matched[j])
-            .map(|j| high[j])
+        let left: Vec<usize> = high
+            .iter()
+            .zip(&high_matched)
+            .filter(|&(_, &matched)| !matched)
+            .map(|(&d, _)| d)
             .collect();
         let sim = similarity(
             unconfirmed
@@ -251,7 +254,7 @@ impl CameraTracks {
             p.class_aware,
         );
         let mut left_matched = vec![false; left.len()];
-        for (k, j) in assign(&sim, unconfirmed.len(), left.len(), CONFIRM_MATCH_IOU) {
+        for (k, j) in assign(&sim, CONFIRM_MATCH_IOU) {
             left_matched[j] = true;
             let i = unconfirmed[k];
             tracked[i].update(&dets[left[j]], frame);
@@ -262,11 +265,12 @@ impl CameraTracks {
 
         // 4. New tracks from the high-score detections nobody took.
         let mut started: Vec<(Track, usize)> = Vec::new();
-        for (j, &d) in left.iter().enumerate() {
-            if left_matched[j] || dets[d].score < p.new_track_threshold {
+        for (&d, &matched) in left.iter().zip(&left_matched) {
+            let det = &dets[d];
+            if matched || det.score < p.new_track_threshold {
                 continue;
             }
-            let (mean, covariance) = kalman::initiate(kalman::measure(dets[d].rect));
+            let (mean, covariance) = kalman::initiate(kalman::measure(det.rect));
             // On a camera's first frame there is nothing to confirm against: start confirmed.
             let id = first_frame.then(|| {
                 self.last_id += 1;
@@ -276,7 +280,7 @@ impl CameraTracks {
                 id,
                 mean,
                 covariance,
-                class_id: dets[d].class_id,
+                class_id: det.class_id,
                 start_frame: frame,
                 last_seen: frame,
             };
@@ -289,11 +293,11 @@ impl CameraTracks {
         let mut next_lost: Vec<Track> = Vec::new();
         let mut tracked_slots: Vec<Option<Track>> = tracked.into_iter().map(Some).collect();
         let mut lost_slots: Vec<Option<Track>> = lost.into_iter().map(Some).collect();
-        for (i, slot) in tracked_slots.iter_mut().enumerate() {
+        for (slot, &hit) in tracked_slots.iter_mut().zip(&tracked_hit) {
             // Matched tracks stay (unmatched unconfirmed ones are dropped here).
-            if tracked_hit[i].is_some() {
+            if hit.is_some() {
                 if let Some(t) = slot.take() {
-                    next.push((t, tracked_hit[i]));
+                    next.push((t, hit));
                 }
             }
         }
@@ -334,14 +338,14 @@ fn drop_duplicates(
 ) -> (Vec<(Track, Option<usize>)>, Vec<Track>) {
     let mut drop_tracked = vec![false; tracked.len()];
     let mut drop_lost = vec![false; lost.len()];
-    for (i, (a, _)) in tracked.iter().enumerate() {
-        for (j, b) in lost.iter().enumerate() {
+    for ((a, _), drop_a) in tracked.iter().zip(&mut drop_tracked) {
+        for (b, drop_b) in lost.iter().zip(&mut drop_lost) {
             if iou(&a.rect(), &b.rect()) > DUPLICATE_IOU {
                 let (age_a, age_b) = (a.last_seen - a.start_frame, b.last_seen - b.start_frame);
                 if age_a > age_b {
-                    drop_lost[j] = true;
+                    *drop_b = true;
                 } else {
-                    drop_tracked[i] = true;
+                    *drop_a = true;
                 }
             }
         }
@@ -360,7 +364,11 @@ fn drop_duplicates(
 }
 
 /// Track × detection similarity: IoU, times the detection's score when `fuse_score`; zero
-/// across classes when `class_aware`.
+/// across classes when `class_aware`. One row per track, one column per index of `columns`.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`columns` holds indices of `dets`, which `advance` enumerated from it"
+)]
 fn similarity(
     tracks: impl Iterator<Item = ([f64; 4], i64)>,
     columns: &[usize],
@@ -390,18 +398,23 @@ fn similarity(
 }
 
 /// The (row, column) pairs of a maximum-weight matching among pairs with similarity at least
-/// `min` (each row and column used once).
-fn assign(sim: &[Vec<f64>], rows: usize, columns: usize, min: f64) -> Vec<(usize, usize)> {
+/// `min` (each row and column used once). `sim` is rectangular, as [`similarity`] makes it.
+fn assign(sim: &[Vec<f64>], min: f64) -> Vec<(usize, usize)> {
+    let rows = sim.len();
+    let columns = sim.first().map_or(0, Vec::len);
     if rows == 0 || columns == 0 {
         return Vec::new();
     }
+    let admissible = |r: usize, c: usize| -> Option<f64> {
+        sim.get(r)
+            .and_then(|row| row.get(c))
+            .copied()
+            .filter(|&s| s >= min)
+    };
     let weight = |r: usize, c: usize| -> i64 {
-        let s = sim[r][c];
-        if s >= min {
+        admissible(r, c).map_or(0, |s| {
             ((s - min + PAIR_BONUS) * WEIGHT_SCALE).round() as i64
-        } else {
-            0
-        }
+        })
     };
     // kuhn_munkres needs no more rows than columns.
     let transposed = rows > columns;
@@ -410,22 +423,19 @@ fn assign(sim: &[Vec<f64>], rows: usize, columns: usize, min: f64) -> Vec<(usize
     } else {
         (rows, columns)
     };
-    let mut weights = Matrix::new(n, m, 0i64);
-    for a in 0..n {
-        for b in 0..m {
-            weights[(a, b)] = if transposed {
-                weight(b, a)
-            } else {
-                weight(a, b)
-            };
+    let weights = Matrix::from_fn(n, m, |(a, b)| {
+        if transposed {
+            weight(b, a)
+        } else {
+            weight(a, b)
         }
-    }
+    });
     let (_, chosen) = kuhn_munkres(&weights);
     let mut pairs: Vec<(usize, usize)> = chosen
         .into_iter()
         .enumerate()
         .map(|(a, b)| if transposed { (b, a) } else { (a, b) })
-        .filter(|&(r, c)| sim[r][c] >= min)
+        .filter(|&(r, c)| admissible(r, c).is_some())
         .collect();
     pairs.sort_unstable();
     pairs

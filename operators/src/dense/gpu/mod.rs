@@ -200,7 +200,8 @@ impl<D: GpuDevice> Dense<D> {
             let row_shape = split
                 .parts
                 .first()
-                .map(|p| p.shape[1..].to_vec())
+                .and_then(|p| p.shape.get(1..))
+                .map(<[usize]>::to_vec)
                 .unwrap_or_default();
             let mut parts = Vec::with_capacity(split.parts.len());
             for (k, part) in split.parts.iter().enumerate() {
@@ -245,7 +246,7 @@ impl<D: GpuDevice> Dense<D> {
             let total = route.local.len() * width;
             let out = gather_rows(device, &part.values, &route.local, width)?;
             let rows = device.download(&out, total).map_err(gpu_error)?;
-            scatter_rows(&mut host, width, &route.positions, &rows);
+            scatter_rows(&mut host, width, &route.positions, &rows)?;
         }
         let mut shape = indices.shape.clone();
         shape.extend_from_slice(&table.row_shape);
@@ -356,7 +357,11 @@ impl<D: GpuDevice> Dense<D> {
                     .into_iter()
                     .map(|r| r as i64)
                     .collect();
-                let width: usize = data.shape[1..].iter().product();
+                let row_shape = data
+                    .shape
+                    .get(1..)
+                    .ok_or_else(|| err("Gather of a scalar"))?;
+                let width: usize = row_shape.iter().product();
                 let total = indices.len() * width;
                 let out = if total > 0 {
                     gather_rows(device, data.f32()?, &local, width)?
@@ -364,7 +369,7 @@ impl<D: GpuDevice> Dense<D> {
                     device.alloc_zeros::<f32>(1).map_err(gpu_error)?
                 };
                 let mut shape = indices.shape.clone();
-                shape.extend_from_slice(&data.shape[1..]);
+                shape.extend_from_slice(row_shape);
                 DTensor::with_f32(shape, out)
             }
             "Add" | "Sub" | "Mul" | "Div" => {
@@ -410,8 +415,12 @@ impl<D: GpuDevice> Dense<D> {
                 if reduce != (first..rank).collect::<Vec<_>>() {
                     return Err(err("ReduceSum on the GPU: only trailing axes"));
                 }
-                let outer: usize = x.shape[..first].iter().product();
-                let inner: usize = x.shape[first..].iter().product();
+                let (kept, reduced) = x
+                    .shape
+                    .split_at_checked(first)
+                    .ok_or_else(|| err("ReduceSum: axis out of range"))?;
+                let outer: usize = kept.iter().product();
+                let inner: usize = reduced.iter().product();
                 let out = device.alloc_zeros::<f32>(outer.max(1)).map_err(gpu_error)?;
                 let args = [
                     Arg::F32(x.f32()?),
@@ -429,7 +438,7 @@ impl<D: GpuDevice> Dense<D> {
                     )
                 }
                 .map_err(gpu_error)?;
-                let mut shape = x.shape[..first].to_vec();
+                let mut shape = kept.to_vec();
                 if attr_i(node, "keepdims", 1) != 0 {
                     shape.extend(std::iter::repeat_n(1, rank - first));
                 }
@@ -452,13 +461,14 @@ impl<D: GpuDevice> Dense<D> {
                     .collect::<DataflowResult<_>>()?;
                 let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
                 let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
-                let dst_chunk: usize = shape[axis..].iter().product();
+                // `concat` checked that every part has the axis.
+                let dst_chunk: usize = shape.get(axis..).unwrap_or_default().iter().product();
                 let out = device
                     .alloc_zeros::<f32>((outer * dst_chunk).max(1))
                     .map_err(gpu_error)?;
                 let mut offset = 0usize;
                 for p in &parts {
-                    let chunk: usize = p.shape[axis..].iter().product();
+                    let chunk: usize = p.shape.get(axis..).unwrap_or_default().iter().product();
                     let args = [
                         Arg::F32(p.f32()?),
                         Arg::F32(&out),
@@ -503,7 +513,7 @@ impl<D: GpuDevice> Dense<D> {
                 // SAFETY: the dimensions and leading dimensions above describe the buffers.
                 unsafe { device.gemm(cfg, b.f32()?, a.f32()?, &mut out) }.map_err(gpu_error)?;
                 let product = DTensor::with_f32(vec![m, n], out);
-                if gemm && node.input.len() > 2 && !node.input[2].is_empty() {
+                if gemm && node.input.get(2).is_some_and(|name| !name.is_empty()) {
                     self.binary(&product, get(2)?, 0)?
                 } else {
                     product
@@ -520,6 +530,10 @@ impl<D: GpuDevice> Dense<D> {
             return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
         }
         let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
+        // Padded to rank 4, and the output's `rank` axes the last of them.
+        let (&[_, d1, d2, d3], Some(out_shape)) = (shape.as_slice(), shape.get(4 - rank..)) else {
+            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
+        };
         let total: usize = shape.iter().product();
         let out = self
             .device
@@ -531,9 +545,9 @@ impl<D: GpuDevice> Dense<D> {
             Arg::F32(&out),
             Arg::Int(code),
             Arg::Int(total as i32),
-            Arg::Int(shape[1] as i32),
-            Arg::Int(shape[2] as i32),
-            Arg::Int(shape[3] as i32),
+            Arg::Int(d1 as i32),
+            Arg::Int(d2 as i32),
+            Arg::Int(d3 as i32),
         ];
         args.extend(sa.iter().chain(&sb).map(|s| Arg::Int(*s as i32)));
         // SAFETY: the kernel checks its thread index against `total`, `out`'s size; the
@@ -546,7 +560,7 @@ impl<D: GpuDevice> Dense<D> {
             )
         }
         .map_err(gpu_error)?;
-        Ok(DTensor::with_f32(shape[4 - rank..].to_vec(), out))
+        Ok(DTensor::with_f32(out_shape.to_vec(), out))
     }
 }
 
