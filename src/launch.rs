@@ -32,6 +32,10 @@ pub fn launch_local_cluster(
         match run_cluster_once(args, log_format, lock, &signals) {
             Ok(()) => return Ok(()),
             Err(why) if signals.received() => return Err(why.context("while stopping")),
+            // Bad input, not a crash: running again would end the same way.
+            Err(why) if why.downcast_ref::<crate::TooManyDeadLetters>().is_some() => {
+                return Err(why)
+            }
             Err(why) if restarts < args.max_restarts => {
                 restarts += 1;
                 eprintln!(
@@ -112,6 +116,7 @@ fn run_cluster_once(
     }
     // A process that fails leaves the others waiting for it forever: stop them all.
     let mut forwarded = false;
+    let mut dead_letters: Option<usize> = None;
     loop {
         if signals.received() && !forwarded {
             forwarded = true;
@@ -136,6 +141,9 @@ fn run_cluster_once(
                 .with_context(|| format!("watching process {process}"))?
             {
                 Some(status) if status.success() => {}
+                Some(status) if status.code() == Some(crate::TooManyDeadLetters::EXIT_CODE) => {
+                    dead_letters.get_or_insert(*process);
+                }
                 Some(status) => failed = Some(format!("process {process} exited with {status}")),
                 None => all_done = false,
             }
@@ -148,7 +156,13 @@ fn run_cluster_once(
             bail!("{why}; stopped the other processes");
         }
         if all_done {
-            return Ok(());
+            return match dead_letters {
+                Some(process) => Err(crate::TooManyDeadLetters(format!(
+                    "process {process} ended with too many of its records in dead letters (its error above says which)"
+                ))
+                .into()),
+                None => Ok(()),
+            };
         }
         std::thread::sleep(Duration::from_millis(20));
     }

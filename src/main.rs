@@ -86,7 +86,13 @@ fn main() {
     };
     if let Err(e) = outcome {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        // A run that finished with too many dead letters is not restarted by a supervisor.
+        let code = if e.downcast_ref::<TooManyDeadLetters>().is_some() {
+            TooManyDeadLetters::EXIT_CODE
+        } else {
+            1
+        };
+        std::process::exit(code);
     }
 }
 
@@ -240,6 +246,8 @@ fn run_command(args: RunArgs, log_format: cli::LogFormat) -> Result<()> {
     if signals.received() {
         eprintln!("riffle: stopped on request; the last checkpoint covers every result written");
     }
+    let dead_letters =
+        TooManyDeadLetters::check(&report.summary, pipeline.runtime.max_dead_letter_ratio);
     // A finite run's view stays up with its final state until the user stops riffle.
     if let Some(addr) = endpoints.finish() {
         if !signals.received() {
@@ -249,8 +257,58 @@ fn run_command(args: RunArgs, log_format: cli::LogFormat) -> Result<()> {
             signals.wait();
         }
     }
-    Ok(())
+    match dead_letters {
+        Some(too_many) => Err(too_many.into()),
+        None => Ok(()),
+    }
 }
+
+/// A run that ended with more of its records in dead letters than `runtime.max_dead_letter_ratio`
+/// allows (by default: all of them).
+#[derive(Debug)]
+pub struct TooManyDeadLetters(String);
+
+impl TooManyDeadLetters {
+    /// What `riffle run` exits with (1 is any other failure).
+    pub const EXIT_CODE: i32 = 3;
+
+    fn check(summary: &riffle_dataflow::metrics::Summary, ratio: Option<f64>) -> Option<Self> {
+        let (dead, read) = summary.dead_letter_share();
+        let too_many = match ratio {
+            Some(r) => read > 0 && dead as f64 > r * read as f64,
+            None => read > 0 && dead >= read,
+        };
+        if !too_many {
+            return None;
+        }
+        let limit = match ratio {
+            Some(r) => format!("more than runtime.max_dead_letter_ratio ({r})"),
+            None => "all of them (runtime.max_dead_letter_ratio sets how many may)".to_string(),
+        };
+        let reasons: Vec<String> = summary
+            .dead_letter_reasons
+            .iter()
+            .take(3)
+            .map(|(reason, n)| format!("{n} × {reason}"))
+            .collect();
+        let reasons = if reasons.is_empty() {
+            "the reasons are in the dead-letter sink".to_string()
+        } else {
+            format!("commonest reasons: {}", reasons.join("; "))
+        };
+        Some(TooManyDeadLetters(format!(
+            "{dead} of the {read} records read went to dead letters, {limit}; {reasons}"
+        )))
+    }
+}
+
+impl std::fmt::Display for TooManyDeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TooManyDeadLetters {}
 
 /// The pipeline of `riffle run`, with the command line's `--output` and `--checkpoint-dir`.
 fn load_for_run(args: &RunArgs) -> Result<riffle_pipelines::Pipeline> {

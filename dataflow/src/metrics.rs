@@ -40,7 +40,14 @@ pub struct Metrics {
     end_to_end_hdr: Mutex<Histogram<u64>>,
     live: OnceLock<Arc<LiveTap>>,
     ready_workers: AtomicUsize,
+    dead_letter_reasons: Mutex<BTreeMap<String, u64>>,
 }
+
+/// Distinct dead-letter reasons counted; later ones are counted together.
+const MAX_REASONS: usize = 64;
+/// Longest reason kept for counting (reasons quoting a record differ past this).
+const REASON_CHARS: usize = 160;
+const OTHER_REASONS: &str = "(other reasons)";
 
 /// The metrics of one stage (all workers of the process share it).
 pub struct StageMetrics {
@@ -150,6 +157,7 @@ impl Metrics {
             end_to_end_hdr: Mutex::new(hdr()?),
             live: OnceLock::new(),
             ready_workers: AtomicUsize::new(0),
+            dead_letter_reasons: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -198,6 +206,31 @@ impl Metrics {
     /// Workers of this process that are ready (see [`Metrics::worker_ready`]).
     pub fn ready_workers(&self) -> usize {
         self.ready_workers.load(Ordering::SeqCst)
+    }
+
+    /// Counts the reasons of a batch of dead letters (in [`crate::dead_letter::schema`]), by
+    /// stage and reason, for the end-of-run report.
+    pub fn record_dead_letters(&self, batch: &arrow_array::RecordBatch) {
+        use arrow_array::cast::AsArray;
+        let column = |name| {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_string_opt::<i32>())
+        };
+        let (Some(stages), Some(reasons)) = (column("stage"), column("reason")) else {
+            return;
+        };
+        let mut counts = lock(&self.dead_letter_reasons);
+        for (stage, reason) in stages.iter().zip(reasons.iter()) {
+            let reason: String = reason.unwrap_or("").chars().take(REASON_CHARS).collect();
+            let key = format!("{}: {reason}", stage.unwrap_or("?"));
+            let key = if counts.contains_key(&key) || counts.len() < MAX_REASONS {
+                key
+            } else {
+                OTHER_REASONS.to_string()
+            };
+            *counts.entry(key).or_insert(0) += 1;
+        }
     }
 
     /// Every stage's metrics, in creation order.
@@ -267,7 +300,13 @@ impl Metrics {
         let mut list: Vec<_> = stages.values().cloned().collect();
         list.sort_by_key(|s| s.order);
         let e2e = lock(&self.end_to_end_hdr);
+        let mut reasons: Vec<(String, u64)> = lock(&self.dead_letter_reasons)
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        reasons.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         Summary {
+            dead_letter_reasons: reasons,
             connectors: self.connector_values(),
             elapsed,
             stages: list.iter().map(|s| s.summary()).collect(),
@@ -381,9 +420,28 @@ pub struct Summary {
     pub connectors: Vec<(String, f64)>,
     /// Bytes of batches this process received from other processes.
     pub exchange_bytes_in: u64,
+    /// Dead letters written by this process, by `stage: reason`, commonest first.
+    pub dead_letter_reasons: Vec<(String, u64)>,
 }
 
 impl Summary {
+    /// Records this process's sources read (good and rejected), and how many of them went to
+    /// dead letters (at the source or in a stage).
+    pub fn dead_letter_share(&self) -> (u64, u64) {
+        let read = self
+            .stages
+            .iter()
+            .find(|s| s.name == "source")
+            .map_or(0, |s| s.records_out + s.dead_letters);
+        let dead = self
+            .stages
+            .iter()
+            .filter(|s| s.name != "sink" && s.name != "dead-letters")
+            .map(|s| s.dead_letters)
+            .sum();
+        (dead, read)
+    }
+
     pub fn throughput(&self) -> f64 {
         let secs = self.elapsed.as_secs_f64();
         if secs > 0.0 {

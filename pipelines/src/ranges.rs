@@ -55,6 +55,7 @@ pub const RANGES: &[Range] = &[
     int("checkpoint.interval_ms", 0, DAY_MS),
     int("slow_worker.worker", 0, 1023),
     int("slow_worker.delay_ms", 0, 60_000),
+    real("max_dead_letter_ratio", 0.0, 1.0),
     // batching
     int("batch.max_size", 1, 65_536),
     int("batch.max_delay_ms", 0, 60_000),

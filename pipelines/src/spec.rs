@@ -159,7 +159,7 @@ pub enum Workers {
 }
 
 /// `runtime:` — how the pipeline runs. Command-line flags override these.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct RuntimeConfig {
     /// Worker threads per process.
@@ -185,6 +185,9 @@ pub struct RuntimeConfig {
     /// A peer worker silent this long (its process died or its host dropped off the network)
     /// fails the run, so that supervisors restart the cluster from its last checkpoint.
     pub peer_timeout_ms: u64,
+    /// `riffle run` fails (exit 3) when more than this share of the records read went to dead
+    /// letters (0 to 1; default: only when every record did).
+    pub max_dead_letter_ratio: Option<f64>,
 }
 
 /// `runtime.slow_worker: { worker, delay_ms }`.
@@ -225,6 +228,7 @@ impl Default for RuntimeConfig {
             gpus: Vec::new(),
             slow_worker: None,
             peer_timeout_ms: 30_000,
+            max_dead_letter_ratio: None,
         }
     }
 }

@@ -111,6 +111,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                         pending.entry(epoch).or_default().push(batch)
                                     }
                                     BatchKind::DeadLetters if !failed => {
+                                        metrics.record_dead_letters(&batch.data);
                                         let started = Instant::now();
                                         let Some(sink) = dead_letters.as_mut() else {
                                             continue;
