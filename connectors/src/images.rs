@@ -23,7 +23,7 @@ pub const FRAME: &str = "frame";
 pub const PATH: &str = "path";
 pub const BYTES: &str = "bytes";
 
-/// Camera id of the files directly in the configured directory.
+/// The camera of files directly in a folder without a name of its own (`/`).
 pub const DEFAULT_CAMERA: &str = "default";
 
 /// `source: { images: { path, cameras, batch_size, repeat, extensions } }`.
@@ -258,7 +258,8 @@ fn frame_number(path: &Path) -> Option<i64> {
     stem[start..end].parse().ok()
 }
 
-/// The camera directory of `file`: its parent relative to `root`, with `/` separators.
+/// The camera directory of `file`: its parent relative to `root`, with `/` separators; for a
+/// file directly in `root`, the name of `root` itself (its parent directory).
 fn camera_dir(root: &Path, file: &Path) -> String {
     let parent = file
         .parent()
@@ -270,11 +271,17 @@ fn camera_dir(root: &Path, file: &Path) -> String {
                 .join("/")
         })
         .unwrap_or_default();
-    if parent.is_empty() {
-        DEFAULT_CAMERA.to_string()
-    } else {
-        parent
+    if !parent.is_empty() {
+        return parent;
     }
+    root.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .or_else(|| {
+            root.canonicalize()
+                .ok()
+                .and_then(|r| r.file_name().map(|n| n.to_string_lossy().into_owned()))
+        })
+        .unwrap_or_else(|| DEFAULT_CAMERA.to_string())
 }
 
 /// Segment of file `i` among `n` split into `segments` contiguous, nearly equal parts.

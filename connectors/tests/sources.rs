@@ -108,9 +108,10 @@ fn images_cover_every_file_once_for_any_peers() {
             b"car 101".to_vec(),
         ),
     );
-    // No digits in the name: the frame is the position within the camera.
+    // No digits in the name: the frame is the position within the camera; a file directly in
+    // the folder belongs to the camera named after the folder.
     expected.insert(
-        ("default".to_string(), 0),
+        ("frames".to_string(), 0),
         (
             root.join("cover.png").display().to_string(),
             b"cover".to_vec(),
@@ -161,7 +162,7 @@ fn images_split_directories_into_cameras_and_repeat() {
             ("cars-0", 100 + rep),
             ("cars-1", 101 + rep),
             // The one root file is segment 0; segment 1 is empty.
-            ("default-0", rep),
+            ("frames-0", rep),
         ]);
     }
     let mut want: Vec<(String, i64)> = want.into_iter().map(|(c, f)| (c.to_string(), f)).collect();
