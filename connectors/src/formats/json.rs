@@ -12,18 +12,25 @@ use super::Framing;
 pub fn infer_schema<'a>(
     payloads: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<Schema, ArrowError> {
+    let mut order: Vec<String> = Vec::new();
     let objects: Vec<Value> = payloads
         .into_iter()
         .filter(|v| !too_deep(v, MAX_DEPTH))
-        .filter_map(|v| serde_json::from_slice::<Value>(v).ok())
+        .filter_map(|v| {
+            let value = serde_json::from_slice::<Value>(v).ok()?;
+            if value.is_object() {
+                note_keys(v, &mut order);
+            }
+            Some(value)
+        })
         .filter(Value::is_object)
         .collect();
     let infer = |values: &[&Value]| {
         arrow_json::reader::infer_json_schema_from_iterator(values.iter().map(|v| Ok(*v)))
     };
     let all: Vec<&Value> = objects.iter().collect();
-    match infer(&all) {
-        Ok(schema) => Ok(schema),
+    let schema = match infer(&all) {
+        Ok(schema) => schema,
         Err(_) => {
             let mut agreeing: Vec<&Value> = Vec::with_capacity(objects.len());
             for value in &objects {
@@ -32,7 +39,58 @@ pub fn infer_schema<'a>(
                     agreeing.pop();
                 }
             }
-            infer(&agreeing)
+            infer(&agreeing)?
+        }
+    };
+    Ok(in_written_order(schema, &order))
+}
+
+/// `schema`'s fields in the order their keys were first written in the samples (a
+/// `serde_json::Value` sorts them).
+fn in_written_order(schema: Schema, order: &[String]) -> Schema {
+    let mut fields: Vec<arrow_schema::FieldRef> = order
+        .iter()
+        .filter_map(|k| schema.fields().find(k).map(|(_, f)| f.clone()))
+        .collect();
+    for f in schema.fields() {
+        if !fields.iter().any(|g| g.name() == f.name()) {
+            fields.push(f.clone());
+        }
+    }
+    Schema::new_with_metadata(fields, schema.metadata().clone())
+}
+
+/// Appends the top-level keys of the JSON object `bytes` not yet in `order`, as written.
+fn note_keys(bytes: &[u8], order: &mut Vec<String>) {
+    struct Keys(Vec<String>);
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Visit;
+            impl<'de> serde::de::Visitor<'de> for Visit {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> Result<Keys, A::Error> {
+                    let mut keys = Vec::new();
+                    while let Some(key) = map.next_key::<String>()? {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        keys.push(key);
+                    }
+                    Ok(Keys(keys))
+                }
+            }
+            d.deserialize_map(Visit)
+        }
+    }
+    if let Ok(Keys(keys)) = serde_json::from_slice::<Keys>(bytes) {
+        for key in keys {
+            if !order.contains(&key) {
+                order.push(key);
+            }
         }
     }
 }

@@ -166,6 +166,18 @@ fn nesting_deeper_than_64_levels_is_refused_without_recursion() {
 }
 
 #[test]
+fn inferred_json_columns_keep_the_order_they_are_written_in() {
+    let payloads: [&[u8]; 3] = [
+        b"{\"zeta\":1,\"alpha\":\"a\",\"mid\":true}",
+        b"{\"zeta\":2,\"new\":1.5}",
+        b"{\"alpha\":\"b\"}",
+    ];
+    let schema = json::infer_schema(payloads).unwrap();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["zeta", "alpha", "mid", "new"]);
+}
+
+#[test]
 fn inferred_columns_are_required_when_every_sample_had_them() {
     let d = messages(TextFormat::Json);
     let sample: [&[u8]; 3] = [b"{\"a\":1,\"b\":\"x\"}", b"{\"a\":2}", b"not json"];
