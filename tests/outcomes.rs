@@ -107,3 +107,47 @@ fn a_supervisor_does_not_restart_a_cluster_that_ended_in_dead_letters() {
     assert!(!stderr.contains("restarting"), "no restart: {stderr}");
     assert!(stderr.contains("dead letters"), "{stderr}");
 }
+
+#[test]
+fn a_value_that_drifts_from_its_column_is_a_dead_letter_not_a_text_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut csv = String::from("user,score\n");
+    for i in 0..30 {
+        csv.push_str(&format!("{i},{}.25\n", i % 5));
+    }
+    csv.push_str("30,n/a\n");
+    let data = write(tmp.path(), "scores.csv", &csv);
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            r#"
+source: {{ csv: {{ path: "{data}" }} }}
+stages:
+  - select: {{ columns: [user, score] }}
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+"#,
+            data = data.display()
+        ),
+    );
+    let validated = riffle_ok(&["validate", p.to_str().unwrap()]);
+    assert!(
+        String::from_utf8_lossy(&validated.stdout).contains("score: Float64"),
+        "{}",
+        String::from_utf8_lossy(&validated.stdout)
+    );
+    riffle_ok(&["run", "-q", p.to_str().unwrap()]);
+    let rows = read_jsonl(&tmp.path().join("out.jsonl"));
+    assert_eq!(rows.len(), 30);
+    assert!(
+        rows.iter().all(|r| r["score"].is_f64()),
+        "numbers stay numbers"
+    );
+    let dead = read_jsonl(&tmp.path().join("out.dead-letters.jsonl"));
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("n/a") && reason.contains("line 32"),
+        "{reason}"
+    );
+}

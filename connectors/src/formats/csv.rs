@@ -9,21 +9,106 @@ use arrow_schema::{ArrowError, Schema, SchemaRef};
 
 use super::{trim_line_end, Framing};
 
-/// Infers columns from the first `max_records` records of CSV text. Ragged records do not stop
-/// inference: they are rejected one by one when decoded.
+/// Infers columns from the first `max_records` records of CSV text (callers bound the text).
+/// Ragged records do not stop inference: they are rejected one by one when decoded. A column is
+/// typed by what at least [`MAJORITY`] of its sampled values are: a few values that drift from
+/// the rest (`n/a` among numbers) become dead letters row by row instead of turning the whole
+/// column into text.
 pub fn infer_schema(
-    text: impl Read,
+    mut text: impl Read,
     has_header: bool,
     delimiter: u8,
     max_records: usize,
 ) -> Result<Schema, ArrowError> {
+    let mut bytes = Vec::new();
+    text.read_to_end(&mut bytes)?;
     let format = Format::default()
         .with_header(has_header)
         .with_delimiter(delimiter)
         .with_truncated_rows(true);
-    format
-        .infer_schema(text, Some(max_records))
-        .map(|(schema, _)| schema)
+    let (schema, _) = format.infer_schema(Cursor::new(&bytes), Some(max_records))?;
+    Ok(by_majority(
+        schema,
+        &bytes,
+        has_header,
+        delimiter,
+        max_records,
+    ))
+}
+
+/// Share of a column's sampled values that decide its type.
+pub const MAJORITY: f64 = 0.9;
+
+/// `schema` with each text column that is mostly numbers (or booleans) typed as those.
+fn by_majority(
+    schema: Schema,
+    bytes: &[u8],
+    has_header: bool,
+    delimiter: u8,
+    max_records: usize,
+) -> Schema {
+    use arrow_array::cast::AsArray;
+    use arrow_schema::{DataType, Field};
+    let text_columns: Vec<usize> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.data_type() == &DataType::Utf8)
+        .map(|(i, _)| i)
+        .collect();
+    if text_columns.is_empty() {
+        return schema;
+    }
+    let as_text = Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    );
+    let Ok(reader) = arrow_csv::ReaderBuilder::new(std::sync::Arc::new(as_text))
+        .with_header(has_header)
+        .with_delimiter(delimiter)
+        .with_truncated_rows(true)
+        .with_batch_size(max_records.max(1))
+        .build(Cursor::new(bytes))
+    else {
+        return schema;
+    };
+    // A record the reader cannot split ends the sample there.
+    let batches: Vec<RecordBatch> = reader.map_while(Result::ok).take(1).collect();
+    let mut fields: Vec<arrow_schema::FieldRef> = schema.fields().iter().cloned().collect();
+    for i in text_columns {
+        let values: Vec<&str> = batches
+            .iter()
+            .filter_map(|b| b.column(i).as_string_opt::<i32>())
+            .flat_map(|c| c.iter().flatten())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .collect();
+        let share = |fits: fn(&str) -> bool| {
+            if values.is_empty() {
+                0.0
+            } else {
+                values.iter().filter(|v| fits(v)).count() as f64 / values.len() as f64
+            }
+        };
+        let typed = if share(|v| v.parse::<i64>().is_ok()) >= MAJORITY {
+            Some(DataType::Int64)
+        } else if share(|v| v.parse::<f64>().is_ok()) >= MAJORITY {
+            Some(DataType::Float64)
+        } else if share(|v| v.eq_ignore_ascii_case("true") || v.eq_ignore_ascii_case("false"))
+            >= MAJORITY
+        {
+            Some(DataType::Boolean)
+        } else {
+            None
+        };
+        if let (Some(data_type), Some(field)) = (typed, fields.get_mut(i)) {
+            *field = std::sync::Arc::new(field.as_ref().clone().with_data_type(data_type));
+        }
+    }
+    Schema::new_with_metadata(fields, schema.metadata().clone())
 }
 
 /// Infers columns from sample payloads of one record each (no header, `,`-separated; columns

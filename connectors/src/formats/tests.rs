@@ -44,6 +44,30 @@ fn csv_needs_exactly_one_record_per_message() {
 }
 
 #[test]
+fn a_few_drifting_values_do_not_turn_a_csv_column_into_text() {
+    let mut text = String::from("id,score,flag,name\n");
+    for i in 0..19 {
+        text.push_str(&format!("{i},{i}.5,true,n{i}\n"));
+    }
+    text.push_str("19,n/a,maybe,n19\n");
+    let schema = csv::infer_schema(std::io::Cursor::new(text), true, b',', 500).unwrap();
+    let types: Vec<&DataType> = schema.fields().iter().map(|f| f.data_type()).collect();
+    assert_eq!(
+        types,
+        [
+            &DataType::Int64,
+            &DataType::Float64,
+            &DataType::Boolean,
+            &DataType::Utf8
+        ]
+    );
+    // Half and half stays text.
+    let even = "a\n1\nx\n2\ny\n";
+    let schema = csv::infer_schema(std::io::Cursor::new(even), true, b',', 500).unwrap();
+    assert_eq!(schema.field(0).data_type(), &DataType::Utf8);
+}
+
+#[test]
 fn csv_inference_names_columns_by_position() {
     let payloads: [&[u8]; 2] = [b"1,x\n", b"2,y"];
     let schema = csv::infer_schema_from_payloads(payloads, 500).unwrap();
