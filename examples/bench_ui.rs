@@ -97,8 +97,13 @@ fn run(file: &Path, output: &Path, view: bool) -> anyhow::Result<f64> {
                     "--disable-gpu",
                     "--disable-dev-shm-usage",
                 ])
-                .args(["--window-size=1400,1600", "--user-data-dir"])
-                .arg(std::env::temp_dir().join(format!("riffle-bench-ui-{}", std::process::id())))
+                .arg("--window-size=1400,1600")
+                .arg(format!(
+                    "--user-data-dir={}",
+                    std::env::temp_dir()
+                        .join(format!("riffle-bench-ui-{}", std::process::id()))
+                        .display()
+                ))
                 .arg(&page)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

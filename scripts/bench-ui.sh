@@ -28,8 +28,8 @@ cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
   cat <<'TEXT'
 `pipelines/camera-perception.yaml` (4 cameras, 2 workers, the SSD-Lite person detector), run
 in one process by `examples/bench_ui.rs`, alternately without the view and with `riffle_ui`
-serving the page and a headless Chromium (on the same cores) showing it: frames sampled at 5
-fps per camera, results and stage charts pushed every 500 ms. Timing starts once the page is
+serving the page and a headless Chromium (on the same cores) showing it: frames sampled at 2
+per second per camera, snapshots pushed every 500 ms, the page repainting at most once a second. Timing starts once the page is
 connected; rounds alternate which variant goes first; the ratio is taken per round.
 TEXT
   echo

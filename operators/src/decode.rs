@@ -1,7 +1,8 @@
-//! `decode`: encoded images (JPEG) in a binary column → RGB8 pixels plus their size.
+//! `decode`: encoded images (JPEG, PNG) in a binary column → RGB8 pixels plus their size.
 //!
-//! Each row's image is decoded by zune-jpeg straight into the output column's value buffer, so
-//! the pixels are written once and never copied. A row that does not decode is dropped from the
+//! Each row's JPEG is decoded by zune-jpeg straight into the output column's value buffer, so
+//! the pixels are written once and never copied; a PNG (by its signature) is decoded by the
+//! `png` crate and converted to RGB8 there. A row that does not decode is dropped from the
 //! output and reported as a dead letter; the rest of the batch goes on.
 
 use std::sync::Arc;
@@ -198,9 +199,7 @@ fn decode_jpeg_into(
         return Err(Refused::Image("empty image payload".to_string()));
     }
     if bytes.starts_with(PNG_MAGIC) {
-        return Err(Refused::Image(
-            "unsupported image format: PNG (only JPEG is decoded)".to_string(),
-        ));
+        return decode_png_into(bytes, limits, out, rows_left);
     }
     let invalid = |e: zune_jpeg::errors::DecodeErrors| {
         // zune-jpeg's messages for static errors are Debug-quoted.
@@ -247,6 +246,72 @@ fn decode_jpeg_into(
         return Err(invalid(e).into());
     }
     Ok((w, h))
+}
+
+/// Decodes one PNG (any bit depth and colour type; alpha dropped, 16 bits cut to 8), appending
+/// its RGB8 pixels to `out`; returns (width, height). On error `out` is left as it was.
+fn decode_png_into(
+    bytes: &[u8],
+    limits: Limits,
+    out: &mut Vec<u8>,
+    rows_left: usize,
+) -> Result<(u32, u32), Refused> {
+    let invalid = |e: png::DecodingError| format!("invalid PNG: {e}");
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    // The header's size is checked before any pixel buffer exists.
+    let mut reader = decoder.read_info().map_err(invalid)?;
+    let (width, height) = {
+        let info = reader.info();
+        (info.width, info.height)
+    };
+    let pixels = u64::from(width).saturating_mul(u64::from(height));
+    if pixels > limits.max_pixels {
+        return Err(format!(
+            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
+            limits.max_pixels
+        )
+        .into());
+    }
+    let mut decoded = vec![0u8; reader.output_buffer_size()];
+    let frame = reader.next_frame(&mut decoded).map_err(invalid)?;
+    let channels = match frame.color_type {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        png::ColorType::Indexed => {
+            return Err("invalid PNG: palette left unexpanded".to_string().into())
+        }
+    };
+    let size = (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|p| p.checked_mul(3))
+        .ok_or_else(|| format!("invalid PNG: image size {width}x{height} overflows"))?;
+    let start = out.len();
+    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
+        return Err(Refused::BatchFull);
+    }
+    if start == 0 {
+        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
+        out.reserve(size.saturating_mul(rows_left).min(budget));
+    }
+    let line = frame.line_size;
+    let rows = decoded.get(..line * height as usize).unwrap_or_default();
+    for row in rows.chunks_exact(line.max(1)) {
+        for px in row.chunks_exact(channels).take(width as usize) {
+            match px {
+                [g] | [g, _] => out.extend_from_slice(&[*g, *g, *g]),
+                [r, g, b] | [r, g, b, _] => out.extend_from_slice(&[*r, *g, *b]),
+                _ => {}
+            }
+        }
+    }
+    if out.len() != start + size {
+        out.truncate(start);
+        return Err(format!("invalid PNG: {width}x{height} image decoded short").into());
+    }
+    Ok((width, height))
 }
 
 impl crate::StageKind for DecodeConfig {
@@ -439,6 +504,87 @@ mod tests {
             ("bytes", Arc::new(BinaryArray::from(payloads)) as ArrayRef),
         ])
         .unwrap()
+    }
+
+    fn png_of(
+        width: u32,
+        height: u32,
+        color: png::ColorType,
+        depth: png::BitDepth,
+        data: &[u8],
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        {
+            let mut encoder = png::Encoder::new(&mut out, width, height);
+            encoder.set_color(color);
+            encoder.set_depth(depth);
+            let mut writer = encoder.write_header().unwrap();
+            writer.write_image_data(data).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn decodes_png_of_every_colour_type_to_rgb() {
+        // 2×1: RGBA, grey+alpha and 16-bit RGB versions of a red and a grey pixel.
+        let rgba = png_of(
+            2,
+            1,
+            png::ColorType::Rgba,
+            png::BitDepth::Eight,
+            &[255, 0, 0, 9, 7, 7, 7, 255],
+        );
+        let grey = png_of(
+            2,
+            1,
+            png::ColorType::GrayscaleAlpha,
+            png::BitDepth::Eight,
+            &[200, 1, 7, 2],
+        );
+        let deep = png_of(
+            2,
+            1,
+            png::ColorType::Rgb,
+            png::BitDepth::Sixteen,
+            &[255, 255, 0, 0, 0, 0, 7, 0, 7, 0, 7, 0],
+        );
+        let batch = batch_of(vec![
+            Some(&rgba),
+            Some(&grey),
+            Some(&deep),
+            Some(&rgba[..20]),
+        ]);
+        let mut stage = Decode::new(DecodeConfig::default());
+        let out = stage.process_batch(&batch).unwrap();
+        let pixels = out
+            .records
+            .column_by_name("pixels")
+            .unwrap()
+            .as_binary::<i32>();
+        assert_eq!(pixels.value(0), &[255, 0, 0, 7, 7, 7]);
+        assert_eq!(pixels.value(1), &[200, 200, 200, 7, 7, 7]);
+        assert_eq!(pixels.value(2), &[255, 0, 0, 7, 7, 7]);
+        assert_eq!(out.rejected.len(), 1, "the truncated PNG");
+        assert!(
+            out.rejected[0].reason.contains("invalid PNG"),
+            "{:?}",
+            out.rejected
+        );
+    }
+
+    #[test]
+    fn a_png_claiming_too_many_pixels_is_refused_before_decoding() {
+        let big = png_of(4, 4, png::ColorType::Rgb, png::BitDepth::Eight, &[0; 48]);
+        let mut stage = Decode::new(DecodeConfig {
+            max_pixels: 15,
+            ..DecodeConfig::default()
+        });
+        let out = stage.process_batch(&batch_of(vec![Some(&big)])).unwrap();
+        assert!(
+            out.rejected[0].reason.contains("exceeds max_pixels (15)"),
+            "{:?}",
+            out.rejected
+        );
     }
 
     #[test]

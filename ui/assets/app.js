@@ -57,8 +57,12 @@ function drawCamera(cam, view, image) {
   const row = view.row || {};
   const sourceW = Number(row.width) || image.naturalWidth;
   const sourceH = Number(row.height) || image.naturalHeight;
-  canvas.width = 640;
-  canvas.height = Math.max(1, Math.round(640 * image.naturalHeight / image.naturalWidth));
+  // Resizing a canvas reallocates it: only when the picture's shape changes.
+  const height = Math.max(1, Math.round(640 * image.naturalHeight / image.naturalWidth));
+  if (canvas.width !== 640 || canvas.height !== height) {
+    canvas.width = 640;
+    canvas.height = height;
+  }
   const ctx = canvas.getContext("2d");
   ctx.drawImage(image, 0, 0, canvas.width, canvas.height);
   const sx = canvas.width / sourceW, sy = canvas.height / sourceH;
@@ -86,6 +90,19 @@ function drawCamera(cam, view, image) {
   cam.caption.textContent = `${view.camera_id} · frame ${view.frame} · ${drawn.length} detection${drawn.length === 1 ? "" : "s"} · ${fmt(view.shown)} shown`;
 }
 
+// Pictures that loaded are drawn together at the next animation frame: one repaint for all
+// cameras instead of one each (a repaint is most of what the page costs).
+const pendingDraws = new Map();
+function queueDraw(cam, view, image) {
+  if (pendingDraws.size === 0) {
+    requestAnimationFrame(() => {
+      for (const [c, [v, img]] of pendingDraws) drawCamera(c, v, img);
+      pendingDraws.clear();
+    });
+  }
+  pendingDraws.set(cam, [view, image]);
+}
+
 function renderCameras(list) {
   for (const view of list) {
     const cam = cameraCard(view.camera_id);
@@ -93,17 +110,30 @@ function renderCameras(list) {
     if (view.version === cam.version || cam.loading) continue;
     cam.loading = view.version;
     const image = new Image();
-    image.onload = () => { cam.loading = 0; cam.version = view.version; drawCamera(cam, view, image); };
+    image.onload = () => { cam.loading = 0; cam.version = view.version; queueDraw(cam, view, image); };
     image.onerror = () => { cam.loading = 0; cam.version = view.version; };
     image.src = `/frame?camera=${encodeURIComponent(view.camera_id)}&v=${view.version}`;
   }
 }
 
-function sparkline(points, keys, colours, width = 160, height = 34) {
-  const canvas = document.createElement("canvas");
-  canvas.width = width;
-  canvas.height = height;
+const history = new Map(); // stage name -> points (t ascending), at most HISTORY
+const HISTORY = 240;
+const stageRows = new Map(); // stage name -> { cells, rate, lat }
+
+// Snapshots carry the latest few points of each chart; the page keeps two minutes of them.
+function remember(name, points) {
+  const kept = history.get(name) || [];
+  const last = kept.length ? kept[kept.length - 1].t : -1;
+  for (const p of points) if (p.t > last) kept.push(p);
+  if (kept.length > HISTORY) kept.splice(0, kept.length - HISTORY);
+  history.set(name, kept);
+  return kept;
+}
+
+function drawSparkline(canvas, points, keys, colours) {
+  const { width, height } = canvas;
   const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, width, height);
   const max = Math.max(1e-9, ...points.flatMap((p) => keys.map((k) => p[k])));
   keys.forEach((k, j) => {
     ctx.strokeStyle = colours[j];
@@ -115,30 +145,44 @@ function sparkline(points, keys, colours, width = 160, height = 34) {
     });
     ctx.stroke();
   });
-  return canvas;
+}
+
+function stageRow(name) {
+  let row = stageRows.get(name);
+  if (row) return row;
+  const tr = document.createElement("tr");
+  tr.dataset.stage = name;
+  const cells = ["", "in", "out", "dead", "late", "batches", "mean"].map((key, i) => {
+    const td = document.createElement("td");
+    if (i === 0) td.textContent = name; else { td.className = "num"; td.dataset.key = key; }
+    tr.append(td);
+    return td;
+  });
+  const chart = () => { const c = document.createElement("canvas"); c.width = 160; c.height = 34; return c; };
+  const rate = { td: document.createElement("td"), canvas: chart(), text: document.createTextNode("") };
+  const lat = { td: document.createElement("td"), canvas: chart(), text: document.createTextNode("") };
+  for (const c of [rate, lat]) { c.td.append(c.canvas, c.text); tr.append(c.td); }
+  $("stages").querySelector("tbody").append(tr);
+  row = { cells, rate, lat };
+  stageRows.set(name, row);
+  return row;
+}
+
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
 }
 
 function renderStages(stages) {
-  const body = $("stages").querySelector("tbody");
-  body.replaceChildren();
   for (const s of stages) {
-    const tr = document.createElement("tr");
-    tr.dataset.stage = s.name;
-    const last = s.series.length ? s.series[s.series.length - 1] : { rate: 0, p50_ms: 0, p99_ms: 0 };
-    const cells = [s.name, s.records_in, s.records_out, s.dead_letters, s.late, s.batches, s.mean_batch];
-    cells.forEach((v, i) => {
-      const td = document.createElement("td");
-      td.textContent = i === 0 ? v : fmt(v);
-      if (i > 0) { td.className = "num"; td.dataset.key = ["", "in", "out", "dead", "late", "batches", "mean"][i]; }
-      tr.append(td);
-    });
-    const rate = document.createElement("td");
-    rate.append(sparkline(s.series, ["rate"], ["#3fb68b"]), document.createTextNode(fmt(last.rate)));
-    const lat = document.createElement("td");
-    lat.append(sparkline(s.series, ["p50_ms", "p99_ms"], ["#4dd2ff", "#ff9f4d"]),
-      document.createTextNode(`${last.p50_ms.toFixed(2)} / ${last.p99_ms.toFixed(2)}`));
-    tr.append(rate, lat);
-    body.append(tr);
+    const row = stageRow(s.name);
+    const points = remember(s.name, s.series);
+    [s.records_in, s.records_out, s.dead_letters, s.late, s.batches, s.mean_batch]
+      .forEach((v, i) => setText(row.cells[i + 1], fmt(v)));
+    const last = points.length ? points[points.length - 1] : { rate: 0, p50_ms: 0, p99_ms: 0 };
+    drawSparkline(row.rate.canvas, points, ["rate"], ["#3fb68b"]);
+    setText(row.rate.text, fmt(last.rate));
+    drawSparkline(row.lat.canvas, points, ["p50_ms", "p99_ms"], ["#4dd2ff", "#ff9f4d"]);
+    setText(row.lat.text, `${last.p50_ms.toFixed(2)} / ${last.p99_ms.toFixed(2)}`);
   }
 }
 
@@ -149,7 +193,13 @@ function cell(value) {
   return td;
 }
 
+const shownRows = new WeakMap(); // table -> the rows it shows, as JSON
+
 function renderRows(table, rows, columns) {
+  // Unchanged since the last snapshot (a finished run, a quiet stream): nothing to redo.
+  const key = JSON.stringify(rows);
+  if (shownRows.get(table) === key) return;
+  shownRows.set(table, key);
   const keys = columns || [...new Set(rows.flatMap((r) => Object.keys(r)))];
   const head = table.querySelector("thead");
   if (!columns) {
@@ -160,6 +210,8 @@ function renderRows(table, rows, columns) {
   const body = table.querySelector("tbody");
   body.replaceChildren(...rows.map((r) => { const tr = document.createElement("tr"); keys.forEach((k) => tr.append(cell(r[k]))); return tr; }));
 }
+
+let lastTables = -Infinity;
 
 function render(s) {
   $("pipeline").textContent = s.about.pipeline;
@@ -176,8 +228,13 @@ function render(s) {
   $("plan").textContent = s.about.plan;
   renderCameras(s.cameras);
   renderStages(s.stages);
-  renderRows($("rows"), s.rows);
-  renderRows($("dead-letters"), s.dead_letters, ["stage", "reason", "record"]);
+  // Tables of rows are rebuilt at most every 2 s (each snapshot would cost the browser more).
+  const now = performance.now();
+  if (s.finished || now - lastTables >= 1900) {
+    lastTables = now;
+    renderRows($("rows"), s.rows);
+    renderRows($("dead-letters"), s.dead_letters, ["stage", "reason", "record"]);
+  }
   const conn = Object.entries(s.connectors).map(([k, v]) => ({ k, v }));
   for (const p of s.processes) conn.push({ k: `process ${p.process}`, v: `${p.finished ? "finished" : p.ready ? "ready" : "starting"}, ${fmt(p.rss_bytes / 1048576)} MiB` });
   renderRows($("connectors"), conn, ["k", "v"]);
@@ -185,7 +242,23 @@ function render(s) {
 
 function connect() {
   const events = new EventSource("/events");
-  events.onmessage = (e) => { if (e.data && e.data !== "{}") render(JSON.parse(e.data)); };
+  // At most one repaint a second: painting is what the page costs, and a second is live
+  // enough for charts and counters. The newest snapshot waits for its turn; older ones are
+  // dropped (charts lose nothing: each snapshot carries the last few points).
+  let latest = null;
+  let timer = null;
+  let last = -Infinity;
+  const paint = () => {
+    timer = null;
+    last = performance.now();
+    if (latest) render(JSON.parse(latest));
+    latest = null;
+  };
+  events.onmessage = (e) => {
+    if (!e.data || e.data === "{}") return;
+    latest = e.data;
+    if (timer === null) timer = setTimeout(paint, Math.max(0, 1000 - (performance.now() - last)));
+  };
   events.onerror = () => {
     const status = $("status");
     status.textContent = "connection lost; retrying";

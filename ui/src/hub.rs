@@ -12,8 +12,10 @@ use serde_json::Value;
 
 use crate::report::{Report, ReportFrame};
 
-/// Points per stage chart (at one a tick: two minutes at 500 ms).
+/// Points per stage chart kept here (at one a tick: two minutes at 500 ms).
 const SERIES_POINTS: usize = 240;
+/// Points per stage chart in a snapshot (the page accumulates them; `/api/state` alike).
+const SNAPSHOT_POINTS: usize = 4;
 /// Sampled frames per camera waiting for their result, and results waiting for their frame.
 const WAITING_PER_CAMERA: usize = 16;
 /// Versions of a camera's picture kept, so the page fetches the one its boxes belong to.
@@ -248,7 +250,9 @@ impl Hub {
                 "late": sum(|s| s.late),
                 "batches": batches,
                 "mean_batch": if batches > 0 { records_in as f64 / batches as f64 } else { 0.0 },
-                "series": self.series.get(name).map(|s| s.points.iter().cloned().collect::<Vec<_>>()).unwrap_or_default(),
+                // The latest points only: the page keeps the history (a snapshot every tick
+                // with two minutes of points costs the browser more than the run can spare).
+                "series": self.series.get(name).map(|s| s.points.iter().rev().take(SNAPSHOT_POINTS).rev().cloned().collect::<Vec<_>>()).unwrap_or_default(),
             }));
         }
         let cameras: Vec<Value> = self

@@ -59,7 +59,7 @@ pub use report::{Report, Reporter};
 /// How often the view drains the tap, reads the metrics and tells the page.
 pub const TICK: Duration = Duration::from_millis(500);
 /// Frames per camera the view samples at most.
-pub const FRAMES_PER_SECOND: f64 = 5.0;
+pub const FRAMES_PER_SECOND: f64 = 2.0;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UiError {

@@ -285,6 +285,51 @@ impl Stage for Model {
     }
 
     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+        match self.fixed_batch() {
+            Some(n) if batch.num_rows() != n && batch.num_rows() > 0 => {
+                self.run_in_fixed_batches(batch, n)
+            }
+            _ => self.run_batch(batch),
+        }
+    }
+}
+
+impl Model {
+    /// The batch size the model was exported with, when its inputs fix one (e.g. `[1, 3, H, W]`).
+    pub fn fixed_batch(&self) -> Option<usize> {
+        let first = self.signature.inputs.first()?.shape.first()?;
+        usize::try_from(*first).ok().filter(|n| *n > 0)
+    }
+
+    /// Runs `batch` in chunks of the model's fixed batch `n`, the last one padded with copies
+    /// of its last row whose outputs are dropped.
+    fn run_in_fixed_batches(
+        &mut self,
+        batch: &RecordBatch,
+        n: usize,
+    ) -> DataflowResult<StageOutput> {
+        let rows = batch.num_rows();
+        let mut parts = Vec::with_capacity(rows.div_ceil(n));
+        for start in (0..rows).step_by(n) {
+            let len = n.min(rows - start);
+            let chunk = batch.slice(start, len);
+            let chunk = if len < n {
+                let last = (len - 1) as u32;
+                let indices: arrow_array::UInt32Array =
+                    (0..n as u32).map(|i| i.min(last)).collect();
+                arrow_select::take::take_record_batch(&chunk, &indices)?
+            } else {
+                chunk
+            };
+            parts.push(self.run_batch(&chunk)?.records.slice(0, len));
+        }
+        let schema = self.output_schema(&batch.schema())?;
+        Ok(StageOutput::all(arrow_select::concat::concat_batches(
+            &schema, &parts,
+        )?))
+    }
+
+    fn run_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
         let rows = batch.num_rows();
         let schema = self.output_schema(&batch.schema())?;
         let mut columns: Vec<ArrayRef> = schema
