@@ -11,23 +11,13 @@ fn pipeline(frames: &std::path::Path, sink: &str) -> String {
 name: annotate
 source:
   images: {{ path: "{frames}", batch_size: 4 }}
-stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-  - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.5, keep_classes: [1] }}
+stages:{stages}
   - select: {{ columns: [camera_id, frame, path, detections_count, detections] }}
 sink: {sink}
 runtime: {{ workers: 1 }}
 "#,
         frames = frames.display(),
-        model = model("ssdlite_person.onnx").display(),
+        stages = detector_stages(0.5),
     )
 }
 

@@ -40,6 +40,23 @@ fn spawn(args: &[&str]) -> Child {
         .unwrap()
 }
 
+/// The paced pipeline as a local cluster of 2 processes, with `flag` (`--ui`, `--metrics-addr`)
+/// at 127.0.0.1:`port`.
+fn spawn_cluster(tmp: &Path, flag: &str, port: u16) -> Child {
+    let pipeline = paced_frames(tmp, 40);
+    spawn(&[
+        "run",
+        "-q",
+        pipeline.to_str().unwrap(),
+        "--processes",
+        "2",
+        "--base-port",
+        &free_port_pair().to_string(),
+        flag,
+        &format!("127.0.0.1:{port}"),
+    ])
+}
+
 fn get(url: &str) -> Option<(u16, String)> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(2)))
@@ -92,20 +109,8 @@ fn wait_exit(child: &mut Child, timeout: Duration) -> (std::process::ExitStatus,
 #[test]
 fn every_process_of_a_local_cluster_serves_its_own_metrics_and_health() {
     let tmp = tempfile::tempdir().unwrap();
-    let pipeline = paced_frames(tmp.path(), 40);
-    let ports = free_port_pair();
     let metrics = free_port_pair();
-    let mut run = spawn(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--processes",
-        "2",
-        "--base-port",
-        &ports.to_string(),
-        "--metrics-addr",
-        &format!("127.0.0.1:{metrics}"),
-    ]);
+    let mut run = spawn_cluster(tmp.path(), "--metrics-addr", metrics);
     for process in 0..2u16 {
         let base = format!("http://127.0.0.1:{}", metrics + process);
         let (status, ready) = wait_for(
@@ -148,20 +153,8 @@ fn every_process_of_a_local_cluster_serves_its_own_metrics_and_health() {
 #[test]
 fn the_view_of_process_0_shows_the_cameras_and_stages_of_every_process() {
     let tmp = tempfile::tempdir().unwrap();
-    let pipeline = paced_frames(tmp.path(), 40);
-    let ports = free_port_pair();
     let ui = free_port_pair();
-    let mut run = spawn(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--processes",
-        "2",
-        "--base-port",
-        &ports.to_string(),
-        "--ui",
-        &format!("127.0.0.1:{ui}"),
-    ]);
+    let mut run = spawn_cluster(tmp.path(), "--ui", ui);
     let base = format!("http://127.0.0.1:{ui}");
     // Camera k is read on process k: both show a frame only if process 1 reports to 0.
     let state: serde_json::Value = wait_for(

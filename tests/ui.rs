@@ -37,24 +37,13 @@ fn paced_perception(tmp: &Path) -> PathBuf {
 name: camera-perception-live
 source:
   images: {{ path: "{frames}", cameras: 4, partition_by: camera, batch_size: 4, repeat: 20, max_records_per_second: 40 }}
-stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 10 }}
-  - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.3, keep_classes: [1], labels: {{ 1: person }} }}
+stages:{stages}
   - select: {{ columns: [camera_id, frame, width, height, detections_count, detections] }}
 sink: {{ jsonl: {{ path: out.jsonl }} }}
 runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
 "#,
             frames = frames_dir().display(),
-            model = model("ssdlite_person.onnx").display(),
+            stages = detector_stages(0.3),
         ),
     )
 }
