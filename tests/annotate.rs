@@ -17,7 +17,7 @@ sink: {sink}
 runtime: {{ workers: 1 }}
 "#,
         frames = frames.display(),
-        stages = detector_stages(0.5),
+        stages = detector_stages(0.5, 4),
     )
 }
 

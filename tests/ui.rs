@@ -43,7 +43,7 @@ sink: {{ jsonl: {{ path: out.jsonl }} }}
 runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
 "#,
             frames = frames_dir().display(),
-            stages = detector_stages(0.3),
+            stages = detector_stages(0.3, 4),
         ),
     )
 }

@@ -93,9 +93,9 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// The person detector's stages (decode, resize, model, detections) as pipeline text, keeping
-/// detections scoring at least `threshold`.
-pub fn detector_stages(threshold: f64) -> String {
+/// The person detector's stages (decode, resize, model in batches of up to `max_size`,
+/// detections) as pipeline text, keeping detections scoring at least `threshold`.
+pub fn detector_stages(threshold: f64, max_size: usize) -> String {
     format!(
         r#"
   - decode: {{}}
@@ -107,7 +107,7 @@ pub fn detector_stages(threshold: f64) -> String {
         "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
         "detection_scores:0": {{ column: scores, shape: [100] }}
         "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 10 }}
+      batch: {{ max_size: {max_size}, max_delay_ms: 5 }}
   - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: {threshold}, keep_classes: [1], labels: {{ 1: person }} }}"#,
         model = model("ssdlite_person.onnx").display(),
     )
@@ -127,25 +127,14 @@ name: test-detect
 source:
   images: {{ path: "{frames}", cameras: {cameras}, batch_size: 3 }}
 stages:
-  - exchange: {{ key: camera_id }}
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: {max_size}, max_delay_ms: 5 }}
-  - detections: {{ score_threshold: 0.3, keep_classes: [1], labels: {{ 1: person }}, boxes: boxes, scores: scores, classes: classes }}
+  - exchange: {{ key: camera_id }}{stages}
   - select: {{ columns: [camera_id, frame, detections_count, detections] }}
 sink:
   jsonl: {{ path: "{output}" }}
 runtime: {{ workers: {workers}, epoch_records: 4 }}
 "#,
         frames = frames.display(),
-        model = model("ssdlite_person.onnx").display(),
+        stages = detector_stages(0.3, max_size),
         output = output.display(),
     )
 }
