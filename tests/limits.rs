@@ -208,7 +208,7 @@ fn jsonl_records_are_checked_against_their_columns_and_limits() {
     assert!(
         reasons[1]
             .1
-            .ends_with("missing required columns `item`, `user_id`"),
+            .ends_with("missing required columns `user_id`, `item`"),
         "{reasons:?}"
     );
     assert!(
