@@ -1,6 +1,5 @@
 //! A run's HTTP endpoints (metrics and health, the live view) and how it stops on a signal.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
@@ -69,7 +68,7 @@ impl Endpoints {
                 endpoints.view = Some(view);
             }
             (Some(addr), process) => {
-                let at = view_of_process_zero(addr, args.cluster.hostfile.as_deref())?;
+                let at = view_of_process_zero(addr, cluster, args.cluster.hostfile.is_some())?;
                 endpoints.peer = Some(PeerReporter::start(
                     &at,
                     metrics.clone(),
@@ -109,25 +108,20 @@ pub fn offset_port(addr: &str, offset: usize) -> Result<String> {
     Ok(format!("{host}:{moved}"))
 }
 
-/// Where another process reaches process 0's view at `ui`: the host of process 0 in the
-/// hostfile (or this host), on `ui`'s port.
-fn view_of_process_zero(ui: &str, hostfile: Option<&Path>) -> Result<String> {
+/// Where another process reaches process 0's view at `ui`: process 0's host among the
+/// cluster's addresses (the hostfile's first line) when it runs elsewhere, else this host, on
+/// `ui`'s port.
+fn view_of_process_zero(ui: &str, cluster: &ClusterConfig, hostfile: bool) -> Result<String> {
     let (host, port) = ui
         .rsplit_once(':')
         .ok_or_else(|| anyhow!("--ui `{ui}`: expected HOST:PORT"))?;
-    let host = match hostfile {
-        Some(file) => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("reading {}", file.display()))?;
-            let first = text
-                .lines()
-                .map(str::trim)
-                .find(|l| !l.is_empty() && !l.starts_with('#'))
-                .ok_or_else(|| anyhow!("{}: no process listed", file.display()))?;
-            first.rsplit_once(':').map_or(first, |(h, _)| h).to_string()
-        }
-        None if matches!(host, "0.0.0.0" | "[::]" | "") => "127.0.0.1".to_string(),
-        None => host.to_string(),
+    let first = cluster.addresses.first().filter(|_| hostfile);
+    let host = match first {
+        Some(address) => address
+            .rsplit_once(':')
+            .map_or(address.as_str(), |(h, _)| h),
+        None if matches!(host, "0.0.0.0" | "[::]" | "") => "127.0.0.1",
+        None => host,
     };
     Ok(format!("{host}:{port}"))
 }
@@ -189,15 +183,17 @@ mod tests {
         assert_eq!(offset_port("127.0.0.1:9898", 2).unwrap(), "127.0.0.1:9900");
         assert!(offset_port("127.0.0.1:65535", 1).is_err());
         assert!(offset_port("nowhere", 0).is_err());
+        let local = ClusterConfig::local_processes(1, 2, 1, 2101).unwrap();
         assert_eq!(
-            view_of_process_zero("0.0.0.0:8080", None).unwrap(),
+            view_of_process_zero("0.0.0.0:8080", &local, false).unwrap(),
             "127.0.0.1:8080"
         );
         let dir = tempfile::tempdir().unwrap();
         let hosts = dir.path().join("hosts");
         std::fs::write(&hosts, "# cluster\n\n10.0.0.5:2101\n10.0.0.6:2101\n").unwrap();
+        let spread = ClusterConfig::from_hostfile(1, 1, &hosts).unwrap();
         assert_eq!(
-            view_of_process_zero("0.0.0.0:8080", Some(&hosts)).unwrap(),
+            view_of_process_zero("0.0.0.0:8080", &spread, true).unwrap(),
             "10.0.0.5:8080"
         );
     }

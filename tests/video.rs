@@ -53,11 +53,6 @@ struct RtspCamera {
     server: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 impl RtspCamera {
     fn start(id: &str, file: &Path) -> Self {
         let mut camera = RtspCamera {

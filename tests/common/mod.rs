@@ -139,6 +139,14 @@ runtime: {{ workers: {workers}, epoch_records: 4 }}
     )
 }
 
+/// A port free now, from the OS.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
 /// A port p with p and p+1 free now, below the ephemeral range (which clients draw from).
 pub fn free_port_pair() -> u16 {
     // Each call starts past the pairs handed out before in this test binary: tests running at

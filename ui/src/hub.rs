@@ -202,43 +202,47 @@ impl Hub {
     /// Per stage (in pipeline order): records out over every process, and the slowest
     /// process's per-batch p50 and p99 (µs) of its last report.
     fn stage_totals(&self) -> Vec<(String, (u64, u64, u64))> {
-        let mut order: Vec<String> = Vec::new();
-        let mut totals: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-        for report in self.reports.values() {
-            for s in &report.stages {
-                if !order.contains(&s.name) {
-                    order.push(s.name.clone());
+        self.stage_names()
+            .into_iter()
+            .map(|name| {
+                let mut total = (0, 0, 0);
+                for s in self.stage_reports(name) {
+                    total.0 += s.records_out;
+                    total.1 = total.1.max(s.p50_us);
+                    total.2 = total.2.max(s.p99_us);
                 }
-                let e = totals.entry(s.name.clone()).or_default();
-                e.0 += s.records_out;
-                e.1 = e.1.max(s.p50_us);
-                e.2 = e.2.max(s.p99_us);
+                (name.to_string(), total)
+            })
+            .collect()
+    }
+
+    /// Stage names over every report, in pipeline order (the order the first report has them).
+    fn stage_names(&self) -> Vec<&str> {
+        let mut order: Vec<&str> = Vec::new();
+        for s in self.reports.values().flat_map(|r| &r.stages) {
+            if !order.contains(&s.name.as_str()) {
+                order.push(&s.name);
             }
         }
         order
-            .into_iter()
-            .filter_map(|n| totals.get(&n).map(|t| (n.clone(), *t)))
-            .collect()
+    }
+
+    /// Stage `name` of every process that reported it.
+    fn stage_reports<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a crate::report::StageReport> + 'a {
+        self.reports
+            .values()
+            .flat_map(move |r| r.stages.iter().filter(move |s| s.name == name))
     }
 
     /// The whole view as the page reads it.
     pub fn snapshot(&self) -> Value {
         let mut stages: Vec<Value> = Vec::new();
-        let mut order: Vec<&str> = Vec::new();
-        for report in self.reports.values() {
-            for s in &report.stages {
-                if !order.contains(&s.name.as_str()) {
-                    order.push(&s.name);
-                }
-            }
-        }
-        for name in order {
+        for name in self.stage_names() {
             let sum = |f: fn(&crate::report::StageReport) -> u64| -> u64 {
-                self.reports
-                    .values()
-                    .flat_map(|r| r.stages.iter().filter(|s| s.name == name))
-                    .map(f)
-                    .sum()
+                self.stage_reports(name).map(f).sum()
             };
             let batches = sum(|s| s.batches);
             let records_in = sum(|s| s.records_in);
