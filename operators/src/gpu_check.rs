@@ -263,6 +263,10 @@ fn check_resize(
         dtype,
         mean,
         std,
+        scale: None,
+        offset: None,
+        mode: Default::default(),
+        pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
     };

@@ -1,6 +1,7 @@
-//! Object-detection post-processing for SSD-style models: per-row `boxes [K,4]`, `scores [K]`
-//! and `classes [K]` tensors to a list of detections in pixel coordinates of the original image,
-//! after a score threshold, an optional class filter and per-class non-maximum suppression.
+//! Object-detection post-processing: SSD-style models' per-row `boxes [K,4]`, `scores [K]` and
+//! `classes [K]` tensors, or YOLO's dense predictions ([`yolo`]), to a list of detections in
+//! pixel coordinates of the original image, after a score threshold, an optional class filter
+//! and non-maximum suppression (per class, or across classes).
 //!
 //! Output columns (with the default `output: detections`):
 //! - `detections`: `List<Struct{class_id: Int64, label: Utf8?, score: Float32, x1, y1, x2, y2:
@@ -8,6 +9,7 @@
 //! - `detections_count`: `Int32`, the number of detections kept.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -22,7 +24,14 @@ use riffle_dataflow::tensor::{element_type, row_shape, tensor_values};
 use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
 use serde_inline_default::serde_inline_default;
 
+pub mod yolo;
+
+pub use yolo::{YoloConfig, YoloVersion};
+
 const NAME: &str = "detections";
+
+/// Column of letterbox parameters written by `resize: { mode: letterbox }`.
+const LETTERBOX: &str = crate::resize::LETTERBOX_COLUMN;
 
 /// How the model lays out each box's four numbers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
@@ -65,13 +74,23 @@ pub struct DetectionsConfig {
     /// Class ids to keep; empty keeps every class.
     #[serde(default)]
     pub keep_classes: Vec<i64>,
-    /// Per-class NMS: a box overlapping a better one of its class by more than this IoU is
-    /// dropped. `1.0` disables NMS.
+    /// NMS: a box overlapping a better one of its class by more than this IoU is dropped.
+    /// `1.0` disables NMS.
     #[serde_inline_default(0.5)]
     pub iou_threshold: f32,
+    /// NMS across classes: a box also suppresses better-scoring boxes' overlaps of other
+    /// classes.
+    #[serde(default)]
+    pub class_agnostic: bool,
     /// Class names by id, e.g. `{1: person}`; classes without one get a null label.
     #[serde(default)]
     pub labels: BTreeMap<i64, String>,
+    /// A text file of class names, line `i` naming class `i` (entries in `labels` win).
+    #[serde(default)]
+    pub labels_file: Option<PathBuf>,
+    /// Decode YOLO predictions instead of SSD-style `boxes`/`scores`/`classes`.
+    #[serde(default)]
+    pub yolo: Option<YoloConfig>,
     /// At most this many detections per row (the best ones).
     #[serde_inline_default(100)]
     pub max_detections: usize,
@@ -182,6 +201,16 @@ struct Detection {
 pub struct Detections {
     config: DetectionsConfig,
     entry_fields: Fields,
+    /// `labels_file` then `labels`.
+    labels: BTreeMap<i64, String>,
+}
+
+/// What the stage reads per row, from the input's schema.
+#[derive(Clone, Copy, Debug)]
+enum Inputs {
+    /// `K` SSD-style detections.
+    Ssd(usize),
+    Yolo(yolo::Layout),
 }
 
 impl Detections {
@@ -199,9 +228,15 @@ impl Detections {
                     .at("score_threshold"),
             );
         }
+        let mut labels = match &config.labels_file {
+            Some(path) => load_labels(path).map_err(|e| e.at("labels_file"))?,
+            None => BTreeMap::new(),
+        };
+        labels.extend(config.labels.clone());
         Ok(Detections {
             config,
             entry_fields: entry_fields(),
+            labels,
         })
     }
 
@@ -217,12 +252,64 @@ impl Detections {
     }
 
     fn is_input(&self, name: &str) -> bool {
-        name == self.config.boxes || name == self.config.scores || name == self.config.classes
+        match &self.config.yolo {
+            Some(y) => name == y.predictions || name == LETTERBOX,
+            None => {
+                name == self.config.boxes
+                    || name == self.config.scores
+                    || name == self.config.classes
+            }
+        }
     }
 
-    /// Detections per row (`K`), after checking every input column's type and shape.
-    /// Errors about a configured column are located at the key naming it.
-    fn check_inputs(&self, input: &Schema) -> DataflowResult<usize> {
+    /// What each row holds, after checking every input column's type and shape. Errors about
+    /// a configured column are located at the key naming it.
+    fn check_inputs(&self, input: &Schema) -> DataflowResult<Inputs> {
+        match &self.config.yolo {
+            Some(y) => self.check_yolo(input, y).map(Inputs::Yolo),
+            None => self.check_ssd(input).map(Inputs::Ssd),
+        }
+    }
+
+    fn check_yolo(&self, input: &Schema, config: &YoloConfig) -> DataflowResult<yolo::Layout> {
+        tensor_size(input, &config.predictions).map_err(|e| e.at("yolo.predictions"))?;
+        let layout = yolo::layout(input, config).map_err(|e| e.at("yolo.predictions"))?;
+        match input.field_with_name(LETTERBOX) {
+            Ok(_) if tensor_size(input, LETTERBOX).ok() == Some(3) => {}
+            Ok(f) => {
+                return Err(DataflowError::schema(
+                    LETTERBOX,
+                    "[gain, pad_x, pad_y] per row (from resize's letterbox)",
+                    f.data_type().to_string(),
+                ))
+            }
+            Err(_) if config.input_size.is_some() => {
+                for name in [WIDTH, HEIGHT] {
+                    size_field(input, name, "needed to map stretched boxes back")?;
+                }
+            }
+            Err(_) => {
+                return Err(DataflowError::Config(format!(
+                    "{NAME}: YOLO boxes are in pixels of the model's input; map them back with \
+                     a `{LETTERBOX}` column (resize with `mode: letterbox`) or give \
+                     `yolo.input_size: [width, height]` for stretched frames"
+                ))
+                .at("yolo"))
+            }
+        }
+        if let Some([w, h]) = config.input_size {
+            if w == 0 || h == 0 {
+                return Err(DataflowError::Config(format!(
+                    "{NAME}: yolo.input_size {w}x{h} must be non-zero"
+                ))
+                .at("yolo.input_size"));
+            }
+        }
+        Ok(layout)
+    }
+
+    /// Detections per row (`K`) of SSD-style inputs.
+    fn check_ssd(&self, input: &Schema) -> DataflowResult<usize> {
         let boxes = tensor_size(input, &self.config.boxes).map_err(|e| e.at("boxes"))?;
         let scores = tensor_size(input, &self.config.scores).map_err(|e| e.at("scores"))?;
         let classes = tensor_size(input, &self.config.classes).map_err(|e| e.at("classes"))?;
@@ -300,8 +387,20 @@ impl Detections {
                 rect,
             });
         }
+        self.suppress(by_class.into_values().flatten().collect())
+    }
+
+    /// The detections NMS keeps of `candidates` (per class unless `class_agnostic`), best
+    /// first, at most `max_detections`.
+    fn suppress(&self, candidates: Vec<Detection>) -> Vec<Detection> {
+        let cfg = &self.config;
+        let mut groups: BTreeMap<i64, Vec<Detection>> = BTreeMap::new();
+        for d in candidates {
+            let group = if cfg.class_agnostic { 0 } else { d.class_id };
+            groups.entry(group).or_default().push(d);
+        }
         let mut kept = Vec::new();
-        for candidates in by_class.values() {
+        for candidates in groups.values() {
             if cfg.iou_threshold >= 1.0 {
                 kept.extend_from_slice(candidates);
                 continue;
@@ -315,6 +414,168 @@ impl Detections {
         kept.sort_by(|a, b| b.score.total_cmp(&a.score));
         kept.truncate(cfg.max_detections);
         kept
+    }
+
+    /// Detections of one row of YOLO predictions, boxes mapped back to the source image.
+    fn detect_yolo_row(
+        &self,
+        values: &[f32],
+        layout: yolo::Layout,
+        version: YoloVersion,
+        back: yolo::BackMap,
+        size: Option<(f32, f32)>,
+    ) -> Vec<Detection> {
+        let cfg = &self.config;
+        let keep = |c: i64| cfg.keep_classes.is_empty() || cfg.keep_classes.contains(&c);
+        let found = yolo::candidates(values, layout, version, cfg.score_threshold, keep);
+        // NMS where the model saw the boxes (as Ultralytics does), then back to the source.
+        let mut kept = self.suppress(found);
+        for d in &mut kept {
+            d.rect = to_pixels(back.apply(d.rect), BoxFormat::XyxyPixels, size);
+        }
+        kept
+    }
+
+    /// Each row's detections from SSD-style tensors of `k` detections per row.
+    fn ssd_rows(
+        &self,
+        batch: &RecordBatch,
+        k: usize,
+        size_of: &dyn Fn(usize) -> Option<(f32, f32)>,
+    ) -> DataflowResult<Vec<Option<Vec<Detection>>>> {
+        let rows = batch.num_rows();
+        let (box_list, boxes) = tensor(batch, &self.config.boxes).map_err(|e| e.at("boxes"))?;
+        let (score_list, scores) =
+            tensor(batch, &self.config.scores).map_err(|e| e.at("scores"))?;
+        let (class_list, classes) =
+            tensor(batch, &self.config.classes).map_err(|e| e.at("classes"))?;
+        let misfit = || {
+            DataflowError::stage(
+                NAME,
+                format!("input tensors do not hold {rows} rows of {k} detections"),
+            )
+        };
+        if boxes.len() != rows * k * 4 || scores.len() != rows * k || classes.len() != rows * k {
+            return Err(misfit());
+        }
+        let mut out = Vec::with_capacity(rows);
+        for row in 0..rows {
+            let size = size_of(row);
+            let missing_tensor =
+                box_list.is_null(row) || score_list.is_null(row) || class_list.is_null(row);
+            // Normalized boxes cannot be placed without the image size; like a null tensor,
+            // that row gets a null list (the row itself is kept: this stage preserves rows).
+            if missing_tensor || (self.config.box_format.is_normalized() && size.is_none()) {
+                out.push(None);
+                continue;
+            }
+            let (Some(row_boxes), Some(row_scores), Some(row_classes)) = (
+                boxes.get(row * k * 4..(row + 1) * k * 4),
+                scores.get(row * k..(row + 1) * k),
+                classes.get(row * k..(row + 1) * k),
+            ) else {
+                return Err(misfit());
+            };
+            out.push(Some(self.detect_row(
+                row_boxes,
+                row_scores,
+                row_classes,
+                size,
+            )));
+        }
+        Ok(out)
+    }
+
+    /// Each row's detections from YOLO predictions.
+    fn yolo_rows(
+        &self,
+        batch: &RecordBatch,
+        layout: yolo::Layout,
+        size_of: &dyn Fn(usize) -> Option<(f32, f32)>,
+    ) -> DataflowResult<Vec<Option<Vec<Detection>>>> {
+        let Some(config) = &self.config.yolo else {
+            return Err(DataflowError::stage(NAME, "no yolo block"));
+        };
+        let rows = batch.num_rows();
+        let per_row = layout.attrs * layout.anchors;
+        let (list, values) =
+            tensor(batch, &config.predictions).map_err(|e| e.at("yolo.predictions"))?;
+        if values.len() != rows * per_row {
+            return Err(DataflowError::stage(
+                NAME,
+                format!("predictions do not hold {rows} rows of {per_row} values"),
+            ));
+        }
+        let letterbox = match batch.column_by_name(LETTERBOX) {
+            Some(_) => Some(tensor(batch, LETTERBOX)?),
+            None => None,
+        };
+        let mut out = Vec::with_capacity(rows);
+        for row in 0..rows {
+            let size = size_of(row);
+            let back = match (&letterbox, config.input_size, size) {
+                (Some((fits, fit)), _, _) if fits.is_valid(row) => {
+                    match fit.get(row * 3..row * 3 + 3) {
+                        Some(&[gain, pad_x, pad_y]) if gain > 0.0 => {
+                            Some(yolo::BackMap::Letterbox { gain, pad_x, pad_y })
+                        }
+                        _ => None,
+                    }
+                }
+                (None, Some([w, h]), Some((sw, sh))) => Some(yolo::BackMap::Stretch {
+                    sx: sw / w as f32,
+                    sy: sh / h as f32,
+                }),
+                _ => None,
+            };
+            let values = values.get(row * per_row..(row + 1) * per_row);
+            match (back, values) {
+                (Some(back), Some(values)) if list.is_valid(row) => {
+                    out.push(Some(self.detect_yolo_row(
+                        values,
+                        layout,
+                        config.version,
+                        back,
+                        size,
+                    )));
+                }
+                // No predictions, or no way to place them: a null list, the row kept.
+                _ => out.push(None),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Class names from a text file, line `i` naming class `i`.
+fn load_labels(path: &Path) -> DataflowResult<BTreeMap<i64, String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        DataflowError::Config(format!(
+            "{NAME}: cannot read labels file {}: {e}",
+            path.display()
+        ))
+    })?;
+    // Trailing whitespace (and a Windows `\r`) is never part of a class name.
+    Ok((0..)
+        .zip(text.lines())
+        .map(|(i, l)| (i, l.trim_end().to_string()))
+        .collect())
+}
+
+/// Checks that `name` is a UInt32 image-size column.
+fn size_field(input: &Schema, name: &str, why: &str) -> DataflowResult<()> {
+    match input.field_with_name(name) {
+        Ok(f) if f.data_type() == &DataType::UInt32 => Ok(()),
+        Ok(f) => Err(DataflowError::schema(
+            name,
+            "UInt32 image size",
+            f.data_type().to_string(),
+        )),
+        Err(_) => Err(DataflowError::schema(
+            name,
+            format!("UInt32 image size ({why})"),
+            "no such column",
+        )),
     }
 }
 
@@ -399,6 +660,17 @@ impl crate::StageKind for DetectionsConfig {
         "detections"
     }
 
+    fn files_mut(&mut self) -> Vec<crate::ConfigFile<'_>> {
+        self.labels_file
+            .iter_mut()
+            .map(|path| crate::ConfigFile {
+                key: "labels_file",
+                path,
+                expected: "a text file, one class name per line",
+            })
+            .collect()
+    }
+
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
         // Building this stage is cheap (no engine): its own check is the one rule.
         Detections::new(self.clone())?.output_schema(input)
@@ -449,55 +721,28 @@ impl Stage for Detections {
 
     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
         let schema = self.output_schema(batch.schema_ref())?;
-        let k = self.check_inputs(batch.schema_ref())?;
         let rows = batch.num_rows();
-        let (box_list, boxes) = tensor(batch, &self.config.boxes).map_err(|e| e.at("boxes"))?;
-        let (score_list, scores) =
-            tensor(batch, &self.config.scores).map_err(|e| e.at("scores"))?;
-        let (class_list, classes) =
-            tensor(batch, &self.config.classes).map_err(|e| e.at("classes"))?;
-        if boxes.len() != rows * k * 4 || scores.len() != rows * k || classes.len() != rows * k {
-            return Err(DataflowError::stage(
-                NAME,
-                format!("input tensors do not hold {rows} rows of {k} detections"),
-            ));
-        }
         let widths = size_column(batch, WIDTH);
         let heights = size_column(batch, HEIGHT);
-
+        let size_of = |row: usize| match (widths, heights) {
+            (Some(w), Some(h)) if w.is_valid(row) && h.is_valid(row) => {
+                Some((w.value(row) as f32, h.value(row) as f32))
+            }
+            _ => None,
+        };
+        // Per row: its detections, or None for a null list.
+        let found: Vec<Option<Vec<Detection>>> = match self.check_inputs(batch.schema_ref())? {
+            Inputs::Ssd(k) => self.ssd_rows(batch, k, &size_of)?,
+            Inputs::Yolo(layout) => self.yolo_rows(batch, layout, &size_of)?,
+        };
         let mut lengths = Vec::with_capacity(rows);
         let mut valid = Vec::with_capacity(rows);
         let mut kept: Vec<Detection> = Vec::new();
-        for row in 0..rows {
-            let size = match (widths, heights) {
-                (Some(w), Some(h)) if w.is_valid(row) && h.is_valid(row) => {
-                    Some((w.value(row) as f32, h.value(row) as f32))
-                }
-                _ => None,
-            };
-            let missing_tensor =
-                box_list.is_null(row) || score_list.is_null(row) || class_list.is_null(row);
-            // Normalized boxes cannot be placed without the image size; like a null tensor,
-            // that row gets a null list (the row itself is kept: this stage preserves rows).
-            if missing_tensor || (self.config.box_format.is_normalized() && size.is_none()) {
-                lengths.push(0);
-                valid.push(false);
-                continue;
-            }
-            let (Some(row_boxes), Some(row_scores), Some(row_classes)) = (
-                boxes.get(row * k * 4..(row + 1) * k * 4),
-                scores.get(row * k..(row + 1) * k),
-                classes.get(row * k..(row + 1) * k),
-            ) else {
-                return Err(DataflowError::stage(
-                    NAME,
-                    format!("input tensors do not hold {rows} rows of {k} detections"),
-                ));
-            };
-            let found = self.detect_row(row_boxes, row_scores, row_classes, size);
-            lengths.push(found.len());
-            valid.push(true);
-            kept.extend(found);
+        for row in found {
+            valid.push(row.is_some());
+            let row = row.unwrap_or_default();
+            lengths.push(row.len());
+            kept.extend(row);
         }
 
         let mut coords: [Vec<f32>; 4] = Default::default();
@@ -514,7 +759,7 @@ impl Stage for Detections {
                     kept.iter().map(|d| d.class_id),
                 )),
                 Arc::new(StringArray::from_iter(
-                    kept.iter().map(|d| self.config.labels.get(&d.class_id)),
+                    kept.iter().map(|d| self.labels.get(&d.class_id)),
                 )),
                 Arc::new(Float32Array::from_iter_values(kept.iter().map(|d| d.score))),
                 x1,

@@ -11,7 +11,10 @@ fn config() -> DetectionsConfig {
         score_threshold: 0.5,
         keep_classes: Vec::new(),
         iou_threshold: 0.5,
+        class_agnostic: false,
         labels: BTreeMap::from([(1, "person".to_string())]),
+        labels_file: None,
+        yolo: None,
         max_detections: 100,
         output: "detections".to_string(),
         drop_inputs: true,
@@ -182,4 +185,144 @@ fn nms_suppresses_overlap_and_keeps_disjoint() {
         vec![1, 0, 2]
     );
     assert!(non_max_suppression(&[], &[], 0.5).is_empty());
+}
+
+/// One 640×272 frame letterboxed into 640×640 (gain 1, 184 rows of padding above), with YOLOv8
+/// predictions of two classes over four anchors: an object of class 1, a near-duplicate of it
+/// as class 0, a weak box, and a box reaching past the image.
+fn yolo_batch() -> RecordBatch {
+    // Per anchor: cx, cy, w, h, class 0, class 1; three empty anchors make the candidate axis
+    // the longer one, as in every real head.
+    let anchors: [[f32; 6]; 7] = [
+        [100.0, 284.0, 40.0, 80.0, 0.1, 0.9],
+        [102.0, 284.0, 40.0, 80.0, 0.7, 0.2],
+        [300.0, 300.0, 10.0, 10.0, 0.1, 0.2],
+        [630.0, 300.0, 40.0, 40.0, 0.6, 0.1],
+        [0.0; 6],
+        [0.0; 6],
+        [0.0; 6],
+    ];
+    let predictions = tensor_field("output0", DataType::Float32, &[6, 7]);
+    let letterbox = tensor_field("letterbox", DataType::Float32, &[3]);
+    // Laid out [attrs, anchors], as Ultralytics exports.
+    let values: Vec<f32> = (0..6)
+        .flat_map(|attr| anchors.iter().map(move |a| a[attr]))
+        .collect();
+    let columns: Vec<ArrayRef> = vec![
+        tensor_column::<Float32Type>(&predictions, values).unwrap(),
+        tensor_column::<Float32Type>(&letterbox, vec![1.0, 0.0, 184.0]).unwrap(),
+        Arc::new(UInt32Array::from(vec![640])),
+        Arc::new(UInt32Array::from(vec![272])),
+    ];
+    let size = |name| Field::new(name, DataType::UInt32, false);
+    let schema = Schema::new(vec![predictions, letterbox, size("width"), size("height")]);
+    RecordBatch::try_new(Arc::new(schema), columns).unwrap()
+}
+
+fn yolo_config(class_agnostic: bool) -> DetectionsConfig {
+    DetectionsConfig {
+        yolo: Some(serde_json::from_value(serde_json::json!({})).unwrap()),
+        class_agnostic,
+        score_threshold: 0.25,
+        iou_threshold: 0.45,
+        labels: BTreeMap::from([(0, "person".to_string()), (1, "bicycle".to_string())]),
+        ..config()
+    }
+}
+
+/// (class, score, box) of row 0.
+fn found(out: &RecordBatch) -> Vec<(i64, f32, [f32; 4])> {
+    let list = out
+        .column_by_name("detections")
+        .unwrap()
+        .as_list::<i32>()
+        .value(0);
+    let s = list.as_struct();
+    let col = |c: &str| {
+        s.column_by_name(c)
+            .unwrap()
+            .as_primitive::<Float32Type>()
+            .clone()
+    };
+    let ids = s
+        .column_by_name("class_id")
+        .unwrap()
+        .as_primitive::<Int64Type>()
+        .clone();
+    let (score, x1, y1, x2, y2) = (col("score"), col("x1"), col("y1"), col("x2"), col("y2"));
+    (0..s.len())
+        .map(|i| {
+            let rect = [x1.value(i), y1.value(i), x2.value(i), y2.value(i)];
+            (ids.value(i), score.value(i), rect)
+        })
+        .collect()
+}
+
+#[test]
+fn yolo_boxes_are_decoded_suppressed_per_class_and_mapped_back_through_the_letterbox() {
+    let mut stage = Detections::new(yolo_config(false)).unwrap();
+    let out = stage.process_batch(&yolo_batch()).unwrap().records;
+    // The predictions and the letterbox column are consumed.
+    assert!(out.column_by_name("output0").is_none());
+    assert!(out.column_by_name("letterbox").is_none());
+    assert_eq!(
+        found(&out),
+        [
+            // cy 284 - 184 = 100 in the frame.
+            (1, 0.9, [80.0, 60.0, 120.0, 140.0]),
+            // Another class: per-class NMS keeps it.
+            (0, 0.7, [82.0, 60.0, 122.0, 140.0]),
+            // Clamped to the 640-wide frame.
+            (0, 0.6, [610.0, 96.0, 640.0, 136.0]),
+        ]
+    );
+}
+
+#[test]
+fn class_agnostic_nms_suppresses_across_classes() {
+    let mut stage = Detections::new(yolo_config(true)).unwrap();
+    let out = stage.process_batch(&yolo_batch()).unwrap().records;
+    let classes: Vec<i64> = found(&out).iter().map(|d| d.0).collect();
+    assert_eq!(classes, [1, 0]);
+    let labels = out
+        .column_by_name("detections")
+        .unwrap()
+        .as_list::<i32>()
+        .value(0);
+    let labels = labels
+        .as_struct()
+        .column_by_name("label")
+        .unwrap()
+        .as_string::<i32>()
+        .clone();
+    assert_eq!(labels.value(0), "bicycle");
+}
+
+#[test]
+fn yolo_without_a_way_back_to_the_frame_is_a_config_error() {
+    let batch = yolo_batch();
+    let without = batch.project(&[0, 2, 3]).unwrap();
+    let stage = Detections::new(yolo_config(false)).unwrap();
+    let e = stage.output_schema(without.schema_ref()).unwrap_err();
+    assert!(e.to_string().contains("input_size"), "{e}");
+    // Stretched frames: the model's input size maps boxes back.
+    let mut config = yolo_config(false);
+    config.yolo.as_mut().unwrap().input_size = Some([640, 544]);
+    let mut stage = Detections::new(config).unwrap();
+    let out = stage.process_batch(&without).unwrap().records;
+    // y scales by 272 / 544.
+    assert_eq!(found(&out)[0], (1, 0.9, [80.0, 122.0, 120.0, 162.0]));
+}
+
+#[test]
+fn labels_come_from_a_file_with_map_entries_winning() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("labels.txt");
+    std::fs::write(&path, "person\r\nbicycle\n").unwrap();
+    let mut config = yolo_config(false);
+    config.labels = BTreeMap::from([(0, "pedestrian".to_string())]);
+    config.labels_file = Some(path);
+    let stage = Detections::new(config).unwrap();
+    assert_eq!(stage.labels.get(&0).map(String::as_str), Some("pedestrian"));
+    assert_eq!(stage.labels.get(&1).map(String::as_str), Some("bicycle"));
 }

@@ -65,6 +65,39 @@ pub enum TensorDtype {
     U8,
 }
 
+/// How an image's aspect ratio is treated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResizeMode {
+    /// Scaled to exactly the target size; the aspect ratio may change.
+    #[default]
+    Stretch,
+    /// Scaled by one factor to fit inside the target, centred, the rest filled with
+    /// `pad_value` (YOLO-style). Adds the [`LETTERBOX_COLUMN`] so boxes can be mapped back.
+    Letterbox,
+}
+
+/// Column `mode: letterbox` adds: per row `[gain, pad_x, pad_y]`, so that a point `(x, y)` of
+/// the model's input is `((x - pad_x) / gain, (y - pad_y) / gain)` in the source image.
+pub const LETTERBOX_COLUMN: &str = "letterbox";
+
+/// A per-channel value written either once for all channels (`0.5`) or per channel (`[r, g, b]`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Deserialize)]
+#[serde(untagged)]
+pub enum PerChannel {
+    All(f32),
+    Rgb([f32; 3]),
+}
+
+impl PerChannel {
+    fn rgb(self) -> [f32; 3] {
+        match self {
+            PerChannel::All(v) => [v; 3],
+            PerChannel::Rgb(v) => v,
+        }
+    }
+}
+
 /// Configuration of the `resize` stage (its YAML block).
 #[serde_inline_default]
 #[derive(Clone, Debug, serde::Deserialize)]
@@ -89,6 +122,17 @@ pub struct ResizeConfig {
     /// Per-channel divisor applied after the mean (f32 only).
     #[serde(default)]
     pub std: Option<[f32; 3]>,
+    /// `(p - offset) * scale` on raw 0..255 pixel values, the form DeepStream and OpenVINO
+    /// use (e.g. `(p - 127.5) / 128`: `offset: 127.5, scale: 0.0078125`); instead of mean/std.
+    #[serde(default)]
+    pub scale: Option<PerChannel>,
+    #[serde(default)]
+    pub offset: Option<PerChannel>,
+    #[serde(default)]
+    pub mode: ResizeMode,
+    /// Pixel value of the letterbox's padding (114, Ultralytics' grey, by default).
+    #[serde_inline_default(114)]
+    pub pad_value: u8,
     /// Keep the pixel column (dropped by default; `width` / `height` are always kept since
     /// later stages map results back to the original image size).
     #[serde(default)]
@@ -159,6 +203,9 @@ struct CpuResizer {
     options: ResizeOptions,
     /// Destination of every row's resize, reused so rows allocate nothing.
     dst: Image<'static>,
+    /// A letterboxed row's scaled image before it is placed in `dst`; reallocated only
+    /// when the source size changes.
+    inner: Image<'static>,
 }
 
 impl CpuResizer {
@@ -169,6 +216,75 @@ impl CpuResizer {
         self.resizer
             .resize(&src, &mut self.dst, &self.options)
             .map_err(|e| format!("resize failed: {e}"))
+    }
+
+    /// Letterboxes one checked row into `self.dst` (filled with `pad` around the scaled
+    /// image), returning its `[gain, pad_x, pad_y]`.
+    fn letterbox(
+        &mut self,
+        pixels: &[u8],
+        width: u32,
+        height: u32,
+        pad: u8,
+    ) -> Result<[f32; 3], String> {
+        let fit = letterbox_fit((width, height), (self.dst.width(), self.dst.height()));
+        let (inner_w, inner_h) = fit.inner;
+        // Scaled unless the image already has the inner size (then copied as is, like
+        // Ultralytics' LetterBox).
+        let scaled: &[u8] = if (inner_w, inner_h) == (width, height) {
+            pixels
+        } else {
+            if self.inner.width() != inner_w || self.inner.height() != inner_h {
+                self.inner = Image::new(inner_w, inner_h, PixelType::U8x3);
+            }
+            let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
+                .map_err(|e| format!("bad source image: {e}"))?;
+            self.resizer
+                .resize(&src, &mut self.inner, &self.options)
+                .map_err(|e| format!("resize failed: {e}"))?;
+            self.inner.buffer()
+        };
+        let dst_w = self.dst.width() as usize;
+        let canvas = self.dst.buffer_mut();
+        canvas.fill(pad);
+        let row_bytes = inner_w as usize * 3;
+        for (y, line) in scaled.chunks_exact(row_bytes).enumerate() {
+            let start = ((y + fit.top as usize) * dst_w + fit.left as usize) * 3;
+            let target = canvas
+                .get_mut(start..start + row_bytes)
+                .ok_or_else(|| "letterbox row outside the canvas".to_string())?;
+            target.copy_from_slice(line);
+        }
+        Ok([fit.gain, fit.left as f32, fit.top as f32])
+    }
+}
+
+/// Where a letterboxed image lands in the target.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LetterboxFit {
+    /// Scale factor, the same on both axes.
+    pub gain: f32,
+    /// Size of the scaled image inside the target.
+    pub inner: (u32, u32),
+    /// Padding left of and above it.
+    pub left: u32,
+    pub top: u32,
+}
+
+/// The letterbox of a `source` image in a `target` of (width, height): scaled by
+/// `min(target / source)` with sides rounded to whole pixels, centred, the odd pixel of
+/// padding going right and below (as Ultralytics' `LetterBox(center=True)`).
+pub fn letterbox_fit(source: (u32, u32), target: (u32, u32)) -> LetterboxFit {
+    let (sw, sh) = (f64::from(source.0.max(1)), f64::from(source.1.max(1)));
+    let (tw, th) = (f64::from(target.0), f64::from(target.1));
+    let gain = (tw / sw).min(th / sh);
+    let side = |s: f64, t: u32| ((s * gain).round() as u32).clamp(1, t.max(1));
+    let inner = (side(sw, target.0), side(sh, target.1));
+    LetterboxFit {
+        gain: gain as f32,
+        inner,
+        left: (target.0 - inner.0) / 2,
+        top: (target.1 - inner.1) / 2,
     }
 }
 
@@ -188,12 +304,31 @@ pub(crate) fn check_row(pixels: &[u8], width: u32, height: u32) -> Result<(), St
     Ok(())
 }
 
-/// `(p / 255 - mean) / std` for every channel and u8 value `p`.
-fn normalisation_lut(mean: [f32; 3], std: [f32; 3]) -> Lut {
+/// How u8 pixel values become tensor values.
+#[derive(Clone, Copy, Debug)]
+enum Normalise {
+    /// `(p / 255 - mean) / std`.
+    MeanStd { mean: [f32; 3], std: [f32; 3] },
+    /// `(p - offset) * scale`.
+    ScaleOffset { scale: [f32; 3], offset: [f32; 3] },
+}
+
+/// The tensor value of every channel and u8 value `p`.
+fn normalisation_lut(normalise: Normalise) -> Lut {
     let mut lut = [[0.0f32; 256]; 3];
-    for ((table, mean), std) in lut.iter_mut().zip(mean).zip(std) {
+    for (c, table) in lut.iter_mut().enumerate() {
         for (p, v) in table.iter_mut().enumerate() {
-            *v = (p as f32 / 255.0 - mean) / std;
+            let p = p as f32;
+            *v = match normalise {
+                Normalise::MeanStd { mean, std } => {
+                    (p / 255.0 - mean.get(c).copied().unwrap_or(0.0))
+                        / std.get(c).copied().unwrap_or(1.0)
+                }
+                Normalise::ScaleOffset { scale, offset } => {
+                    (p - offset.get(c).copied().unwrap_or(0.0))
+                        * scale.get(c).copied().unwrap_or(1.0)
+                }
+            };
         }
     }
     lut
@@ -203,8 +338,7 @@ fn normalisation_lut(mean: [f32; 3], std: [f32; 3]) -> Lut {
 struct Checked {
     /// The output tensor field (shape metadata included).
     field: Field,
-    mean: [f32; 3],
-    std: [f32; 3],
+    normalise: Normalise,
 }
 
 /// The config checked, each error at its key, and the output field it gives.
@@ -221,26 +355,64 @@ fn checked(config: &ResizeConfig) -> DataflowResult<Checked> {
             ),
         );
     }
-    if config.dtype == TensorDtype::U8 && (config.mean.is_some() || config.std.is_some()) {
-        let key = if config.mean.is_some() { "mean" } else { "std" };
+    let mean_std = config.mean.is_some() || config.std.is_some();
+    let scale_offset = config.scale.is_some() || config.offset.is_some();
+    if config.dtype == TensorDtype::U8 && (mean_std || scale_offset) {
+        let key = [
+            ("mean", config.mean.is_some()),
+            ("std", config.std.is_some()),
+            ("scale", config.scale.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(k, set)| set.then_some(k))
+        .unwrap_or("offset");
         return bad(
             key,
-            "mean/std normalisation needs dtype f32, not u8".to_string(),
+            "normalisation (mean/std, scale/offset) needs dtype f32, not u8".to_string(),
         );
     }
-    let mean = config.mean.unwrap_or([0.0; 3]);
-    let std = config.std.unwrap_or([1.0; 3]);
-    if mean.iter().chain(&std).any(|v| !v.is_finite()) {
-        let key = if mean.iter().all(|v| v.is_finite()) {
-            "std"
+    if mean_std && scale_offset {
+        let key = if config.scale.is_some() {
+            "scale"
         } else {
-            "mean"
+            "offset"
         };
-        return bad(key, format!("mean {mean:?} and std {std:?} must be finite"));
+        return bad(
+            key,
+            "give either mean/std or scale/offset, not both".to_string(),
+        );
     }
-    if std.contains(&0.0) {
-        return bad("std", format!("std {std:?} has a zero"));
-    }
+    let normalise = if scale_offset {
+        let scale = config.scale.map_or([1.0; 3], PerChannel::rgb);
+        let offset = config.offset.map_or([0.0; 3], PerChannel::rgb);
+        if scale.iter().chain(&offset).any(|v| !v.is_finite()) {
+            let key = if scale.iter().all(|v| v.is_finite()) {
+                "offset"
+            } else {
+                "scale"
+            };
+            return bad(
+                key,
+                format!("scale {scale:?} and offset {offset:?} must be finite"),
+            );
+        }
+        Normalise::ScaleOffset { scale, offset }
+    } else {
+        let mean = config.mean.unwrap_or([0.0; 3]);
+        let std = config.std.unwrap_or([1.0; 3]);
+        if mean.iter().chain(&std).any(|v| !v.is_finite()) {
+            let key = if mean.iter().all(|v| v.is_finite()) {
+                "std"
+            } else {
+                "mean"
+            };
+            return bad(key, format!("mean {mean:?} and std {std:?} must be finite"));
+        }
+        if std.contains(&0.0) {
+            return bad("std", format!("std {std:?} has a zero"));
+        }
+        Normalise::MeanStd { mean, std }
+    };
     // The per-row size is a FixedSizeList length (i32).
     let (w, h) = (config.width as usize, config.height as usize);
     let elems = w.checked_mul(h).and_then(|p| p.checked_mul(3));
@@ -257,8 +429,7 @@ fn checked(config: &ResizeConfig) -> DataflowResult<Checked> {
     };
     Ok(Checked {
         field: tensor_field(&config.output, element, &shape),
-        mean,
-        std,
+        normalise,
     })
 }
 
@@ -292,6 +463,17 @@ pub fn output_schema(config: &ResizeConfig, input: &SchemaRef) -> DataflowResult
         .at("output"));
     }
     fields.push(field);
+    if config.mode == ResizeMode::Letterbox {
+        if fields.iter().any(|f| f.name() == LETTERBOX_COLUMN) {
+            return Err(DataflowError::schema(
+                LETTERBOX_COLUMN,
+                "no existing column (a letterbox resize adds it)",
+                "a column of that name in the input",
+            )
+            .at("mode"));
+        }
+        fields.push(tensor_field(LETTERBOX_COLUMN, DataType::Float32, &[3]));
+    }
     Ok(Arc::new(Schema::new_with_metadata(
         fields,
         input.metadata().clone(),
@@ -308,6 +490,12 @@ fn kept_columns(config: &ResizeConfig, input: &Schema) -> Vec<usize> {
 impl Resize {
     /// The stage on GPU `ordinal`: same checks, schema and values as [`Resize::new`]'s.
     pub fn on_gpu(config: ResizeConfig, ordinal: usize) -> DataflowResult<Self> {
+        if config.mode == ResizeMode::Letterbox {
+            return Err(DataflowError::Config(format!(
+                "{STAGE}: mode letterbox runs on the CPU only; set `device: cpu`"
+            ))
+            .at("mode"));
+        }
         let mut stage = Resize::new(config)?;
         let gpu =
             CudaResize::new(&stage.config, &stage.lut, ordinal).map_err(|e| e.at("device"))?;
@@ -317,16 +505,17 @@ impl Resize {
 
     /// The stage on the CPU; `config.device` is not looked at.
     pub fn new(config: ResizeConfig) -> DataflowResult<Self> {
-        let Checked { field, mean, std } = checked(&config)?;
+        let Checked { field, normalise } = checked(&config)?;
         Ok(Resize {
             engine: Engine::Cpu(Box::new(CpuResizer {
                 dst: Image::new(config.width, config.height, PixelType::U8x3),
+                inner: Image::new(1, 1, PixelType::U8x3),
                 options: ResizeOptions::new()
                     .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
                 resizer: Resizer::new(),
             })),
             field,
-            lut: normalisation_lut(mean, std),
+            lut: normalisation_lut(normalise),
             config,
         })
     }
@@ -454,6 +643,8 @@ impl Stage for Resize {
             Engine::Gpu(_) => 0,
         };
         let mut values = Values::with_capacity(self.config.dtype, capacity);
+        let letterboxed = self.config.mode == ResizeMode::Letterbox;
+        let mut fits: Vec<f32> = Vec::new();
         let mut for_gpu: Vec<(&[u8], u32, u32)> = Vec::new();
         let mut keep = Vec::with_capacity(rows);
         let mut rejected = Vec::new();
@@ -463,6 +654,12 @@ impl Stage for Resize {
             let resized = match (pixels.get(row), size) {
                 (Some(p), Some((w, h))) => {
                     check_row(p, w, h).and_then(|()| match &mut self.engine {
+                        Engine::Cpu(cpu) if letterboxed => {
+                            cpu.letterbox(p, w, h, self.config.pad_value).map(|fit| {
+                                fits.extend(fit);
+                                values.push(cpu.dst.buffer(), self.config.layout, &self.lut);
+                            })
+                        }
                         Engine::Cpu(cpu) => cpu.resize(p, w, h).map(|()| {
                             values.push(cpu.dst.buffer(), self.config.layout, &self.lut);
                         }),
@@ -499,6 +696,10 @@ impl Stage for Resize {
                 .to_vec()
         };
         columns.push(tensor);
+        if letterboxed {
+            let field = tensor_field(LETTERBOX_COLUMN, DataType::Float32, &[3]);
+            columns.push(tensor_column::<Float32Type>(&field, fits)?);
+        }
         let records = RecordBatch::try_new(schema, columns)?;
         Ok(StageOutput { records, rejected })
     }

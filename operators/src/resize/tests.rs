@@ -12,6 +12,10 @@ fn config(width: u32, height: u32) -> ResizeConfig {
         dtype: TensorDtype::default(),
         mean: None,
         std: None,
+        scale: None,
+        offset: None,
+        mode: ResizeMode::Stretch,
+        pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
     }
@@ -226,4 +230,99 @@ fn config_parses_lowercase_enums() {
     let dtype: TensorDtype =
         TensorDtype::deserialize(serde::de::value::StrDeserializer::<Error>::new("f32")).unwrap();
     assert_eq!(dtype, TensorDtype::F32);
+}
+
+#[test]
+fn letterbox_fits_ultralytics_rounding() {
+    // A 640×272 frame into 640×640: unscaled, 368 rows of padding split evenly.
+    assert_eq!(
+        letterbox_fit((640, 272), (640, 640)),
+        LetterboxFit {
+            gain: 1.0,
+            inner: (640, 272),
+            left: 0,
+            top: 184
+        }
+    );
+    // An odd padding puts the extra pixel below: 3 rows over 1 → top 1.
+    let fit = letterbox_fit((4, 1), (2, 2));
+    assert_eq!(
+        (fit.gain, fit.inner, fit.left, fit.top),
+        (0.5, (2, 1), 0, 0)
+    );
+    let fit = letterbox_fit((2, 1), (2, 4));
+    assert_eq!((fit.inner, fit.top), ((2, 1), 1));
+}
+
+#[test]
+fn letterbox_pads_around_the_unscaled_image_and_reports_the_fit() {
+    let mut stage = Resize::new(ResizeConfig {
+        mode: ResizeMode::Letterbox,
+        pad_value: 114,
+        dtype: TensorDtype::U8,
+        layout: Layout::Nhwc,
+        ..config(4, 4)
+    })
+    .unwrap();
+    let out = stage
+        .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
+        .unwrap();
+    let tensor = out.records.column_by_name("tensor").unwrap();
+    let values = tensor_values::<UInt8Type>(tensor).unwrap();
+    // Row 0 and row 3 are padding; rows 1 and 2 are the image, unchanged.
+    assert_eq!(&values[..12], &[114u8; 12]);
+    assert_eq!(&values[12..36], &image_4x2()[..]);
+    assert_eq!(&values[36..], &[114u8; 12]);
+    let fit = out.records.column_by_name(LETTERBOX_COLUMN).unwrap();
+    assert_eq!(tensor_values::<Float32Type>(fit).unwrap(), [1.0, 0.0, 1.0]);
+}
+
+#[test]
+fn letterbox_scales_down_keeping_the_aspect_ratio() {
+    let mut stage = Resize::new(ResizeConfig {
+        mode: ResizeMode::Letterbox,
+        dtype: TensorDtype::U8,
+        layout: Layout::Nhwc,
+        ..config(2, 2)
+    })
+    .unwrap();
+    let out = stage
+        .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
+        .unwrap();
+    let values = tensor_values::<UInt8Type>(out.records.column_by_name("tensor").unwrap())
+        .unwrap()
+        .to_vec();
+    // Half size: the 2×1 image on row 0 (the odd padding row goes below), grey row 1.
+    assert_eq!(&values[6..], &[114u8; 6]);
+    assert_ne!(&values[..6], &[114u8; 6]);
+    let fit = out.records.column_by_name(LETTERBOX_COLUMN).unwrap();
+    assert_eq!(tensor_values::<Float32Type>(fit).unwrap(), [0.5, 0.0, 0.0]);
+}
+
+#[test]
+fn scale_and_offset_normalise_raw_pixels() {
+    let mut stage = Resize::new(ResizeConfig {
+        scale: Some(PerChannel::All(1.0 / 128.0)),
+        offset: Some(PerChannel::Rgb([127.5, 127.5, 127.5])),
+        ..config(4, 2)
+    })
+    .unwrap();
+    let out = stage
+        .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
+        .unwrap();
+    let values = tensor_values::<Float32Type>(out.records.column_by_name("tensor").unwrap())
+        .unwrap()
+        .to_vec();
+    // The R plane's first pixel is 0, the B plane's 128.
+    assert_eq!(values[0], -127.5 / 128.0);
+    assert_eq!(values[16], 0.5 / 128.0);
+    // Both forms at once is an error at `scale`.
+    let e = Resize::new(ResizeConfig {
+        scale: Some(PerChannel::All(2.0)),
+        mean: Some([0.5; 3]),
+        ..config(4, 2)
+    })
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("scale"), "{e}");
 }

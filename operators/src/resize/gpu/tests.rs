@@ -25,6 +25,10 @@ fn config(width: u32, height: u32, layout: Layout, dtype: TensorDtype) -> Resize
         dtype,
         mean: f32_only([0.485, 0.456, 0.406]),
         std: f32_only([0.229, 0.224, 0.225]),
+        scale: None,
+        offset: None,
+        mode: crate::resize::ResizeMode::Stretch,
+        pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
     }
