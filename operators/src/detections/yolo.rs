@@ -83,8 +83,12 @@ pub(super) fn layout(input: &Schema, config: &YoloConfig) -> DataflowResult<Layo
         return Err(DataflowError::schema(
             name,
             format!(
-                "at least {} numbers per candidate for YOLO{version:?}",
-                version.leading() + 1
+                "at least {} numbers per candidate for YOLO {}",
+                version.leading() + 1,
+                match version {
+                    YoloVersion::V5 => "v5",
+                    YoloVersion::V8 => "v8/v11",
+                }
             ),
             format!("shape {shape:?}"),
         ));
