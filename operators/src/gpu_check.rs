@@ -129,6 +129,7 @@ fn check_model(
             executor,
             embedding_devices: tables,
             keep_inputs: false,
+            share: Default::default(),
         };
         Model::new(config, threads)
     };

@@ -7,7 +7,8 @@ use riffle_dataflow::operators::BatchPolicy;
 use riffle_dataflow::runtime::Step;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
-use super::{output_schema, planned_engine, DeviceSpec, Model, ModelConfig, Signature};
+use super::shared::{Server, SharedModel};
+use super::{output_schema, planned_engine, DeviceSpec, Model, ModelConfig, Share, Signature};
 use crate::{ConfigFile, StageContext, StageKind};
 
 impl StageKind for ModelConfig {
@@ -37,11 +38,16 @@ impl StageKind for ModelConfig {
     }
 
     fn build(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
-        let model = Model::for_worker(self.clone(), ctx.intra_op_threads, ctx.worker, ctx.gpus)?;
-        Ok(Step::Batched(
-            Box::new(model),
-            self.batching().unwrap_or(POLICY),
-        ))
+        let load = || Model::for_worker(self.clone(), ctx.intra_op_threads, ctx.worker, ctx.gpus);
+        let stage: Box<dyn riffle_dataflow::Stage> = match self.share {
+            Share::Worker => Box::new(load()?),
+            Share::Process => {
+                let engine = planned_engine(self, ctx.worker, ctx.gpus)?;
+                let server = Server::for_process(self, &format!("{engine:?}"), load)?;
+                Box::new(SharedModel::new(self.clone(), server))
+            }
+        };
+        Ok(Step::Batched(stage, self.batching().unwrap_or(POLICY)))
     }
 
     fn batching(&self) -> Option<BatchPolicy> {
@@ -64,7 +70,10 @@ impl StageKind for ModelConfig {
                 .file_name()
                 .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
             self.intra_op_threads.unwrap_or(ctx.intra_op_threads)
-        )
+        ) + match self.share {
+            Share::Worker => "",
+            Share::Process => ", one instance per process shared by its workers",
+        }
     }
 
     fn may_use_gpu(&self) -> bool {

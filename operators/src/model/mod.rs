@@ -28,11 +28,13 @@ mod dense_io;
 mod engine;
 mod kind;
 mod ort_io;
+mod shared;
 mod signature;
 #[cfg(test)]
 mod tests;
 
 pub use engine::{choose_engine, planned_engine, Engine};
+pub use shared::SharedModel;
 pub use signature::{output_schema, Signature};
 
 use dense_io::{dense_inputs, push_dense_outputs};
@@ -68,6 +70,21 @@ pub struct ModelConfig {
     /// Keep the input tensor columns in the output (default: drop them, they are large).
     #[serde(default)]
     pub keep_inputs: bool,
+    /// `worker`: one model instance per worker; `process`: one per process (per GPU), fed
+    /// by all the process's workers, whose batches it merges.
+    #[serde(default)]
+    pub share: Share,
+}
+
+/// `share:` — how many instances of a model a process holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Share {
+    /// One per worker: no locking, one copy of the weights and arena per worker.
+    #[default]
+    Worker,
+    /// One per process and engine (per GPU), run by its own thread, batching across workers.
+    Process,
 }
 
 /// Where one model output goes: a column name, or a column plus the per-row shape for outputs
