@@ -53,6 +53,7 @@ fn main() -> anyhow::Result<()> {
         batch_size: 2000,
         delimiter: None,
         max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
+        schema: None,
     })
     .build()?;
     for _ in 0..CLICK_REPLAYS {

@@ -1,5 +1,6 @@
-//! CSV source: a CSV file with a schema inferred from its first records. Inference and
-//! decoding are [`crate::formats::csv`]'s; this file reads and deals the records.
+//! CSV source: a CSV file with columns declared (`schema:`) or inferred from its first
+//! records. Inference and decoding are [`crate::formats::csv`]'s; this file reads and deals the
+//! records.
 
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -10,13 +11,13 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
-use crate::formats::{self, Decoder, TextFormat};
+use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
 /// Records read to infer the column types.
 const INFER_RECORDS: usize = 1000;
 
-/// `source: { csv: { path, has_header, batch_size, delimiter } }`.
+/// `source: { csv: { path, has_header, batch_size, delimiter, schema } }`.
 #[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -34,11 +35,17 @@ pub struct CsvSourceConfig {
     /// Longest record (line end included); a longer one is a dead letter with its line.
     #[serde_inline_default(crate::text::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
+    /// Columns and their types (`name: float32`, `int64?` for one a record may leave empty), in
+    /// output order; unset: inferred. With a header, columns are found by name and the header's
+    /// other columns are left out; without one, they are the record's fields in order.
+    #[serde(default)]
+    pub schema: Option<DeclaredSchema>,
 }
 
-/// A configured CSV source. Columns are inferred from the first 1000 records (all nullable;
-/// integers, floats, booleans, dates and timestamps, else strings). A record with the wrong
-/// number of fields or a value that does not parse as its column's type becomes a dead letter.
+/// A configured CSV source. Columns are declared, or inferred from the first 1000 records (all
+/// nullable; integers, floats, booleans, dates and timestamps, else strings). A record with the
+/// wrong number of fields or a value that does not parse as its column's type becomes a dead
+/// letter.
 #[derive(Debug)]
 pub struct CsvSource {
     path: PathBuf,
@@ -46,9 +53,9 @@ pub struct CsvSource {
     batch_size: usize,
     delimiter: u8,
     max_line_bytes: usize,
-    schema: SchemaRef,
-    /// Columns every sampled record had a value for: required of every record.
-    required: Vec<String>,
+    /// Decodes the records; its required columns are the declared ones, or those every sampled
+    /// record had a value for.
+    decoder: Decoder,
 }
 
 impl CsvSource {
@@ -63,17 +70,105 @@ impl CsvSource {
                 )))
             }
         };
-        let (schema, required) = infer_schema(config, delimiter)?;
+        let decoder = match &config.schema {
+            Some(declared) => declared_decoder(config, declared, delimiter)?,
+            None => {
+                let (schema, required) = infer_schema(config, delimiter)?;
+                Decoder::new(
+                    TextFormat::Csv { delimiter },
+                    formats::Framing::FileRecord,
+                    schema,
+                )
+                .with_required(&required)
+            }
+        };
         Ok(CsvSource {
-            required,
             path: config.path.clone(),
             has_header: config.has_header,
             batch_size: config.batch_size,
             delimiter,
             max_line_bytes: config.max_line_bytes,
-            schema,
+            decoder,
         })
     }
+}
+
+/// The decoder of declared columns: found by name in the header (the header's other columns
+/// read as text and left out), or the record's fields in order when there is no header.
+fn declared_decoder(
+    config: &CsvSourceConfig,
+    declared: &DeclaredSchema,
+    delimiter: u8,
+) -> DataflowResult<Decoder> {
+    let path = &config.path;
+    let schema = formats::declared_schema(declared).ok_or_else(|| {
+        DataflowError::Config("csv source: `schema` declares no columns".to_string())
+    })?;
+    if let Some((name, column)) = declared.first_list() {
+        return Err(DataflowError::Config(format!(
+            "csv source: schema column `{name}` is a list ({column}), which a CSV field cannot              hold: declare one column per value (a `tensor` stage can gather them), or use JSON"
+        )));
+    }
+    let decoder = Decoder::new(
+        TextFormat::Csv { delimiter },
+        formats::Framing::FileRecord,
+        schema.clone(),
+    )
+    .with_required(&formats::declared_required(declared));
+    if !config.has_header {
+        return Ok(decoder);
+    }
+    let mut reader = RecordReader::open(path, framing(delimiter), config.max_line_bytes)?;
+    let header = match reader.next_record()? {
+        Some(header) if !header.oversized => header.bytes,
+        Some(_) => {
+            return Err(DataflowError::Config(format!(
+                "csv source: the header of {} is longer than max_line_bytes ({})",
+                path.display(),
+                config.max_line_bytes
+            )))
+        }
+        None => {
+            return Err(DataflowError::Config(format!(
+                "csv source: {} has no header",
+                path.display()
+            )))
+        }
+    };
+    let names = arrow_csv::reader::Format::default()
+        .with_header(true)
+        .with_delimiter(delimiter)
+        .infer_schema(Cursor::new(header), Some(0))
+        .map_err(|e| {
+            DataflowError::Config(format!(
+                "csv source: cannot read the header of {}: {}",
+                path.display(),
+                formats::excerpt(&e.to_string())
+            ))
+        })?
+        .0;
+    let read: Vec<arrow_schema::Field> = names
+        .fields()
+        .iter()
+        .map(|f| match schema.field_with_name(f.name()) {
+            Ok(declared) => declared.clone(),
+            Err(_) => arrow_schema::Field::new(f.name(), arrow_schema::DataType::Utf8, true),
+        })
+        .collect();
+    let mut columns = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let index = names.index_of(field.name()).map_err(|_| {
+            let header: Vec<&str> = names.fields().iter().map(|f| f.name().as_str()).collect();
+            DataflowError::Config(formats::excerpt(&format!(
+                "csv source: schema column `{}` is not in the header of {} (it has: {})",
+                field.name(),
+                path.display(),
+                header.join(", ")
+            )))
+        })?;
+        columns.push(index);
+    }
+    Ok(decoder.reading(Arc::new(arrow_schema::Schema::new(read)), columns))
 }
 
 fn framing(delimiter: u8) -> Framing {
@@ -141,23 +236,15 @@ fn infer_schema(
 
 impl SourceFactory for CsvSource {
     fn schema(&self) -> DataflowResult<SchemaRef> {
-        Ok(self.schema.clone())
+        Ok(self.decoder.schema().clone())
     }
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
-        let decoder = Decoder::new(
-            TextFormat::Csv {
-                delimiter: self.delimiter,
-            },
-            formats::Framing::FileRecord,
-            self.schema.clone(),
-        )
-        .with_required(&self.required);
         let mut partition = TextPartition::new(
             &self.path,
             framing(self.delimiter),
             self.max_line_bytes,
-            decoder,
+            self.decoder.clone(),
             self.batch_size,
             index,
             peers,
@@ -217,6 +304,47 @@ mod tests {
     }
 
     #[test]
+    fn declared_columns_are_found_by_header_name_in_declared_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.csv");
+        std::fs::write(&path, "id,note,score\n1,x,0.5\n2,y,oops\n3,z,\n4,w,1e3\n").unwrap();
+        // YAML, which keeps the written order (a serde_json map would sort it).
+        let yaml = format!(
+            "path: {}\nschema: {{ score: float32?, id: int32 }}",
+            path.display()
+        );
+        let source = CsvSource::new(&serde_saphyr::from_str(&yaml).unwrap()).unwrap();
+        let got = source.schema().unwrap();
+        let names: Vec<&str> = got.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["score", "id"]);
+        assert_eq!(got.field(0).data_type(), &arrow_schema::DataType::Float32);
+        let (rows, reasons) = read_all(&source);
+        assert_eq!(rows, 3);
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(reasons[0].contains("oops"), "{}", reasons[0]);
+
+        let missing = serde_json::json!({"schema": {"id": "int64", "user": "string"}});
+        let e = CsvSource::new(&config(&path, missing))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`user` is not in the header"), "{e}");
+        assert!(e.contains("id, note, score"), "{e}");
+        let list = serde_json::json!({"schema": {"id": "float32[2]"}});
+        let e = CsvSource::new(&config(&path, list))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`id` is a list (float32[2])"), "{e}");
+
+        // No header: the declared columns are the fields in order.
+        let bare = dir.path().join("b.csv");
+        std::fs::write(&bare, "1,2.5\n2,x\n").unwrap();
+        let c = serde_json::json!({"has_header": false, "schema": {"n": "int64", "v": "float64"}});
+        let source = CsvSource::new(&config(&bare, c)).unwrap();
+        let (rows, reasons) = read_all(&source);
+        assert_eq!((rows, reasons.len()), (1, 1));
+    }
+
+    #[test]
     fn inference_reads_a_bounded_sample_and_special_files_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.csv");
@@ -231,7 +359,7 @@ mod tests {
         let c = config(&path, serde_json::json!({}));
         let source = CsvSource::new(&c).unwrap();
         assert_eq!(
-            source.schema.field(0).data_type(),
+            source.decoder.schema().field(0).data_type(),
             &arrow_schema::DataType::Int64
         );
 

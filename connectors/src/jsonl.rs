@@ -15,13 +15,13 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
-use crate::formats::{self, Decoder, TextFormat};
+use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
 /// Lines read to infer the schema.
 const INFER_RECORDS: usize = 1000;
 
-/// `source: { jsonl: { path, batch_size } }`.
+/// `source: { jsonl: { path, batch_size, schema } }`.
 #[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,11 +33,17 @@ pub struct JsonlSourceConfig {
     /// Longest line (line end included); a longer one is a dead letter with its line.
     #[serde_inline_default(crate::text::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
+    /// Columns and their types (`name: float32`, `affinity: float32[80]` for an array of
+    /// exactly 80 numbers, `int64?` for one a line may leave out), in output order; other keys
+    /// are ignored. Unset: inferred.
+    #[serde(default)]
+    pub schema: Option<DeclaredSchema>,
 }
 
-/// A configured JSON-lines source. The schema is inferred from the first 1000 lines that are
-/// JSON objects; fields that first appear later are ignored, and a line that is not a JSON
-/// object or holds a value of the wrong type for its field becomes a dead letter.
+/// A configured JSON-lines source. The schema is declared, or inferred from the first 1000
+/// lines that are JSON objects; fields that first appear later are ignored, and a line that is
+/// not a JSON object or holds a value of the wrong type for its field (an array of the wrong
+/// length for a declared list) becomes a dead letter.
 #[derive(Debug)]
 pub struct JsonlSource {
     path: PathBuf,
@@ -53,9 +59,23 @@ impl JsonlSource {
             path: config.path.clone(),
             batch_size: config.batch_size,
             max_line_bytes: config.max_line_bytes,
-            decoder: infer_decoder(&config.path, config.max_line_bytes)?,
+            decoder: match &config.schema {
+                Some(declared) => declared_decoder(declared)?,
+                None => infer_decoder(&config.path, config.max_line_bytes)?,
+            },
         })
     }
+}
+
+/// The decoder of declared columns (required unless declared nullable).
+fn declared_decoder(declared: &DeclaredSchema) -> DataflowResult<Decoder> {
+    let schema = formats::declared_schema(declared).ok_or_else(|| {
+        DataflowError::Config("jsonl source: `schema` declares no columns".to_string())
+    })?;
+    Ok(
+        Decoder::new(TextFormat::Json, formats::Framing::FileRecord, schema)
+            .with_required(&formats::declared_required(declared)),
+    )
 }
 
 /// Infers the columns from the first lines, reading at most [`INFER_BYTES`] of them (lines
@@ -243,4 +263,44 @@ pub(crate) fn json_lines(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
     writer.write(&batch)?;
     writer.finish()?;
     Ok(writer.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declared_columns_skip_inference_and_bad_lines_are_dead_letters() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("e.jsonl");
+        let lines = [
+            r#"{"id": 1, "v": [0.5, 1.5], "p": 3}"#,
+            r#"{"id": 2, "v": [0.5], "p": 3}"#,
+            r#"{"id": 3, "v": [0.5, "high"], "p": 3}"#,
+            r#"{"id": 4, "v": [1, 2]}"#,
+        ];
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let yaml = format!(
+            "path: {}\nschema: {{ v: \"float32[2]\", id: int64, p: int64? }}",
+            path.display()
+        );
+        let config: JsonlSourceConfig = serde_saphyr::from_str(&yaml).unwrap();
+        let source = JsonlSource::new(&config).unwrap();
+        let schema = source.schema().unwrap();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["v", "id", "p"]);
+        let mut partition = source.partition(0, 1).unwrap();
+        let batch = partition.next_batch().unwrap().unwrap();
+        assert_eq!(batch.records.num_rows(), 2);
+        assert_eq!(batch.records.schema(), schema);
+        let reasons: Vec<&str> = batch.rejected.iter().map(|l| l.reason.as_str()).collect();
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(
+            reasons[0].contains("expected 2 but got 1"),
+            "{}",
+            reasons[0]
+        );
+        assert!(reasons[1].contains("high"), "{}", reasons[1]);
+        assert!(batch.rejected[0].record.contains(r#""line":2"#));
+    }
 }

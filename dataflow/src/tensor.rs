@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::types::ArrowPrimitiveType;
-use arrow_array::{Array, ArrayRef, FixedSizeListArray, PrimitiveArray};
+use arrow_array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, PrimitiveArray};
 use arrow_schema::{DataType, Field};
 
 use crate::error::{DataflowError, DataflowResult};
@@ -103,6 +103,37 @@ pub fn tensor_values<T: ArrowPrimitiveType>(column: &dyn Array) -> DataflowResul
     Ok(prim.values())
 }
 
+/// Wraps `rows × prod(shape)` booleans as a tensor column (Arrow packs them into bits, so unlike
+/// [`tensor_column`] this is a copy).
+pub fn bool_tensor_column(field: &Field, values: Vec<bool>) -> DataflowResult<ArrayRef> {
+    let values = BooleanArray::from(values);
+    match field.data_type() {
+        DataType::FixedSizeList(item, size) => Ok(Arc::new(FixedSizeListArray::try_new(
+            item.clone(),
+            *size,
+            Arc::new(values),
+            None,
+        )?)),
+        _ => Ok(Arc::new(values)),
+    }
+}
+
+/// The values of rows `0..len` of a boolean tensor column, unpacked from Arrow's bits (a copy:
+/// unlike [`tensor_values`], booleans cannot be viewed in place as one byte each).
+pub fn bool_tensor_values(column: &dyn Array) -> DataflowResult<Vec<bool>> {
+    let values = match column.as_any().downcast_ref::<FixedSizeListArray>() {
+        Some(list) => list.values().as_ref(),
+        None => column,
+    };
+    let bools = values
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| {
+            DataflowError::schema("tensor", "Boolean values", values.data_type().to_string())
+        })?;
+    Ok(bools.values().iter().collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +149,28 @@ mod tests {
         let sliced = col.slice(1, 1);
         let vals = tensor_values::<Float32Type>(sliced.as_ref()).unwrap();
         assert_eq!(vals, &[6.0, 7.0, 8.0, 9.0, 10.0, 11.0]);
+    }
+
+    #[test]
+    fn bool_tensor_column_round_trips_through_bits() {
+        let field = tensor_field("mask", DataType::Boolean, &[3]);
+        let values = vec![true, false, true, false, false, true];
+        let col = bool_tensor_column(&field, values.clone()).unwrap();
+        assert_eq!(col.len(), 2);
+        assert_eq!(col.data_type(), field.data_type());
+        assert_eq!(bool_tensor_values(col.as_ref()).unwrap(), values);
+        // A slice starting mid-byte still reads its own rows.
+        let sliced = col.slice(1, 1);
+        assert_eq!(
+            bool_tensor_values(sliced.as_ref()).unwrap(),
+            [false, false, true]
+        );
+        let scalar =
+            bool_tensor_column(&tensor_field("b", DataType::Boolean, &[]), vec![true]).unwrap();
+        assert_eq!(bool_tensor_values(scalar.as_ref()).unwrap(), [true]);
+        let float_field = tensor_field("f", DataType::Float32, &[3]);
+        let floats = tensor_column::<Float32Type>(&float_field, vec![0.0; 3]).unwrap();
+        assert!(bool_tensor_values(floats.as_ref()).is_err());
     }
 
     #[test]

@@ -21,6 +21,7 @@
 )]
 
 pub mod analytics;
+pub mod cast;
 pub mod crop;
 pub mod decode;
 pub mod dense;
@@ -35,6 +36,7 @@ pub mod rank;
 pub mod recs;
 pub mod resize;
 pub mod select;
+pub mod tensor_stage;
 pub mod topk;
 pub mod track;
 

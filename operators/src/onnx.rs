@@ -77,12 +77,18 @@ fn missing_library(path: &Path, why: impl std::fmt::Display) -> DataflowError {
 /// The Arrow element type holding values of an ONNX tensor element type, if supported.
 pub fn arrow_type(element: TensorElementType) -> Option<DataType> {
     Some(match element {
+        TensorElementType::Float16 => DataType::Float16,
         TensorElementType::Float32 => DataType::Float32,
         TensorElementType::Float64 => DataType::Float64,
         TensorElementType::Uint8 => DataType::UInt8,
         TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Uint16 => DataType::UInt16,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Uint32 => DataType::UInt32,
         TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Uint64 => DataType::UInt64,
         TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Bool => DataType::Boolean,
         _ => return None,
     })
 }

@@ -3,6 +3,7 @@
 
 use riffle_connectors::{SinkConfig, SourceConfig};
 use riffle_operators::analytics::{LineCountConfig, ZoneConfig};
+use riffle_operators::cast::CastConfig;
 use riffle_operators::crop::CropConfig;
 use riffle_operators::decode::DecodeConfig;
 use riffle_operators::detections::DetectionsConfig;
@@ -91,6 +92,10 @@ stage_kinds! {
     Zone(ZoneConfig),
     /// One row per detected object with its pixel crop, for a second model.
     Crop(CropConfig),
+    /// One `[k]` tensor column per row from k numeric columns or a list column.
+    Tensor(riffle_operators::tensor_stage::TensorConfig),
+    /// Columns cast to other element types (tensors element-wise, keeping their shape).
+    Cast(CastConfig),
 }
 
 impl StageSpec {

@@ -134,6 +134,13 @@ pub(super) fn decode(
     framing: Framing,
     payloads: &[&[u8]],
 ) -> Result<RecordBatch, ArrowError> {
+    if let Some(list) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
+        return Err(ArrowError::CsvError(format!(
+            "column `{}` is a list ({}), which a CSV field cannot hold; use JSON",
+            list.name(),
+            list.data_type()
+        )));
+    }
     match framing {
         Framing::Message => decode_messages(schema, delimiter, payloads),
         Framing::FileRecord => decode_records(schema, delimiter, payloads),

@@ -1,7 +1,10 @@
 //! JSON payloads: one object per record (arrow-json), schema inferred from sample records.
 
-use arrow_array::RecordBatch;
-use arrow_schema::{ArrowError, Schema, SchemaRef};
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, FixedSizeListArray, RecordBatch};
+use arrow_schema::{ArrowError, DataType, Field, Schema, SchemaRef};
 use serde_json::Value;
 
 use super::Framing;
@@ -163,10 +166,77 @@ pub(super) fn decode(
     for payload in payloads {
         check_shape(payload)?;
     }
-    match framing {
-        Framing::Message => decode_messages(schema, payloads),
-        Framing::FileRecord => decode_lines(schema, payloads),
+    let relaxed = relaxed(schema);
+    let read = relaxed.as_ref().unwrap_or(schema);
+    let batch = match framing {
+        Framing::Message => decode_messages(read, payloads),
+        Framing::FileRecord => decode_lines(read, payloads),
+    }?;
+    match relaxed {
+        Some(_) => tightened(batch, schema),
+        None => Ok(batch),
     }
+}
+
+/// `schema` with the elements of its fixed-size lists nullable, when any are not: a null
+/// element then decodes, for [`tightened`] to refuse naming its column (Arrow's own check
+/// would fail the record without saying which column).
+fn relaxed(schema: &SchemaRef) -> Option<SchemaRef> {
+    let strict = |f: &Field| matches!(f.data_type(), DataType::FixedSizeList(item, _) if !item.is_nullable());
+    if !schema.fields().iter().any(|f| strict(f)) {
+        return None;
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::FixedSizeList(item, size) if strict(f) => {
+                let item = Arc::new(item.as_ref().clone().with_nullable(true));
+                f.as_ref()
+                    .clone()
+                    .with_data_type(DataType::FixedSizeList(item, *size))
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Some(Arc::new(Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )))
+}
+
+/// `batch` (decoded with [`relaxed`]'s schema) in `schema`, or an error naming the first
+/// column with a null list element in a record that has the list.
+fn tightened(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(batch.num_columns());
+    for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        let (DataType::FixedSizeList(item, size), Some(list)) =
+            (field.data_type(), column.as_fixed_size_list_opt())
+        else {
+            columns.push(column.clone());
+            continue;
+        };
+        let values = list.values();
+        if values.null_count() > 0 {
+            let k = *size as usize;
+            let bad = (0..list.len())
+                .filter(|&row| list.is_valid(row))
+                .find_map(|row| (0..k).find(|&j| values.is_null(row * k + j)));
+            if let Some(j) = bad {
+                return Err(ArrowError::JsonError(format!(
+                    "whilst decoding field '{}': element {j} of the list is null",
+                    field.name()
+                )));
+            }
+        }
+        columns.push(Arc::new(FixedSizeListArray::try_new(
+            item.clone(),
+            *size,
+            values.clone(),
+            list.nulls().cloned(),
+        )?));
+    }
+    RecordBatch::try_new(schema.clone(), columns)
 }
 
 /// One JSON object per message; fails if any message holds anything else.

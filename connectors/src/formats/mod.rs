@@ -5,8 +5,8 @@
 //! - [`json`]: one JSON object per record; schema inferred from sample records.
 //! - [`csv`]: one CSV record per record; schema inferred from sample records.
 //! - [`raw`]: `raw` and `jpeg` payloads, kept whole in a `bytes` column.
-//! - [`ColumnType`] and [`declared_schema`]: columns declared in the pipeline file instead of
-//!   inferred.
+//! - [`ColumnType`], [`DeclaredSchema`] and [`declared_schema`]: columns declared in the
+//!   pipeline file instead of inferred (scalars, and fixed-size lists of numbers for JSON).
 //!
 //! Decoding never fails the run on bad data: [`Decoder::decode_or_reject`] decodes a chunk of
 //! records at once and, if any record is bad, decodes them one by one so that each bad record
@@ -26,7 +26,7 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::DataflowResult;
 use serde::Deserialize;
 
-pub use schema::{declared_required, declared_schema, ColumnType, DeclaredColumn};
+pub use schema::{declared_required, declared_schema, ColumnType, DeclaredColumn, DeclaredSchema};
 
 /// Message value formats of the Kafka source (`format:`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
@@ -85,7 +85,11 @@ pub enum Framing {
 pub struct Decoder {
     format: TextFormat,
     framing: Framing,
+    /// The columns of the decoded batches.
     schema: SchemaRef,
+    /// The columns a record is read as, and which of them make `schema`, when they differ (a
+    /// CSV header with columns the declared schema leaves out, or orders otherwise).
+    read: Option<(SchemaRef, Vec<usize>)>,
     /// Columns every record must have (not null), by index.
     required: Vec<usize>,
 }
@@ -106,8 +110,16 @@ impl Decoder {
             format,
             framing,
             schema,
+            read: None,
             required: Vec::new(),
         }
+    }
+
+    /// Reads records as `read` and keeps its columns `columns`, in that order (which must give
+    /// this decoder's schema).
+    pub fn reading(mut self, read: SchemaRef, columns: Vec<usize>) -> Self {
+        self.read = Some((read, columns));
+        self
     }
 
     pub fn schema(&self) -> &SchemaRef {
@@ -157,12 +169,18 @@ impl Decoder {
 
     /// All of `payloads` as one batch, or the first error if any payload is bad.
     pub fn decode(&self, payloads: &[&[u8]]) -> Result<RecordBatch, ArrowError> {
+        let read = self.read.as_ref().map_or(&self.schema, |(read, _)| read);
         let batch = match self.format {
-            TextFormat::Json => json::decode(&self.schema, self.framing, payloads),
-            TextFormat::Csv { delimiter } => {
-                csv::decode(&self.schema, delimiter, self.framing, payloads)
-            }
+            TextFormat::Json => json::decode(read, self.framing, payloads),
+            TextFormat::Csv { delimiter } => csv::decode(read, delimiter, self.framing, payloads),
         }?;
+        let batch = match &self.read {
+            Some((_, columns)) => RecordBatch::try_new(
+                self.schema.clone(),
+                batch.project(columns)?.columns().to_vec(),
+            )?,
+            None => batch,
+        };
         let missing: Vec<String> = self
             .required
             .iter()

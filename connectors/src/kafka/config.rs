@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
-use crate::formats::{ColumnType, DeclaredColumn, MessageFormat};
+use crate::formats::{ColumnType, DeclaredSchema, MessageFormat};
 
 /// Default of `max_message_bytes`: 16 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -43,10 +43,10 @@ pub struct KafkaSourceConfig {
     #[serde(default)]
     pub max_records_per_second: Option<f64>,
     /// Value columns for `json`/`csv` (name → type, `int64?` for a column a message may leave
-    /// out or null; the others are required); inferred from the topic's first messages when
-    /// absent.
+    /// out or null; the others are required; `float32[4]`, a list of exactly 4, for `json`),
+    /// in the order written; inferred from the topic's first messages when absent.
     #[serde(default)]
-    pub schema: Option<BTreeMap<String, DeclaredColumn>>,
+    pub schema: Option<DeclaredSchema>,
     /// Message headers copied into typed columns (header name → type).
     #[serde(default)]
     pub header_columns: BTreeMap<String, ColumnType>,

@@ -4,14 +4,17 @@
 use std::path::Path;
 
 use arrow_array::types::{
-    ArrowPrimitiveType, Float32Type, Float64Type, Int32Type, Int64Type, Int8Type, UInt8Type,
+    ArrowPrimitiveType, Float16Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type,
+    Int8Type, UInt16Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::{DataType, Field};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
 use ort::session::{Session, SessionInputValue};
-use ort::value::{PrimitiveTensorElementType, TensorRef};
-use riffle_dataflow::tensor::{element_type, tensor_column, tensor_values};
+use ort::value::{PrimitiveTensorElementType, Tensor, TensorRef};
+use riffle_dataflow::tensor::{
+    bool_tensor_column, bool_tensor_values, element_type, tensor_column, tensor_values,
+};
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 use super::{check_per_row, Backend, Engine};
@@ -84,16 +87,14 @@ pub(super) fn pinned_input(
 ) -> DataflowResult<ort::value::DynValue> {
     fn copy<T>(
         allocator: &Allocator,
-        array: &dyn Array,
+        values: &[T],
         shape: Vec<i64>,
     ) -> DataflowResult<ort::value::DynValue>
     where
-        T: ArrowPrimitiveType,
-        T::Native: PrimitiveTensorElementType + Copy + std::fmt::Debug + 'static,
+        T: PrimitiveTensorElementType + Copy + std::fmt::Debug + 'static,
     {
         let fail = |e: ort::Error| DataflowError::stage("model", e);
-        let values = tensor_values::<T>(array)?;
-        let mut tensor = ort::value::Tensor::<T::Native>::new(allocator, shape).map_err(fail)?;
+        let mut tensor = Tensor::<T>::new(allocator, shape).map_err(fail)?;
         let (_, dst) = tensor.try_extract_tensor_mut().map_err(fail)?;
         if dst.len() != values.len() {
             return Err(DataflowError::stage(
@@ -108,18 +109,27 @@ pub(super) fn pinned_input(
         dst.copy_from_slice(values);
         Ok(tensor.into_dyn())
     }
+    let a = array;
     match element {
-        DataType::Float32 => copy::<Float32Type>(allocator, array, shape),
-        DataType::Float64 => copy::<Float64Type>(allocator, array, shape),
-        DataType::UInt8 => copy::<UInt8Type>(allocator, array, shape),
-        DataType::Int8 => copy::<Int8Type>(allocator, array, shape),
-        DataType::Int32 => copy::<Int32Type>(allocator, array, shape),
-        DataType::Int64 => copy::<Int64Type>(allocator, array, shape),
-        other => Err(DataflowError::schema(
-            "model input",
-            "a numeric tensor column",
-            other.to_string(),
-        )),
+        DataType::Float16 => copy(allocator, tensor_values::<Float16Type>(a)?, shape),
+        DataType::Float32 => copy(allocator, tensor_values::<Float32Type>(a)?, shape),
+        DataType::Float64 => copy(allocator, tensor_values::<Float64Type>(a)?, shape),
+        DataType::UInt8 => copy(allocator, tensor_values::<UInt8Type>(a)?, shape),
+        DataType::Int8 => copy(allocator, tensor_values::<Int8Type>(a)?, shape),
+        DataType::UInt16 => copy(allocator, tensor_values::<UInt16Type>(a)?, shape),
+        DataType::Int16 => copy(allocator, tensor_values::<Int16Type>(a)?, shape),
+        DataType::UInt32 => copy(allocator, tensor_values::<UInt32Type>(a)?, shape),
+        DataType::Int32 => copy(allocator, tensor_values::<Int32Type>(a)?, shape),
+        DataType::UInt64 => copy(allocator, tensor_values::<UInt64Type>(a)?, shape),
+        DataType::Int64 => copy(allocator, tensor_values::<Int64Type>(a)?, shape),
+        DataType::Boolean => {
+            // Not in pinned memory: its uninitialised bytes would be viewed as `bool`s before
+            // they are written. ONNX Runtime copies this (small) tensor to the GPU itself.
+            Tensor::from_array((shape, bool_tensor_values(a)?))
+                .map(|t| t.into_dyn())
+                .map_err(|e| DataflowError::stage("model", e))
+        }
+        other => Err(unsupported_input(other)),
     }
 }
 
@@ -140,18 +150,36 @@ pub(super) fn tensor_input<'a>(
         Ok(tensor.into())
     }
     match element {
+        DataType::Float16 => view::<Float16Type>(array, shape),
         DataType::Float32 => view::<Float32Type>(array, shape),
         DataType::Float64 => view::<Float64Type>(array, shape),
         DataType::UInt8 => view::<UInt8Type>(array, shape),
         DataType::Int8 => view::<Int8Type>(array, shape),
+        DataType::UInt16 => view::<UInt16Type>(array, shape),
+        DataType::Int16 => view::<Int16Type>(array, shape),
+        DataType::UInt32 => view::<UInt32Type>(array, shape),
         DataType::Int32 => view::<Int32Type>(array, shape),
+        DataType::UInt64 => view::<UInt64Type>(array, shape),
         DataType::Int64 => view::<Int64Type>(array, shape),
-        other => Err(DataflowError::schema(
-            "model input",
-            "a numeric tensor column",
-            other.to_string(),
-        )),
+        DataType::Boolean => {
+            // Arrow packs booleans into bits and ONNX Runtime wants a byte each: a copy.
+            let tensor = Tensor::from_array((shape, bool_tensor_values(array)?))
+                .map_err(|e| DataflowError::stage("model", e))?;
+            Ok(tensor.into())
+        }
+        other => Err(unsupported_input(other)),
     }
+}
+
+/// The element types a tensor column may have to feed ONNX Runtime.
+const SUPPORTED: &str = "float16, float32, float64, (u)int8, (u)int16, (u)int32, (u)int64 or bool";
+
+fn unsupported_input(element: &DataType) -> DataflowError {
+    DataflowError::schema(
+        "model input",
+        format!("a tensor column of {SUPPORTED}"),
+        element.to_string(),
+    )
 }
 
 pub(super) fn output_column(
@@ -159,17 +187,14 @@ pub(super) fn output_column(
     field: &Field,
     rows: usize,
 ) -> DataflowResult<ArrayRef> {
-    fn extract<T>(
-        value: &ort::value::DynValue,
+    /// The output's values, once its shape is checked against the column's.
+    fn checked<'v, T: PrimitiveTensorElementType>(
+        value: &'v ort::value::DynValue,
         field: &Field,
         rows: usize,
-    ) -> DataflowResult<ArrayRef>
-    where
-        T: ArrowPrimitiveType,
-        T::Native: PrimitiveTensorElementType + Clone,
-    {
+    ) -> DataflowResult<&'v [T]> {
         let (shape, data) = value
-            .try_extract_tensor::<T::Native>()
+            .try_extract_tensor::<T>()
             .map_err(|e| DataflowError::stage("model", e))?;
         if shape.first().copied() != Some(rows as i64) {
             return Err(DataflowError::stage(
@@ -182,18 +207,37 @@ pub(super) fn output_column(
         }
         let per_row = shape.iter().skip(1).map(|d| *d as usize).product();
         check_per_row(field, per_row, &shape)?;
-        tensor_column::<T>(field, data.to_vec())
+        Ok(data)
+    }
+    fn extract<T>(
+        value: &ort::value::DynValue,
+        field: &Field,
+        rows: usize,
+    ) -> DataflowResult<ArrayRef>
+    where
+        T: ArrowPrimitiveType,
+        T::Native: PrimitiveTensorElementType,
+    {
+        tensor_column::<T>(field, checked::<T::Native>(value, field, rows)?.to_vec())
     }
     match element_type(field) {
+        DataType::Float16 => extract::<Float16Type>(value, field, rows),
         DataType::Float32 => extract::<Float32Type>(value, field, rows),
         DataType::Float64 => extract::<Float64Type>(value, field, rows),
         DataType::UInt8 => extract::<UInt8Type>(value, field, rows),
         DataType::Int8 => extract::<Int8Type>(value, field, rows),
+        DataType::UInt16 => extract::<UInt16Type>(value, field, rows),
+        DataType::Int16 => extract::<Int16Type>(value, field, rows),
+        DataType::UInt32 => extract::<UInt32Type>(value, field, rows),
         DataType::Int32 => extract::<Int32Type>(value, field, rows),
+        DataType::UInt64 => extract::<UInt64Type>(value, field, rows),
         DataType::Int64 => extract::<Int64Type>(value, field, rows),
+        DataType::Boolean => {
+            bool_tensor_column(field, checked::<bool>(value, field, rows)?.to_vec())
+        }
         other => Err(DataflowError::schema(
             field.name(),
-            "a numeric output",
+            format!("an output of {SUPPORTED}"),
             other.to_string(),
         )),
     }

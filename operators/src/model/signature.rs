@@ -66,14 +66,20 @@ impl Signature {
 
 /// The Arrow element type of ONNX's `TensorProto.DataType` `elem_type`, for the types Riffle
 /// moves between Arrow and a model (those of `crate::onnx::arrow_type`).
-fn arrow_element(elem_type: i32) -> Option<DataType> {
+pub(super) fn arrow_element(elem_type: i32) -> Option<DataType> {
     Some(match elem_type {
         1 => DataType::Float32,
         2 => DataType::UInt8,
         3 => DataType::Int8,
+        4 => DataType::UInt16,
+        5 => DataType::Int16,
         6 => DataType::Int32,
         7 => DataType::Int64,
+        9 => DataType::Boolean,
+        10 => DataType::Float16,
         11 => DataType::Float64,
+        12 => DataType::UInt32,
+        13 => DataType::UInt64,
         _ => return None,
     })
 }

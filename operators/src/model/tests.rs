@@ -117,3 +117,117 @@ fn output_schema_from_the_signature_locates_errors_at_keys() {
     let e = Model::new(bad_batch, 1).err().expect("max_size 0");
     assert_eq!(e.located().0, Some("batch.max_size"), "{e}");
 }
+
+/// The file's element types (validation) and ONNX Runtime's (running) map to the same Arrow
+/// types.
+#[test]
+fn element_types_map_alike_from_the_file_and_from_onnx_runtime() {
+    use ort::value::TensorElementType as T;
+    let all = [
+        T::Float32,
+        T::Uint8,
+        T::Int8,
+        T::Uint16,
+        T::Int16,
+        T::Int32,
+        T::Int64,
+        T::String,
+        T::Bool,
+        T::Float16,
+        T::Float64,
+        T::Uint32,
+        T::Uint64,
+        T::Bfloat16,
+        T::Complex64,
+    ];
+    for t in all {
+        let code = ort::sys::ONNXTensorElementDataType::from(t) as i32;
+        assert_eq!(
+            signature::arrow_element(code),
+            onnx::arrow_type(t),
+            "{t} ({code})"
+        );
+    }
+    assert_eq!(onnx::arrow_type(T::Float16), Some(DataType::Float16));
+    assert_eq!(onnx::arrow_type(T::Bool), Some(DataType::Boolean));
+    assert_eq!(onnx::arrow_type(T::String), None);
+}
+
+/// float16, bool and the 16/32/64-bit integers come out of ONNX Runtime values as tensor
+/// columns of their Arrow type, keeping the per-row shape.
+#[test]
+fn float16_bool_and_int_outputs_become_tensor_columns() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{ArrowPrimitiveType, Float16Type, Int16Type, UInt64Type};
+    use ort::value::Tensor;
+    type F16 = <Float16Type as ArrowPrimitiveType>::Native;
+    use riffle_dataflow::tensor::{bool_tensor_values, tensor_field, tensor_values};
+    if onnx::environment().is_err() {
+        eprintln!("ONNX Runtime is not installed: skipped");
+        return;
+    }
+    let halves: Vec<F16> = [0.5f32, -2.0, 3.25, 1e-3].map(F16::from_f32).to_vec();
+    let value = Tensor::from_array((vec![2i64, 2], halves.clone()))
+        .unwrap()
+        .into_dyn();
+    let field = tensor_field("h", DataType::Float16, &[2]);
+    let column = ort_io::output_column(&value, &field, 2).unwrap();
+    assert_eq!(column.data_type(), field.data_type());
+    assert_eq!(
+        tensor_values::<Float16Type>(column.as_ref()).unwrap(),
+        halves
+    );
+    // The rows the model returned must be the batch's.
+    assert!(ort_io::output_column(&value, &field, 3).is_err());
+
+    let bools = vec![true, false, false, true, true, false];
+    let value = Tensor::from_array((vec![3i64], vec![true, false, true]))
+        .unwrap()
+        .into_dyn();
+    let err = ort_io::output_column(&value, &tensor_field("b", DataType::Boolean, &[2]), 3);
+    assert!(err.is_err(), "one value per row, not two");
+    let value = Tensor::from_array((vec![3i64, 2], bools.clone()))
+        .unwrap()
+        .into_dyn();
+    let column =
+        ort_io::output_column(&value, &tensor_field("b", DataType::Boolean, &[2]), 3).unwrap();
+    assert_eq!(bool_tensor_values(column.as_ref()).unwrap(), bools);
+
+    let value = Tensor::from_array((vec![2i64], vec![-7i16, 300]))
+        .unwrap()
+        .into_dyn();
+    let column =
+        ort_io::output_column(&value, &tensor_field("i", DataType::Int16, &[]), 2).unwrap();
+    assert_eq!(column.as_primitive::<Int16Type>().values(), &[-7, 300]);
+    let value = Tensor::from_array((vec![1i64], vec![u64::MAX]))
+        .unwrap()
+        .into_dyn();
+    let column =
+        ort_io::output_column(&value, &tensor_field("u", DataType::UInt64, &[]), 1).unwrap();
+    assert_eq!(column.as_primitive::<UInt64Type>().value(0), u64::MAX);
+    // A column type that does not match the value's is an error, not a reinterpretation.
+    let e = ort_io::output_column(&value, &tensor_field("u", DataType::Int64, &[]), 1);
+    assert!(e.is_err());
+}
+
+/// The dense executor takes float32 and int64 only: other types are a clear error.
+#[test]
+fn the_dense_executor_refuses_other_element_types_by_name() {
+    use arrow_array::types::{ArrowPrimitiveType, Float16Type};
+    use arrow_array::{ArrayRef, Float16Array, RecordBatch};
+    type F16 = <Float16Type as ArrowPrimitiveType>::Native;
+    let batch = RecordBatch::try_from_iter(vec![(
+        "x",
+        std::sync::Arc::new(Float16Array::from(vec![F16::ONE])) as ArrayRef,
+    )])
+    .unwrap();
+    let mapping = std::collections::BTreeMap::from([("x".to_string(), "x".to_string())]);
+    let Err(e) = dense_io::dense_inputs(&batch, &mapping) else {
+        panic!("float16 is not a dense executor input");
+    };
+    let text = e.to_string();
+    assert!(
+        text.contains("float32 or int64") && text.contains("Float16"),
+        "{text}"
+    );
+}
