@@ -43,7 +43,16 @@ impl StageKind for ModelConfig {
             Share::Worker => Box::new(load()?),
             Share::Process => {
                 let engine = planned_engine(self, ctx.worker, ctx.gpus)?;
-                let server = Server::for_process(self, &format!("{engine:?}"), load)?;
+                // The one instance does every worker's work, so it gets their threads (up to
+                // the cores). Merged batches stay at `batch.max_size` rows: larger ones grow
+                // ONNX Runtime's arena, the memory sharing is meant to save.
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let threads = (ctx.intra_op_threads * ctx.peers).clamp(1, cores.max(1));
+                let threads = self.intra_op_threads.unwrap_or(threads);
+                let max_rows = self.batch.max_size;
+                let load = || Model::for_worker(self.clone(), threads, ctx.worker, ctx.gpus);
+                let server =
+                    Server::for_process(self, &format!("{engine:?}"), max_rows, load)?;
                 Box::new(SharedModel::new(self.clone(), server))
             }
         };

@@ -47,6 +47,7 @@ impl Server {
     pub(crate) fn for_process(
         config: &ModelConfig,
         engine: &str,
+        max_rows: usize,
         load: impl FnOnce() -> DataflowResult<Model>,
     ) -> DataflowResult<Arc<Server>> {
         let key = format!(
@@ -61,7 +62,7 @@ impl Server {
             return Ok(server);
         }
         let model = load()?;
-        let max_rows = model.batch().max_size.max(1);
+        let max_rows = max_rows.max(1);
         let signature = model.signature().clone();
         // Room for one waiting request per worker thread is plenty: senders block otherwise.
         let (tx, rx) = mpsc::sync_channel::<Request>(64);
