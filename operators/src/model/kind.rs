@@ -51,8 +51,7 @@ impl StageKind for ModelConfig {
                 let threads = self.intra_op_threads.unwrap_or(threads);
                 let max_rows = self.batch.max_size;
                 let load = || Model::for_worker(self.clone(), threads, ctx.worker, ctx.gpus);
-                let server =
-                    Server::for_process(self, &format!("{engine:?}"), max_rows, load)?;
+                let server = Server::for_process(self, &format!("{engine:?}"), max_rows, load)?;
                 Box::new(SharedModel::new(self.clone(), server))
             }
         };
