@@ -130,6 +130,7 @@ fn check_model(
             embedding_devices: tables,
             keep_inputs: false,
             share: Default::default(),
+            poll_ms: 1000,
         };
         Model::new(config, threads)
     };

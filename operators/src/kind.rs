@@ -152,6 +152,8 @@ pub struct ConfigFile<'a> {
     pub path: &'a mut PathBuf,
     /// What it should be, for the error when it is missing (`an .onnx file`).
     pub expected: &'static str,
+    /// A directory is accepted too (a model repository).
+    pub directory_ok: bool,
 }
 
 /// Where a stage is built: which worker of how many, and the process-wide settings that

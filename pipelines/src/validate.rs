@@ -265,7 +265,7 @@ fn validate(
                 };
                 for file in stage.files_mut() {
                     resolve(file.path);
-                    if !file.path.is_file() {
+                    if !(file.path.is_file() || file.directory_ok && file.path.is_dir()) {
                         return Err(at.error(
                             line,
                             Some(file.key),

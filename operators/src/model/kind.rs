@@ -7,7 +7,9 @@ use riffle_dataflow::operators::BatchPolicy;
 use riffle_dataflow::runtime::Step;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
+use super::repository::{self, Watcher};
 use super::shared::{Server, SharedModel};
+use super::versions::{with_version_field, Versioned};
 use super::{output_schema, planned_engine, DeviceSpec, Model, ModelConfig, Share, Signature};
 use crate::{ConfigFile, StageContext, StageKind};
 
@@ -20,7 +22,8 @@ impl StageKind for ModelConfig {
         vec![ConfigFile {
             key: "path",
             path: &mut self.path,
-            expected: "an .onnx file",
+            expected: "an .onnx file or a model repository (<version>/model.onnx)",
+            directory_ok: true,
         }]
     }
 
@@ -30,14 +33,49 @@ impl StageKind for ModelConfig {
                 DataflowError::Config("expected a number ≥ 1, found 0".into()).at("batch.max_size"),
             );
         }
-        output_schema(self, &Signature::read(&self.path)?, input)
+        let (version, config) = self.resolved()?;
+        let input = match version {
+            Some(_) => with_version_field(input)?,
+            None => input.clone(),
+        };
+        output_schema(&config, &Signature::read(&config.path)?, &input)
     }
 
     fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
-        planned_engine(self, ctx.worker, ctx.gpus).map(|_| ())
+        let (version, config) = self.resolved()?;
+        if version.is_some() && self.share == Share::Process {
+            return Err(DataflowError::Config(
+                "share: process serves one model file; a model repository needs share: worker"
+                    .into(),
+            )
+            .at("share"));
+        }
+        planned_engine(&config, ctx.worker, ctx.gpus).map(|_| ())
     }
 
     fn build(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
+        let (version, config) = self.resolved()?;
+        if let Some(version) = version {
+            self.check(ctx)?;
+            let threads = self.intra_op_threads.unwrap_or(ctx.intra_op_threads).max(1);
+            let model = Model::for_worker(config.clone(), threads, ctx.worker, ctx.gpus)?;
+            let watcher = Watcher::for_process(
+                self,
+                (version, config.path.clone()),
+                model.signature().clone(),
+                threads,
+                Duration::from_millis(self.poll_ms.max(10)),
+            )?;
+            return Ok(Step::Stateful(Box::new(Versioned {
+                config: self.clone(),
+                watcher,
+                policy: self.batching().unwrap_or(POLICY),
+                threads,
+                worker: ctx.worker,
+                gpus: ctx.gpus.to_vec(),
+                start: (version, model),
+            })));
+        }
         let load = || Model::for_worker(self.clone(), ctx.intra_op_threads, ctx.worker, ctx.gpus);
         let stage: Box<dyn riffle_dataflow::Stage> = match self.share {
             Share::Worker => Box::new(load()?),
@@ -68,20 +106,32 @@ impl StageKind for ModelConfig {
     }
 
     fn describe(&self, ctx: &StageContext<'_>) -> String {
+        let (version, config) = match self.resolved() {
+            Ok(r) => r,
+            Err(e) => return format!("cannot run here: {e}"),
+        };
+        let from = match version {
+            Some(v) => format!(
+                " (repository {}: version {v} now, new versions switched to while running)",
+                self.path.display()
+            ),
+            None => String::new(),
+        };
+        let this = &config;
         format!(
             "{}, {}, {} ORT thread(s)",
-            match planned_engine(self, ctx.worker, ctx.gpus) {
+            match planned_engine(this, ctx.worker, ctx.gpus) {
                 Ok(engine) => format!("runs on {engine} (worker {})", ctx.worker),
                 Err(e) => format!("cannot run here: {e}"),
             },
-            self.path
+            this.path
                 .file_name()
                 .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
             self.intra_op_threads.unwrap_or(ctx.intra_op_threads)
         ) + match self.share {
             Share::Worker => "",
             Share::Process => ", one instance per process shared by its workers",
-        }
+        } + &from
     }
 
     fn may_use_gpu(&self) -> bool {
@@ -95,3 +145,16 @@ const POLICY: BatchPolicy = BatchPolicy {
     late_after: None,
     drop_late: false,
 };
+
+impl ModelConfig {
+    /// The config of the file that serves now: `path` itself, or the highest version of the
+    /// repository it names (with that version).
+    fn resolved(&self) -> DataflowResult<(Option<u64>, ModelConfig)> {
+        if self.path.is_dir() {
+            let (version, file) = repository::latest(&self.path)?;
+            Ok((Some(version), repository::config_for(self, &file)))
+        } else {
+            Ok((None, self.clone()))
+        }
+    }
+}

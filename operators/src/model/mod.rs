@@ -28,14 +28,17 @@ mod dense_io;
 mod engine;
 mod kind;
 mod ort_io;
+pub mod repository;
 mod shared;
 mod signature;
 #[cfg(test)]
 mod tests;
+mod versions;
 
 pub use engine::{choose_engine, planned_engine, Engine};
 pub use shared::SharedModel;
 pub use signature::{output_schema, Signature};
+pub use versions::{LOOKAHEAD, VERSION_COLUMN};
 
 use dense_io::{dense_inputs, push_dense_outputs};
 use engine::{decide, Decision};
@@ -45,7 +48,9 @@ use ort_io::{open_session, ort_output, output_column, pinned_backend, pinned_inp
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
-    /// The `.onnx` file (relative to the pipeline file).
+    /// The `.onnx` file, or a model repository: a directory of `<version>/model.onnx`
+    /// (relative to the pipeline file). From a repository the highest version serves, new
+    /// versions are switched to while running, and rows get a `model_version` column.
     pub path: PathBuf,
     /// ONNX input name → column holding it.
     pub inputs: BTreeMap<String, String>,
@@ -74,6 +79,13 @@ pub struct ModelConfig {
     /// by all the process's workers, whose batches it merges.
     #[serde(default)]
     pub share: Share,
+    /// How often a model repository is looked at for new versions.
+    #[serde(default = "default_poll_ms")]
+    pub poll_ms: u64,
+}
+
+fn default_poll_ms() -> u64 {
+    1000
 }
 
 /// `share:` — how many instances of a model a process holds.
