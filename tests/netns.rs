@@ -193,8 +193,11 @@ fn a_host_cut_off_mid_run_rejoins_and_the_output_is_exactly_once() {
         assert!(c.len() >= 2, "host {i} was restarted: attempts {c:?}");
     }
     for i in [0, 1] {
+        // Usually the peer timeout notices the silence; on a loaded machine the connection to
+        // host 2 may fail first (its supervisor restarting it as the cut lands): both are the
+        // host noticing, which is what is checked.
         assert!(
-            logs[i].contains("has been silent"),
+            logs[i].contains("has been silent") || logs[i].contains("cluster connection lost"),
             "host {i} noticed host 2 was gone:\n{}",
             logs[i]
         );
