@@ -27,6 +27,8 @@ const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0
 
 /// All metrics of one process.
 pub struct Metrics {
+    /// Itself, for stages' metrics to create their siblings ([`StageMetrics::sibling`]).
+    me: std::sync::Weak<Metrics>,
     registry: Registry,
     records_in: IntCounterVec,
     records_out: IntCounterVec,
@@ -52,6 +54,7 @@ const OTHER_REASONS: &str = "(other reasons)";
 /// The metrics of one stage (all workers of the process share it).
 pub struct StageMetrics {
     pub name: String,
+    parent: std::sync::Weak<Metrics>,
     order: usize,
     records_in: prometheus::IntCounter,
     records_out: prometheus::IntCounter,
@@ -143,7 +146,9 @@ impl Metrics {
                 e => Err(e),
             })
             .map_err(prom_err)?;
-        Ok(Arc::new(Metrics {
+        let end_to_end_hdr = Mutex::new(hdr()?);
+        Ok(Arc::new_cyclic(|me| Metrics {
+            me: me.clone(),
             registry,
             records_in,
             records_out,
@@ -154,7 +159,7 @@ impl Metrics {
             batch_size,
             end_to_end,
             stages: Mutex::new(BTreeMap::new()),
-            end_to_end_hdr: Mutex::new(hdr()?),
+            end_to_end_hdr,
             live: OnceLock::new(),
             ready_workers: AtomicUsize::new(0),
             dead_letter_reasons: Mutex::new(BTreeMap::new()),
@@ -170,6 +175,7 @@ impl Metrics {
         let l = [name];
         let created = Arc::new(StageMetrics {
             name: name.to_string(),
+            parent: self.me.clone(),
             order: stages.len(),
             records_in: self.records_in.with_label_values(&l),
             records_out: self.records_out.with_label_values(&l),
@@ -320,6 +326,15 @@ impl Metrics {
 
 impl StageMetrics {
     /// Records one processed batch.
+    /// The metrics of another stage of the same process, e.g. one per model variant
+    /// (`model[candidate]`): reported like every stage's.
+    pub fn sibling(&self, name: &str) -> DataflowResult<Arc<StageMetrics>> {
+        self.parent
+            .upgrade()
+            .ok_or_else(|| DataflowError::Config(format!("metrics for {name}: none in use")))?
+            .stage(name)
+    }
+
     pub fn record_batch(&self, rows_in: usize, rows_out: usize, dead: usize, took: Duration) {
         self.records_in.inc_by(rows_in as u64);
         self.records_out.inc_by(rows_out as u64);

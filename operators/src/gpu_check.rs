@@ -131,6 +131,9 @@ fn check_model(
             keep_inputs: false,
             share: Default::default(),
             poll_ms: 1000,
+            variants: Vec::new(),
+            variant_key: None,
+            shadow: None,
         };
         Model::new(config, threads)
     };

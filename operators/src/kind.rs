@@ -152,8 +152,18 @@ pub struct ConfigFile<'a> {
     pub path: &'a mut PathBuf,
     /// What it should be, for the error when it is missing (`an .onnx file`).
     pub expected: &'static str,
-    /// A directory is accepted too (a model repository).
-    pub directory_ok: bool,
+    pub kind: FileKind,
+}
+
+/// What a [`ConfigFile`] names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// A file that must exist.
+    File,
+    /// A file or a directory (a model repository) that must exist.
+    FileOrDirectory,
+    /// A file the stage writes (resolved, not required to exist).
+    Output,
 }
 
 /// Where a stage is built: which worker of how many, and the process-wide settings that

@@ -40,7 +40,7 @@ pub mod tensor_stage;
 pub mod topk;
 pub mod track;
 
-pub use kind::{ConfigFile, StageContext, StageKind};
+pub use kind::{ConfigFile, FileKind, StageContext, StageKind};
 
 use riffle_dataflow::DataflowError;
 use riffle_gpu::GpuError;

@@ -233,7 +233,7 @@ impl crate::StageKind for TopKConfig {
                 key: "labels",
                 path,
                 expected: "a text file, one class name per line",
-                directory_ok: false,
+                kind: crate::kind::FileKind::File,
             })
             .collect()
     }

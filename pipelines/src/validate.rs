@@ -12,7 +12,7 @@ use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
 use serde_saphyr::Spanned;
 
-use riffle_operators::StageContext;
+use riffle_operators::{FileKind, StageContext};
 
 use crate::env::{substitute, Redactions};
 use crate::error::PipelineError;
@@ -265,7 +265,12 @@ fn validate(
                 };
                 for file in stage.files_mut() {
                     resolve(file.path);
-                    if !(file.path.is_file() || file.directory_ok && file.path.is_dir()) {
+                    let found = match file.kind {
+                        FileKind::File => file.path.is_file(),
+                        FileKind::FileOrDirectory => file.path.is_file() || file.path.is_dir(),
+                        FileKind::Output => true,
+                    };
+                    if !found {
                         return Err(at.error(
                             line,
                             Some(file.key),

@@ -667,7 +667,7 @@ impl crate::StageKind for DetectionsConfig {
                 key: "labels_file",
                 path,
                 expected: "a text file, one class name per line",
-                directory_ok: false,
+                kind: crate::kind::FileKind::File,
             })
             .collect()
     }

@@ -9,6 +9,7 @@ use riffle_dataflow::{DataflowError, DataflowResult};
 
 use super::repository::{self, Watcher};
 use super::shared::{Server, SharedModel};
+use super::variants::{self, with_variant_field, Variants};
 use super::versions::{with_version_field, Versioned};
 use super::{output_schema, planned_engine, DeviceSpec, Model, ModelConfig, Share, Signature};
 use crate::{ConfigFile, StageContext, StageKind};
@@ -19,12 +20,36 @@ impl StageKind for ModelConfig {
     }
 
     fn files_mut(&mut self) -> Vec<ConfigFile<'_>> {
-        vec![ConfigFile {
+        use crate::kind::FileKind;
+        let mut files = vec![ConfigFile {
             key: "path",
             path: &mut self.path,
             expected: "an .onnx file or a model repository (<version>/model.onnx)",
-            directory_ok: true,
-        }]
+            kind: FileKind::FileOrDirectory,
+        }];
+        for v in &mut self.variants {
+            files.push(ConfigFile {
+                key: "variants",
+                path: &mut v.path,
+                expected: "an .onnx file",
+                kind: FileKind::File,
+            });
+        }
+        if let Some(s) = &mut self.shadow {
+            files.push(ConfigFile {
+                key: "shadow.path",
+                path: &mut s.path,
+                expected: "an .onnx file",
+                kind: FileKind::File,
+            });
+            files.push(ConfigFile {
+                key: "shadow.output",
+                path: &mut s.output,
+                expected: "a JSON-lines file to append to",
+                kind: FileKind::Output,
+            });
+        }
+        files
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
@@ -38,7 +63,44 @@ impl StageKind for ModelConfig {
             Some(_) => with_version_field(input)?,
             None => input.clone(),
         };
-        output_schema(&config, &Signature::read(&config.path)?, &input)
+        let base = Signature::read(&config.path)?;
+        let out = output_schema(&config, &base, &input)?;
+        if self.variants.is_empty() && self.shadow.is_none() {
+            return Ok(out);
+        }
+        variants::check(self)?;
+        if version.is_some() || self.share == Share::Process {
+            return Err(DataflowError::Config(
+                "variants and shadow models need a model file as `path` and share: worker".into(),
+            )
+            .at("variants"));
+        }
+        let others = self
+            .variants
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (format!("variants[{i}].path"), &v.path))
+            .chain(
+                self.shadow
+                    .iter()
+                    .map(|s| ("shadow.path".to_string(), &s.path)),
+            );
+        for (key, path) in others {
+            let signature = Signature::read(path).map_err(|e| e.at(key.clone()))?;
+            if let Some(why) = repository::incompatibility(self, &base, &signature) {
+                return Err(DataflowError::Config(format!(
+                    "{} cannot stand in for {}: {why}",
+                    path.display(),
+                    config.path.display()
+                ))
+                .at(key));
+            }
+        }
+        if self.variants.is_empty() {
+            Ok(out)
+        } else {
+            with_variant_field(&out)
+        }
     }
 
     fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
@@ -55,6 +117,20 @@ impl StageKind for ModelConfig {
 
     fn build(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
         let (version, config) = self.resolved()?;
+        if version.is_none() && (!self.variants.is_empty() || self.shadow.is_some()) {
+            variants::check(self)?;
+            let threads = self.intra_op_threads.unwrap_or(ctx.intra_op_threads).max(1);
+            let load = |c: ModelConfig| Model::for_worker(c, threads, ctx.worker, ctx.gpus);
+            let control = load(config.clone())?;
+            let (variants, shadow) = variants::load(self, load)?;
+            return Ok(Step::Stateful(Box::new(Variants {
+                config: self.clone(),
+                policy: self.batching().unwrap_or(POLICY),
+                control,
+                variants,
+                shadow,
+            })));
+        }
         if let Some(version) = version {
             self.check(ctx)?;
             let threads = self.intra_op_threads.unwrap_or(ctx.intra_op_threads).max(1);
@@ -136,6 +212,12 @@ impl StageKind for ModelConfig {
 
     fn may_use_gpu(&self) -> bool {
         self.device != DeviceSpec::Cpu
+    }
+
+    /// A repository's, variants' or shadow's stage runs operators of its own on every worker
+    /// (the version announcements, the shadow), so it cannot be placed on some of them.
+    fn stateful(&self) -> bool {
+        self.path.is_dir() || !self.variants.is_empty() || self.shadow.is_some()
     }
 }
 

@@ -33,11 +33,13 @@ mod shared;
 mod signature;
 #[cfg(test)]
 mod tests;
+mod variants;
 mod versions;
 
 pub use engine::{choose_engine, planned_engine, Engine};
 pub use shared::SharedModel;
 pub use signature::{output_schema, Signature};
+pub use variants::{ShadowSpec, VariantSpec, CONTROL, VARIANT_COLUMN};
 pub use versions::{LOOKAHEAD, VERSION_COLUMN};
 
 use dense_io::{dense_inputs, push_dense_outputs};
@@ -82,6 +84,15 @@ pub struct ModelConfig {
     /// How often a model repository is looked at for new versions.
     #[serde(default = "default_poll_ms")]
     pub poll_ms: u64,
+    /// Other models serving a share of keys each (A/B tests); the rest stay on `path`.
+    #[serde(default)]
+    pub variants: Vec<VariantSpec>,
+    /// The column whose value keeps a key on one variant (and in or out of the shadow's sample).
+    #[serde(default)]
+    pub variant_key: Option<String>,
+    /// A model run on a sample off the main path, its results appended to a file.
+    #[serde(default)]
+    pub shadow: Option<ShadowSpec>,
 }
 
 fn default_poll_ms() -> u64 {
