@@ -45,7 +45,7 @@ pub struct ImagesConfig {
     #[serde_inline_default(1)]
     pub repeat: usize,
     /// File extensions that count as images, matched case-insensitively.
-    #[serde_inline_default(["jpg", "jpeg", "png"].map(String::from).to_vec())]
+    #[serde_inline_default(["jpg", "jpeg", "png", "webp"].map(String::from).to_vec())]
     pub extensions: Vec<String>,
     /// How files are dealt to workers: `batch` (chunks round-robin: even load) or `camera`
     /// (camera k to worker k mod workers, its frames in order, interleaved with the worker's

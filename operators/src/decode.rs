@@ -1,8 +1,8 @@
-//! `decode`: encoded images (JPEG, PNG) in a binary column → RGB8 pixels plus their size.
+//! `decode`: encoded images (JPEG, PNG, WebP) in a binary column → RGB8 pixels plus their size.
 //!
 //! Each row's JPEG is decoded by zune-jpeg straight into the output column's value buffer, so
 //! the pixels are written once and never copied; a PNG (by its signature) is decoded by the
-//! `png` crate and converted to RGB8 there. A row that does not decode is dropped from the
+//! `png` crate and a WebP (by its RIFF header) by `image-webp`, each converted to RGB8 there. A row that does not decode is dropped from the
 //! output and reported as a dead letter; the rest of the batch goes on.
 
 use std::sync::Arc;
@@ -201,6 +201,9 @@ fn decode_jpeg_into(
     if bytes.starts_with(PNG_MAGIC) {
         return decode_png_into(bytes, limits, out, rows_left);
     }
+    if bytes.get(..4) == Some(b"RIFF") && bytes.get(8..12) == Some(b"WEBP") {
+        return decode_webp_into(bytes, limits, out, rows_left);
+    }
     let invalid = |e: zune_jpeg::errors::DecodeErrors| {
         // zune-jpeg's messages for static errors are Debug-quoted.
         format!("invalid JPEG: {}", e.to_string().trim_matches('"'))
@@ -246,6 +249,57 @@ fn decode_jpeg_into(
         return Err(invalid(e).into());
     }
     Ok((w, h))
+}
+
+/// Decodes one WebP (lossy or lossless; alpha dropped; an animation's first frame), appending
+/// its RGB8 pixels to `out`; returns (width, height). On error `out` is left as it was.
+fn decode_webp_into(
+    bytes: &[u8],
+    limits: Limits,
+    out: &mut Vec<u8>,
+    rows_left: usize,
+) -> Result<(u32, u32), Refused> {
+    let invalid = |e: image_webp::DecodingError| format!("invalid WebP: {e}");
+    let mut decoder = image_webp::WebPDecoder::new(std::io::Cursor::new(bytes)).map_err(invalid)?;
+    let (width, height) = decoder.dimensions();
+    let pixels = u64::from(width).saturating_mul(u64::from(height));
+    if pixels > limits.max_pixels {
+        return Err(format!(
+            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
+            limits.max_pixels
+        )
+        .into());
+    }
+    let channels = if decoder.has_alpha() { 4 } else { 3 };
+    let buffer = decoder
+        .output_buffer_size()
+        .ok_or_else(|| format!("invalid WebP: image size {width}x{height} overflows"))?;
+    let mut decoded = vec![0u8; buffer];
+    decoder.read_image(&mut decoded).map_err(invalid)?;
+    let size = (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|p| p.checked_mul(3))
+        .ok_or_else(|| format!("invalid WebP: image size {width}x{height} overflows"))?;
+    let start = out.len();
+    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
+        return Err(Refused::BatchFull);
+    }
+    if start == 0 {
+        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
+        out.reserve(size.saturating_mul(rows_left).min(budget));
+    }
+    if channels == 3 {
+        out.extend_from_slice(decoded.get(..size).unwrap_or_default());
+    } else {
+        for px in decoded.chunks_exact(4) {
+            out.extend_from_slice(px.get(..3).unwrap_or_default());
+        }
+    }
+    if out.len() != start + size {
+        out.truncate(start);
+        return Err(format!("invalid WebP: {width}x{height} image decoded short").into());
+    }
+    Ok((width, height))
 }
 
 /// Decodes one PNG (any bit depth and colour type; alpha dropped, 16 bits cut to 8), appending
@@ -567,6 +621,42 @@ mod tests {
         assert_eq!(out.rejected.len(), 1, "the truncated PNG");
         assert!(
             out.rejected[0].reason.contains("invalid PNG"),
+            "{:?}",
+            out.rejected
+        );
+    }
+
+    /// A lossless WebP of `pixels` (RGB8 or RGBA8 by `alpha`).
+    fn webp_of(width: u32, height: u32, alpha: bool, pixels: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let color = if alpha {
+            image_webp::ColorType::Rgba8
+        } else {
+            image_webp::ColorType::Rgb8
+        };
+        image_webp::WebPEncoder::new(&mut out)
+            .encode(pixels, width, height, color)
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn decodes_lossless_webp_exactly_with_alpha_dropped() {
+        let rgb = webp_of(2, 1, false, &[255, 0, 0, 7, 8, 9]);
+        let rgba = webp_of(2, 1, true, &[1, 2, 3, 4, 250, 251, 252, 0]);
+        let batch = batch_of(vec![Some(&rgb), Some(&rgba), Some(&rgb[..rgb.len() - 3])]);
+        let mut stage = Decode::new(DecodeConfig::default());
+        let out = stage.process_batch(&batch).unwrap();
+        let pixels = out
+            .records
+            .column_by_name("pixels")
+            .unwrap()
+            .as_binary::<i32>();
+        assert_eq!(pixels.value(0), &[255, 0, 0, 7, 8, 9]);
+        assert_eq!(pixels.value(1), &[1, 2, 3, 250, 251, 252]);
+        assert_eq!(out.rejected.len(), 1, "the truncated WebP");
+        assert!(
+            out.rejected[0].reason.contains("invalid WebP"),
             "{:?}",
             out.rejected
         );
