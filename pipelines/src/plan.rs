@@ -7,7 +7,7 @@ use riffle_dataflow::runtime::{
     BuildStep, CheckpointPolicy, EpochPolicy, Job, JobStep, Route, SlowWorker, Step, StepKind,
 };
 use riffle_dataflow::{Compression, DataflowError, DataflowResult, Stage};
-use riffle_operators::StageContext;
+use riffle_operators::{StageContext, StageKind};
 
 use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec};
 use crate::validate::Pipeline;
@@ -113,15 +113,21 @@ pub fn build_stage(
     runtime: &RuntimeConfig,
     worker: usize,
 ) -> DataflowResult<Option<Box<dyn Stage>>> {
-    let Some(stage) = spec.stage() else {
-        return Ok(None);
-    };
-    let step = stage.build(&StageContext {
+    let ctx = StageContext {
         worker,
         peers: 1,
         intra_op_threads: runtime.intra_op_threads,
         gpus: &runtime.gpus,
-    })?;
+    };
+    // A model read from a repository, or with variants or a shadow, runs operators of its
+    // own in the dataflow; outside it, the model serving now stands for it.
+    let step = match spec {
+        StageSpec::Model(model) => model.serving_now()?.build(&ctx)?,
+        other => match other.stage() {
+            Some(stage) => stage.build(&ctx)?,
+            None => return Ok(None),
+        },
+    };
     Ok(match step {
         Step::Apply(stage) | Step::Batched(stage, _) => Some(stage),
         Step::Stateful(_) => None,

@@ -229,6 +229,16 @@ const POLICY: BatchPolicy = BatchPolicy {
 };
 
 impl ModelConfig {
+    /// This stage as one plain model: the repository's current version, or the control
+    /// without its variants and shadow (for benchmarks that run stages outside the dataflow).
+    pub fn serving_now(&self) -> DataflowResult<ModelConfig> {
+        let (_, mut config) = self.resolved()?;
+        config.variants.clear();
+        config.variant_key = None;
+        config.shadow = None;
+        Ok(config)
+    }
+
     /// The config of the file that serves now: `path` itself, or the highest version of the
     /// repository it names (with that version).
     fn resolved(&self) -> DataflowResult<(Option<u64>, ModelConfig)> {
