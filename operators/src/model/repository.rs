@@ -3,7 +3,7 @@
 //! the inputs and outputs the stage maps have the types and shapes of the version the run
 //! started with) and loaded once, before the run is told they are ready.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -91,8 +91,9 @@ pub fn incompatibility(config: &ModelConfig, base: &Signature, new: &Signature) 
 struct Found {
     /// The newest version checked and loaded, with its file.
     ready: Option<(u64, PathBuf)>,
-    /// Versions refused (each logged once).
-    refused: BTreeSet<u64>,
+    /// Versions refused (each logged once), with their file's size and modification time
+    /// then: a file that changes since (a copy that was still being written) is tried again.
+    refused: BTreeMap<u64, Option<(u64, std::time::SystemTime)>>,
 }
 
 /// Polls one repository for the process, on a thread of its own.
@@ -120,7 +121,7 @@ impl Watcher {
         let watcher = Arc::new(Watcher {
             found: Mutex::new(Found {
                 ready: Some(start),
-                refused: BTreeSet::new(),
+                refused: BTreeMap::new(),
             }),
         });
         let weak = Arc::downgrade(&watcher);
@@ -164,7 +165,8 @@ impl Watcher {
             if ready.is_some_and(|r| version <= r) {
                 break;
             }
-            if refused.contains(&version) {
+            let stamp = stamp(&file);
+            if refused.get(&version) == Some(&stamp) {
                 continue;
             }
             match check_and_load(config, base, &file, threads) {
@@ -185,11 +187,17 @@ impl Watcher {
                         "model version refused, the running one keeps serving: {reason}"
                     );
                     let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
-                    found.refused.insert(version);
+                    found.refused.insert(version, stamp);
                 }
             }
         }
     }
+}
+
+/// A file's size and modification time, to notice that it changed.
+fn stamp(file: &Path) -> Option<(u64, std::time::SystemTime)> {
+    let meta = std::fs::metadata(file).ok()?;
+    Some((meta.len(), meta.modified().ok()?))
 }
 
 /// A version is accepted when its file parses, fits the base signature, and loads.
