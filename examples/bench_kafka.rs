@@ -12,6 +12,9 @@
 //! 2. The camera pipeline end to end, frames from Kafka vs the same frames from files, and
 //!    Kafka → Kafka with checkpoints (exactly-once through Kafka transactions).
 
+mod common;
+
+use common::spread;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -224,22 +227,6 @@ fn beside_pipelines(
     let file = repo.join("pipelines").join(name);
     std::fs::write(&file, yaml)?;
     Ok(file)
-}
-
-/// `median (min–max)` with `digits` decimals.
-fn spread(values: &[f64], digits: usize) -> String {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    format!(
-        "{median:.digits$} ({:.digits$}–{:.digits$})",
-        v[0],
-        v[v.len() - 1]
-    )
 }
 
 fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {

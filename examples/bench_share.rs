@@ -7,6 +7,9 @@
 //!
 //! `scripts/bench-share.sh` builds both and writes docs/benchmarks/share.md and the README table.
 
+mod common;
+
+use common::spread;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -103,17 +106,4 @@ fn run(riffle: &Path, pipeline: &Path, out: &Path) -> Result<(f64, i64)> {
         bail!("{} failed (status {status})", pipeline.display());
     }
     Ok((seconds, usage.ru_maxrss))
-}
-
-/// `median (min–max)` with `digits` decimals.
-fn spread(values: &[f64], digits: usize) -> String {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let (min, max) = (v[0], v[v.len() - 1]);
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
 }

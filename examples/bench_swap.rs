@@ -7,6 +7,9 @@
 //!
 //!     RIFFLE_BIN=target/release/riffle cargo run --release --example bench_swap -- [ROUNDS]
 
+mod common;
+
+use common::{quantile, spread};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -122,17 +125,17 @@ fn main() -> Result<()> {
     println!("|---|---:|---:|");
     println!(
         "| steady state | {} | {} |",
-        spread(&steady[0]),
-        spread(&steady[1])
+        spread(&steady[0], 1),
+        spread(&steady[1], 1)
     );
     println!(
         "| from the publish to 1 s after the switch | {} | {} |",
-        spread(&swap[0]),
-        spread(&swap[1])
+        spread(&swap[0], 1),
+        spread(&swap[1], 1)
     );
     println!(
         "| p99 ratio, swap / steady (target ≤ 2) | | {} |",
-        spread2(&ratio)
+        spread(&ratio, 2)
     );
     println!();
     println!("Median (min–max) of {rounds} rounds; end-to-end latency from the source's read to the sink.");
@@ -173,32 +176,4 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() - 1) as f64 * q).round() as usize;
-    v[i]
-}
-
-fn spread(values: &[f64]) -> String {
-    let (median, min, max) = stats(values);
-    format!("{median:.1} ({min:.1}–{max:.1})")
-}
-
-fn spread2(values: &[f64]) -> String {
-    let (median, min, max) = stats(values);
-    format!("{median:.2} ({min:.2}–{max:.2})")
-}
-
-fn stats(values: &[f64]) -> (f64, f64, f64) {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    (median, v[0], v[v.len() - 1])
 }

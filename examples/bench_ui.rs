@@ -7,6 +7,9 @@
 //! `cargo run --release --example bench_ui -- [ROUNDS] [REPEAT]` (defaults 5 and 4); needs
 //! Debian's `chromium` and scripts/setup.sh's ONNX Runtime.
 
+mod common;
+
+use common::spread;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -147,17 +150,4 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// `median (min–max)` with `digits` decimals.
-fn spread(values: &[f64], digits: usize) -> String {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    let (min, max) = (v[0], v[v.len() - 1]);
-    let median = if v.len() % 2 == 1 {
-        v[v.len() / 2]
-    } else {
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-    };
-    format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
 }

@@ -251,6 +251,44 @@ fn decode_jpeg_into(
     Ok((w, h))
 }
 
+/// Refuses an image whose header claims more than `max_pixels`.
+fn check_pixels(width: u32, height: u32, limits: Limits) -> Result<(), Refused> {
+    let pixels = u64::from(width).saturating_mul(u64::from(height));
+    if pixels > limits.max_pixels {
+        return Err(format!(
+            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
+            limits.max_pixels
+        )
+        .into());
+    }
+    Ok(())
+}
+
+/// Makes room in `out` for one `width` x `height` RGB8 image: (where it starts, its bytes), or
+/// `BatchFull` when it would take the batch past `max_batch_bytes`. The first image of a batch
+/// reserves for `rows_left` like it.
+fn make_room(
+    out: &mut Vec<u8>,
+    (width, height): (u32, u32),
+    limits: Limits,
+    rows_left: usize,
+    format: &str,
+) -> Result<(usize, usize), Refused> {
+    let size = (width as usize)
+        .checked_mul(height as usize)
+        .and_then(|p| p.checked_mul(3))
+        .ok_or_else(|| format!("invalid {format}: image size {width}x{height} overflows"))?;
+    let start = out.len();
+    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
+        return Err(Refused::BatchFull);
+    }
+    if start == 0 {
+        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
+        out.reserve(size.saturating_mul(rows_left).min(budget));
+    }
+    Ok((start, size))
+}
+
 /// Decodes one WebP (lossy or lossless; alpha dropped; an animation's first frame), appending
 /// its RGB8 pixels to `out`; returns (width, height). On error `out` is left as it was.
 fn decode_webp_into(
@@ -262,32 +300,14 @@ fn decode_webp_into(
     let invalid = |e: image_webp::DecodingError| format!("invalid WebP: {e}");
     let mut decoder = image_webp::WebPDecoder::new(std::io::Cursor::new(bytes)).map_err(invalid)?;
     let (width, height) = decoder.dimensions();
-    let pixels = u64::from(width).saturating_mul(u64::from(height));
-    if pixels > limits.max_pixels {
-        return Err(format!(
-            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
-            limits.max_pixels
-        )
-        .into());
-    }
+    check_pixels(width, height, limits)?;
     let channels = if decoder.has_alpha() { 4 } else { 3 };
     let buffer = decoder
         .output_buffer_size()
         .ok_or_else(|| format!("invalid WebP: image size {width}x{height} overflows"))?;
     let mut decoded = vec![0u8; buffer];
     decoder.read_image(&mut decoded).map_err(invalid)?;
-    let size = (width as usize)
-        .checked_mul(height as usize)
-        .and_then(|p| p.checked_mul(3))
-        .ok_or_else(|| format!("invalid WebP: image size {width}x{height} overflows"))?;
-    let start = out.len();
-    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
-        return Err(Refused::BatchFull);
-    }
-    if start == 0 {
-        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
-        out.reserve(size.saturating_mul(rows_left).min(budget));
-    }
+    let (start, size) = make_room(out, (width, height), limits, rows_left, "WebP")?;
     if channels == 3 {
         out.extend_from_slice(decoded.get(..size).unwrap_or_default());
     } else {
@@ -319,14 +339,7 @@ fn decode_png_into(
         let info = reader.info();
         (info.width, info.height)
     };
-    let pixels = u64::from(width).saturating_mul(u64::from(height));
-    if pixels > limits.max_pixels {
-        return Err(format!(
-            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
-            limits.max_pixels
-        )
-        .into());
-    }
+    check_pixels(width, height, limits)?;
     let mut decoded = vec![0u8; reader.output_buffer_size()];
     let frame = reader.next_frame(&mut decoded).map_err(invalid)?;
     let channels = match frame.color_type {
@@ -338,18 +351,7 @@ fn decode_png_into(
             return Err("invalid PNG: palette left unexpanded".to_string().into())
         }
     };
-    let size = (width as usize)
-        .checked_mul(height as usize)
-        .and_then(|p| p.checked_mul(3))
-        .ok_or_else(|| format!("invalid PNG: image size {width}x{height} overflows"))?;
-    let start = out.len();
-    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
-        return Err(Refused::BatchFull);
-    }
-    if start == 0 {
-        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
-        out.reserve(size.saturating_mul(rows_left).min(budget));
-    }
+    let (start, size) = make_room(out, (width, height), limits, rows_left, "PNG")?;
     let line = frame.line_size;
     let rows = decoded.get(..line * height as usize).unwrap_or_default();
     for row in rows.chunks_exact(line.max(1)) {

@@ -1,0 +1,26 @@
+//! What the benchmark examples share: how a figure is reported.
+#![allow(dead_code)]
+
+/// `median (min–max)` of `values` with `digits` decimals; `-` when there are none.
+pub fn spread(values: &[f64], digits: usize) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let (Some(&min), Some(&max)) = (v.first(), v.last()) else {
+        return "-".to_string();
+    };
+    let mid = v.len() / 2;
+    let median = if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    };
+    format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
+}
+
+/// The `q` quantile (nearest rank) of `values`, which must not be empty.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() - 1) as f64 * q).round() as usize;
+    v[i]
+}
