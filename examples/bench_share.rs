@@ -14,20 +14,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 const FRAMES: f64 = 250.0;
 const WORKERS: &str = "4";
 
 fn main() -> Result<()> {
-    let riffle = PathBuf::from(std::env::var("RIFFLE_BIN").context(
-        "RIFFLE_BIN: the riffle binary to run (scripts/bench-share.sh builds and sets it)",
-    )?);
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .map(|r| r.parse())
-        .transpose()?
-        .unwrap_or(3);
+    let (riffle, rounds) = common::binary_and_rounds("scripts/bench-share.sh")?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(repo.join("pipelines/camera-perception.yaml"))?;
     let anchor = "      batch: { max_size: 4, max_delay_ms: 10, late_after_ms: 2000 }\n";

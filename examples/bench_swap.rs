@@ -20,14 +20,7 @@ const SWAP_AT: Duration = Duration::from_secs(8);
 const FRAMES_PER_CAMERA: u64 = 450; // 18 s at 25 fps (sampled frames and dropped ones count)
 
 fn main() -> Result<()> {
-    let riffle = PathBuf::from(std::env::var("RIFFLE_BIN").context(
-        "RIFFLE_BIN: the riffle binary to run (scripts/bench-swap.sh builds and sets it)",
-    )?);
-    let rounds: usize = std::env::args()
-        .nth(1)
-        .map(|r| r.parse())
-        .transpose()?
-        .unwrap_or(3);
+    let (riffle, rounds) = common::binary_and_rounds("scripts/bench-swap.sh")?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let model = repo.join("models/ssdlite_person.onnx");
     let text = std::fs::read_to_string(repo.join("pipelines/camera-versions.yaml"))?;

@@ -1,6 +1,24 @@
 //! What the benchmark examples share: how a figure is reported.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+/// The `riffle` binary a benchmark runs (`RIFFLE_BIN`, which `script` sets) and the rounds
+/// asked for (the first argument, 3 by default).
+pub fn binary_and_rounds(script: &str) -> anyhow::Result<(PathBuf, usize)> {
+    let riffle = std::env::var("RIFFLE_BIN").with_context(|| {
+        format!("RIFFLE_BIN: the riffle binary to run ({script} builds and sets it)")
+    })?;
+    let rounds = std::env::args()
+        .nth(1)
+        .map(|r| r.parse())
+        .transpose()?
+        .unwrap_or(3);
+    Ok((PathBuf::from(riffle), rounds))
+}
+
 /// `median (min–max)` of `values` with `digits` decimals; `-` when there are none.
 pub fn spread(values: &[f64], digits: usize) -> String {
     let mut v = values.to_vec();
