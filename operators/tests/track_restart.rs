@@ -266,6 +266,7 @@ fn track(cameras: i32, end: i64, workers: usize, checkpoints: &Path) -> (Ids, us
         // Small epochs: many checkpoints, frames of one camera spread over many epochs.
         epochs: EpochPolicy {
             records: 4,
+            max_duration: None,
             max_in_flight: 2,
         },
         checkpoint: Some(CheckpointPolicy {

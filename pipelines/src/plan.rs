@@ -46,6 +46,7 @@ pub fn job(pipeline: &Pipeline) -> DataflowResult<Job> {
         dead_letter: pipeline.dead_letter.clone(),
         epochs: EpochPolicy {
             records: runtime.epoch_records,
+            max_duration: runtime.epoch_ms.map(Duration::from_millis),
             max_in_flight: runtime.max_epochs_in_flight,
         },
         checkpoint: runtime.checkpoint.as_ref().map(|c| CheckpointPolicy {

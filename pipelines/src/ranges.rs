@@ -49,6 +49,7 @@ pub const RANGES: &[Range] = &[
     int("workers", 1, 1024),
     int("intra_op_threads", 1, 1024),
     int("epoch_records", 1, 10_000_000),
+    int("epoch_ms", 1, HOUR_MS),
     int("max_epochs_in_flight", 1, 1024),
     int("peer_timeout_ms", 1, HOUR_MS),
     int("checkpoint.keep", 2, 1000),

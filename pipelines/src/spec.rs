@@ -173,6 +173,9 @@ pub struct RuntimeConfig {
     pub intra_op_threads: usize,
     /// Records each source worker puts in one epoch (the unit of progress tracking).
     pub epoch_records: usize,
+    /// An epoch also closes once it has been open this long with records in it: results of a
+    /// slow source complete after at most this wait, whatever `epoch_records` is.
+    pub epoch_ms: Option<u64>,
     /// Epochs a source may run ahead of the sink before it waits (bounds memory).
     pub max_epochs_in_flight: u64,
     /// Adds a column of this name to every result: its end-to-end latency in milliseconds,
@@ -226,6 +229,7 @@ impl Default for RuntimeConfig {
             workers: 1,
             intra_op_threads: 1,
             epoch_records: 32,
+            epoch_ms: None,
             max_epochs_in_flight: 4,
             latency_column: None,
             checkpoint: None,

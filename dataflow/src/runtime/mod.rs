@@ -60,6 +60,9 @@ pub struct Job {
 pub struct EpochPolicy {
     /// Records each source worker puts in one epoch.
     pub records: usize,
+    /// An epoch also closes once it has been open this long with records in it, so a slow
+    /// source's results complete (and reach committed sinks) after at most this wait.
+    pub max_duration: Option<Duration>,
     /// Epochs a source may run ahead of the sink before it waits (bounds memory).
     pub max_in_flight: u64,
 }
@@ -167,7 +170,7 @@ pub fn stop_requested() -> bool {
 ///     }],
 ///     sink: Arc::new(results.clone()),
 ///     dead_letter: Arc::new(Collect::default()),
-///     epochs: EpochPolicy { records: 10, max_in_flight: 4 },
+///     epochs: EpochPolicy { records: 10, max_duration: None, max_in_flight: 4 },
 ///     checkpoint: None,
 ///     latency_column: None,
 ///     peer_timeout: std::time::Duration::from_secs(30),

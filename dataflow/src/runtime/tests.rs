@@ -71,6 +71,7 @@ fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc
         // Small epochs, little room ahead: many epochs, checkpoints and flow-control waits.
         epochs: EpochPolicy {
             records: 4,
+            max_duration: None,
             max_in_flight: 2,
         },
         checkpoint: checkpoints.map(|dir| CheckpointPolicy {

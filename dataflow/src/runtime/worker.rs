@@ -114,6 +114,7 @@ pub(crate) fn run_worker(
     let mut source = start.source.partition(index, peers)?;
     metrics.worker_ready();
     let epoch_records = job.epochs.records;
+    let max_duration = job.epochs.max_duration;
     let in_flight = job.epochs.max_in_flight;
     let mut epoch: Epoch = start.first_epoch;
     input.advance_to(epoch);
@@ -157,7 +158,10 @@ pub(crate) fn run_worker(
         // nothing to read (its cameras down, its partitions quiet) still closes empty epochs
         // now and then: its open epoch would otherwise hold back every other worker's.
         let idle = read == 0 && records_in_epoch == 0 && last_epoch.elapsed() >= IDLE_EPOCH;
-        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) || idle {
+        // With `epoch_ms`, an epoch also closes once it has been open that long: results wait
+        // for their epoch, so this bounds the wait however slowly records come.
+        let due = records_in_epoch > 0 && max_duration.is_some_and(|d| last_epoch.elapsed() >= d);
+        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) || idle || due {
             records_in_epoch = 0;
             last_epoch = Instant::now();
             epoch += 1;

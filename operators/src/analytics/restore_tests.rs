@@ -175,6 +175,7 @@ fn job(end: i64, checkpoints: &Path) -> (Arc<Job>, Collect, Collect) {
         // Small epochs: many epochs and checkpoints.
         epochs: EpochPolicy {
             records: 4,
+            max_duration: None,
             max_in_flight: 2,
         },
         checkpoint: Some(CheckpointPolicy {

@@ -1,0 +1,75 @@
+//! `runtime.epoch_ms`: epochs that also close on time, so a slow source's results reach the
+//! sink long before a count-based epoch would fill.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
+/// 40 frames read at 10 a second (4 s) into epochs of up to 1000 records, optionally closed
+/// every `epoch_ms`: how many results the sink holds 2 s in, and at the end.
+fn results_midway(tmp: &Path, epoch_ms: Option<u64>) -> (usize, usize) {
+    let frames = frames_subset(tmp, "cam", 0..40);
+    let name = epoch_ms.map_or("counted".to_string(), |ms| format!("timed-{ms}"));
+    let out = tmp.join(format!("{name}.jsonl"));
+    let timing = epoch_ms.map_or(String::new(), |ms| format!(", epoch_ms: {ms}"));
+    let text = format!(
+        r#"
+source: {{ images: {{ path: "{frames}", batch_size: 1, max_records_per_second: 10 }} }}
+stages:
+  - decode: {{}}
+  - select: {{ columns: [camera_id, frame, width, height] }}
+sink: {{ jsonl: {{ path: "{out}" }} }}
+runtime: {{ workers: 1, epoch_records: 1000{timing} }}
+"#,
+        frames = frames.display(),
+        out = out.display(),
+    );
+    let pipeline = write(tmp, &format!("{name}.yaml"), &text);
+    riffle_ok(&["validate", pipeline.to_str().unwrap()]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q"])
+        .arg(&pipeline)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let midway = lines(&out);
+    assert!(child.wait().unwrap().success());
+    (midway, lines(&out))
+}
+
+#[test]
+fn epoch_ms_sends_a_slow_sources_results_on_before_the_epoch_fills() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (counted_midway, counted_total) = results_midway(&tmp.path().join("a"), None);
+    let (timed_midway, timed_total) = results_midway(&tmp.path().join("b"), Some(200));
+    assert_eq!((counted_total, timed_total), (40, 40));
+    // Counted epochs: the one epoch closes when the input ends, 4 s in.
+    assert_eq!(counted_midway, 0);
+    // 200 ms epochs: about 20 results by 2 s (the margin absorbs a slow start).
+    assert!(timed_midway >= 5, "{timed_midway} results 2 s into the run");
+}
+
+#[test]
+fn epoch_ms_out_of_range_names_the_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", 0..1);
+    let text = format!(
+        "source: {{ images: {{ path: \"{}\" }} }}\nstages: [ {{ decode: {{}} }} ]\nsink: {{ jsonl: {{ path: out.jsonl }} }}\nruntime: {{ epoch_ms: 0 }}\n",
+        frames.display()
+    );
+    let p = write(tmp.path(), "bad.yaml", &text);
+    let result = riffle(&["validate", p.to_str().unwrap()]);
+    assert!(!result.status.success());
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert!(err.contains("epoch_ms"), "{err}");
+}
