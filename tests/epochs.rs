@@ -73,3 +73,53 @@ fn epoch_ms_out_of_range_names_the_field() {
     let err = String::from_utf8_lossy(&result.stderr);
     assert!(err.contains("epoch_ms"), "{err}");
 }
+
+/// Seconds of a duration as the summary prints it (`12 µs`, `3.40 ms`, `1.20 s`).
+fn seconds(text: &str) -> f64 {
+    let (value, unit) = text.split_once(' ').unwrap();
+    let value: f64 = value.parse().unwrap();
+    match unit {
+        "µs" => value / 1e6,
+        "ms" => value / 1e3,
+        "s" => value,
+        other => panic!("unit {other}"),
+    }
+}
+
+#[test]
+fn the_summary_tells_results_ready_from_results_committed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", 0..20);
+    let out = tmp.path().join("out.jsonl");
+    // 20 frames at 10 a second in one epoch: each result exists within milliseconds of its
+    // read, and is written when the input ends, about 2 s after the first read.
+    let text = format!(
+        r#"
+source: {{ images: {{ path: "{frames}", batch_size: 1, max_records_per_second: 10 }} }}
+stages:
+  - decode: {{}}
+  - select: {{ columns: [camera_id, frame] }}
+sink: {{ jsonl: {{ path: "{out}" }} }}
+runtime: {{ workers: 1, epoch_records: 1000 }}
+"#,
+        frames = frames.display(),
+        out = out.display(),
+    );
+    let pipeline = write(tmp.path(), "p.yaml", &text);
+    let run = riffle_ok(&["run", pipeline.to_str().unwrap()]);
+    let report =
+        String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
+    let line = report
+        .lines()
+        .find(|l| l.starts_with("results: "))
+        .unwrap_or_else(|| panic!("no results line:\n{report}"));
+    let after = |key: &str| {
+        let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key}: {line}")) + key.len()..];
+        let end = rest.find(" p99").unwrap_or(rest.len());
+        seconds(rest[..end].trim())
+    };
+    let committed = after("end-to-end latency p50 ");
+    let ready = after("before their epoch commits: p50 ");
+    assert!(committed > 0.5, "{line}");
+    assert!(ready < committed / 4.0, "{line}");
+}

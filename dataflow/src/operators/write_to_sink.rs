@@ -108,6 +108,11 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                 }
                                 match batch.kind {
                                     BatchKind::Records => {
+                                        metrics.record_ready(
+                                            batch.ingest_ns,
+                                            now_ns(),
+                                            batch.num_rows(),
+                                        );
                                         pending.entry(epoch).or_default().push(batch)
                                     }
                                     BatchKind::DeadLetters if !failed => {

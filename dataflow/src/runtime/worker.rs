@@ -151,6 +151,9 @@ pub(crate) fn run_worker(
                 ingest,
             ));
         }
+        // Sent on now, not when the input handle's buffer fills or the epoch closes: results
+        // then exist (live view, metrics, uncommitted outputs) as soon as the stages are done.
+        input.flush();
         let read = rows + batch.rejected.len();
         records_in_epoch += read;
         // An epoch closes when full, or when the source goes idle (an empty read from a
