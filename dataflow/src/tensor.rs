@@ -71,25 +71,37 @@ pub fn tensor_column<T: ArrowPrimitiveType>(
     field: &Field,
     values: Vec<T::Native>,
 ) -> DataflowResult<ArrayRef> {
-    let values = PrimitiveArray::<T>::from_iter_values(values);
+    as_tensor(
+        field,
+        Arc::new(PrimitiveArray::<T>::from_iter_values(values)),
+    )
+}
+
+/// `values` as the column `field` describes: wrapped in its fixed-size list, or as is.
+fn as_tensor(field: &Field, values: ArrayRef) -> DataflowResult<ArrayRef> {
     match field.data_type() {
         DataType::FixedSizeList(item, size) => Ok(Arc::new(FixedSizeListArray::try_new(
             item.clone(),
             *size,
-            Arc::new(values),
+            values,
             None,
         )?)),
-        _ => Ok(Arc::new(values)),
+        _ => Ok(values),
+    }
+}
+
+/// A tensor column's values: the list's child, or the column itself.
+fn tensor_child(column: &dyn Array) -> &dyn Array {
+    // Slicing a fixed-size list slices its child too, so the child is exactly these rows.
+    match column.as_any().downcast_ref::<FixedSizeListArray>() {
+        Some(list) => list.values().as_ref(),
+        None => column,
     }
 }
 
 /// The contiguous values of rows `0..len` of a tensor column (list child or the column itself).
 pub fn tensor_values<T: ArrowPrimitiveType>(column: &dyn Array) -> DataflowResult<&[T::Native]> {
-    // Slicing a fixed-size list slices its child too, so the child is exactly these rows.
-    let values = match column.as_any().downcast_ref::<FixedSizeListArray>() {
-        Some(list) => list.values().as_ref(),
-        None => column,
-    };
+    let values = tensor_child(column);
     let prim = values
         .as_any()
         .downcast_ref::<PrimitiveArray<T>>()
@@ -106,25 +118,13 @@ pub fn tensor_values<T: ArrowPrimitiveType>(column: &dyn Array) -> DataflowResul
 /// Wraps `rows × prod(shape)` booleans as a tensor column (Arrow packs them into bits, so unlike
 /// [`tensor_column`] this is a copy).
 pub fn bool_tensor_column(field: &Field, values: Vec<bool>) -> DataflowResult<ArrayRef> {
-    let values = BooleanArray::from(values);
-    match field.data_type() {
-        DataType::FixedSizeList(item, size) => Ok(Arc::new(FixedSizeListArray::try_new(
-            item.clone(),
-            *size,
-            Arc::new(values),
-            None,
-        )?)),
-        _ => Ok(Arc::new(values)),
-    }
+    as_tensor(field, Arc::new(BooleanArray::from(values)))
 }
 
 /// The values of rows `0..len` of a boolean tensor column, unpacked from Arrow's bits (a copy:
 /// unlike [`tensor_values`], booleans cannot be viewed in place as one byte each).
 pub fn bool_tensor_values(column: &dyn Array) -> DataflowResult<Vec<bool>> {
-    let values = match column.as_any().downcast_ref::<FixedSizeListArray>() {
-        Some(list) => list.values().as_ref(),
-        None => column,
-    };
+    let values = tensor_child(column);
     let bools = values
         .as_any()
         .downcast_ref::<BooleanArray>()

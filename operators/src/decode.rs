@@ -213,14 +213,7 @@ fn decode_jpeg_into(
     let (width, height) = decoder
         .dimensions()
         .ok_or_else(|| "invalid JPEG: no image dimensions".to_string())?;
-    let pixels = (width as u64).saturating_mul(height as u64);
-    if pixels > limits.max_pixels {
-        return Err(format!(
-            "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
-            limits.max_pixels
-        )
-        .into());
-    }
+    check_pixels(width as u64, height as u64, limits)?;
     let size = decoder
         .output_buffer_size()
         .ok_or_else(|| format!("invalid JPEG: image size {width}x{height} overflows"))?;
@@ -232,15 +225,7 @@ fn decode_jpeg_into(
         _ => return Err(format!("invalid JPEG: image size {width}x{height} too large").into()),
     };
 
-    let start = out.len();
-    if start > 0 && (start + size) as u64 > limits.max_batch_bytes {
-        return Err(Refused::BatchFull);
-    }
-    if start == 0 {
-        // Capped: the rest of the batch need not be the size of its first image.
-        let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
-        out.reserve(size.saturating_mul(rows_left).min(budget));
-    }
+    let (start, size) = make_room(out, (w, h), limits, rows_left, "JPEG")?;
     out.resize(start + size, 0);
     // `out` was just resized to `start + size`: the slice is never missing.
     let image = out.get_mut(start..).unwrap_or_default();
@@ -252,8 +237,8 @@ fn decode_jpeg_into(
 }
 
 /// Refuses an image whose header claims more than `max_pixels`.
-fn check_pixels(width: u32, height: u32, limits: Limits) -> Result<(), Refused> {
-    let pixels = u64::from(width).saturating_mul(u64::from(height));
+fn check_pixels(width: u64, height: u64, limits: Limits) -> Result<(), Refused> {
+    let pixels = width.saturating_mul(height);
     if pixels > limits.max_pixels {
         return Err(format!(
             "image of {width}x{height} ({pixels} pixels) exceeds max_pixels ({})",
@@ -283,6 +268,7 @@ fn make_room(
         return Err(Refused::BatchFull);
     }
     if start == 0 {
+        // Capped: the rest of the batch need not be the size of its first image.
         let budget = usize::try_from(limits.max_batch_bytes).unwrap_or(usize::MAX);
         out.reserve(size.saturating_mul(rows_left).min(budget));
     }
@@ -300,7 +286,7 @@ fn decode_webp_into(
     let invalid = |e: image_webp::DecodingError| format!("invalid WebP: {e}");
     let mut decoder = image_webp::WebPDecoder::new(std::io::Cursor::new(bytes)).map_err(invalid)?;
     let (width, height) = decoder.dimensions();
-    check_pixels(width, height, limits)?;
+    check_pixels(u64::from(width), u64::from(height), limits)?;
     let channels = if decoder.has_alpha() { 4 } else { 3 };
     let buffer = decoder
         .output_buffer_size()
@@ -339,7 +325,7 @@ fn decode_png_into(
         let info = reader.info();
         (info.width, info.height)
     };
-    check_pixels(width, height, limits)?;
+    check_pixels(u64::from(width), u64::from(height), limits)?;
     let mut decoded = vec![0u8; reader.output_buffer_size()];
     let frame = reader.next_frame(&mut decoded).map_err(invalid)?;
     let channels = match frame.color_type {

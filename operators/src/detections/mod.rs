@@ -335,25 +335,11 @@ impl Detections {
             .at("classes"));
         }
         for name in [WIDTH, HEIGHT] {
-            match input.field_with_name(name) {
-                Ok(f) if f.data_type() == &DataType::UInt32 => {}
-                Ok(f) => {
-                    return Err(DataflowError::schema(
-                        name,
-                        "UInt32 image size",
-                        f.data_type().to_string(),
-                    ))
-                }
-                // Pixel boxes are usable without the image size: they are just not clamped.
-                Err(_) if !self.config.box_format.is_normalized() => {}
-                Err(_) => {
-                    return Err(DataflowError::schema(
-                        name,
-                        "UInt32 image size (needed to scale normalized boxes)",
-                        "no such column",
-                    ))
-                }
+            // Pixel boxes are usable without the image size: they are just not clamped.
+            if input.field_with_name(name).is_err() && !self.config.box_format.is_normalized() {
+                continue;
             }
+            size_field(input, name, "needed to scale normalized boxes")?;
         }
         Ok(scores)
     }

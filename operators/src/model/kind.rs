@@ -105,13 +105,7 @@ impl StageKind for ModelConfig {
 
     fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
         let (version, config) = self.resolved()?;
-        if version.is_some() && self.share == Share::Process {
-            return Err(DataflowError::Config(
-                "share: process serves one model file; a model repository needs share: worker"
-                    .into(),
-            )
-            .at("share"));
-        }
+        self.check_share(version)?;
         planned_engine(&config, ctx.worker, ctx.gpus).map(|_| ())
     }
 
@@ -132,7 +126,7 @@ impl StageKind for ModelConfig {
             })));
         }
         if let Some(version) = version {
-            self.check(ctx)?;
+            self.check_share(Some(version))?;
             let threads = self.intra_op_threads.unwrap_or(ctx.intra_op_threads).max(1);
             let model = Model::for_worker(config.clone(), threads, ctx.worker, ctx.gpus)?;
             let watcher = Watcher::for_process(
@@ -229,6 +223,18 @@ const POLICY: BatchPolicy = BatchPolicy {
 };
 
 impl ModelConfig {
+    /// A repository (`version` is its current one) is served per worker only.
+    fn check_share(&self, version: Option<u64>) -> DataflowResult<()> {
+        if version.is_some() && self.share == Share::Process {
+            return Err(DataflowError::Config(
+                "share: process serves one model file; a model repository needs share: worker"
+                    .into(),
+            )
+            .at("share"));
+        }
+        Ok(())
+    }
+
     /// This stage as one plain model: the repository's current version, or the control
     /// without its variants and shadow (for benchmarks that run stages outside the dataflow).
     pub fn serving_now(&self) -> DataflowResult<ModelConfig> {
