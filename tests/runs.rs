@@ -268,9 +268,16 @@ fn a_failing_process_stops_the_local_cluster_instead_of_hanging() {
         "p.yaml",
         &detection_pipeline(&frames, &out, 1, 2, 1),
     );
-    let port = free_port_pair();
-    // Process 0's port is taken: it fails, and process 1 would wait for it forever.
-    let _taken = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    // Process 0's port is taken: it fails, and process 1 would wait for it forever. The pair is
+    // found and held in one step; another test's cluster may take a port found free a moment ago.
+    let (port, _taken) = (0..20)
+        .find_map(|_| {
+            let port = free_port_pair();
+            std::net::TcpListener::bind(("127.0.0.1", port))
+                .ok()
+                .map(|held| (port, held))
+        })
+        .expect("a free pair of ports to hold");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
         .args([
             "run",
