@@ -238,6 +238,7 @@ fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {
         extensions: vec!["jpg".into()],
         partition_by: PartitionBy::Camera,
         max_records_per_second: None,
+        fps: None,
         max_file_bytes: riffle_connectors::images::DEFAULT_MAX_FILE_BYTES,
     })
     .build()

@@ -36,6 +36,7 @@ fn main() -> anyhow::Result<()> {
         extensions: vec!["jpg".into()],
         partition_by: PartitionBy::Camera,
         max_records_per_second: None,
+        fps: None,
         max_file_bytes: riffle_connectors::images::DEFAULT_MAX_FILE_BYTES,
     })
     .build()?;

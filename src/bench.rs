@@ -4,7 +4,12 @@
 //! (b) one thread looping over the same stage code: read, pre-process, model with the same batch
 //!     size and W × `intra_op_threads` ONNX Runtime threads, post-process;
 //! (c) only the model calls of (b), on tensors prepared beforehand: the compute limit.
-//! a/b is the framework's overhead (or gain, when workers overlap decode and inference).
+//! (d) ONNX Runtime alone as the pipeline deploys it: one session per worker, in parallel;
+//! (e) the sum of the parts: each stage but the model at its cost alone on one core (from (b)),
+//!     plus the model at (d)'s rate, spread over the pipeline's cores: what a perfect pipeline of
+//!     these stages would reach.
+//! a/b is the framework's overhead (or gain, when workers overlap decode and inference); a/e how
+//! close it comes to its own stages' limit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,61 +43,100 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
     };
     let records = count_records(&pipeline)?;
     println!(
-        "bench {}: {records} records, pipeline {workers} worker(s) × {} ORT thread(s); loop and ORT-alone 1 session × {threads} thread(s); model batch {max_size}",
+        "bench {}: {records} records, pipeline {workers} worker(s) × {} ORT thread(s); loop and ORT-alone 1 session × {threads} thread(s); model batch {max_size}; {} interleaved round(s), median (min–max)",
         args.file.display(),
-        pipeline.runtime.intra_op_threads
+        pipeline.runtime.intra_op_threads,
+        args.repeats.max(1)
     );
 
-    let mut pipeline_s = Vec::new();
-    let mut loop_s = Vec::new();
-    let mut ort_s = Vec::new();
-    let mut sessions_s = Vec::new();
+    let mut rounds: Vec<Round> = Vec::new();
     for _ in 0..args.repeats.max(1) {
-        // Interleaved so that machine noise hits all three alike.
-        let started = Instant::now();
-        run(
+        // Interleaved so that machine noise hits every variant alike. Every variant's clock
+        // starts after its sessions exist and have run once: the pipeline's from its first
+        // record read (model stages warm up when built) to its last result written.
+        let report = run(
             pipeline.clone(),
             RunOptions {
                 cluster: ClusterConfig::single_process(workers),
                 metrics: Metrics::new()?,
             },
         )?;
-        pipeline_s.push(started.elapsed());
-        let (straight, model_only, ready) = straight_line(&pipeline, model_at, max_size, threads)?;
-        loop_s.push(straight);
-        ort_s.push(model_only);
-        sessions_s.push(parallel_sessions(&pipeline, model_at, workers, &ready)?);
+        if report.summary.results == 0 {
+            bail!("the pipeline wrote no results for {records} records");
+        }
+        let line = straight_line(&pipeline, model_at, max_size, threads)?;
+        let sessions = parallel_sessions(&pipeline, model_at, workers, &line.ready)?;
+        rounds.push(Round {
+            pipeline: report.summary.busy,
+            straight: line.total,
+            model_only: line.model_only,
+            other: line.other,
+            sessions,
+        });
     }
-    let rate = |d: &mut Vec<Duration>| {
-        d.sort();
-        records as f64 / d[d.len() / 2].as_secs_f64()
+    let per_s = |d: Duration| records as f64 / d.as_secs_f64().max(f64::MIN_POSITIVE);
+    // The sum of the parts: every stage but the model at its cost on one core, plus the model
+    // at its rate as deployed (parallel sessions), spread over the pipeline's cores.
+    let cores = threads.max(workers) as f64;
+    let limit = |r: &Round| {
+        let other = r.other.as_secs_f64() / records as f64;
+        1.0 / (other / cores + 1.0 / per_s(r.sessions))
     };
-    let (a, b, c) = (rate(&mut pipeline_s), rate(&mut loop_s), rate(&mut ort_s));
-    let d = rate(&mut sessions_s);
+    let column = |f: &dyn Fn(&Round) -> f64| rounds.iter().map(f).collect::<Vec<f64>>();
+    let a = column(&|r| per_s(r.pipeline));
     println!();
-    let per_worker = pipeline.runtime.intra_op_threads;
-    println!("| variant | records/s | vs (b) loop | vs (c) | vs (d) |");
-    println!("|---|---:|---:|---:|---:|");
-    let row = |name: String, v: f64| {
-        println!(
-            "| {name} | {v:.1} | {:.2} | {:.2} | {:.2} |",
-            v / b,
-            v / c,
-            v / d
-        )
+    println!("| variant | records/s | pipeline ÷ this |");
+    println!("|---|---:|---:|");
+    let row = |name: String, v: Vec<f64>| {
+        let ratio: Vec<f64> = a.iter().zip(&v).map(|(a, v)| a / v).collect();
+        println!("| {name} | {} | {} |", spread(&v, 1), spread(&ratio, 2));
     };
+    let per_worker = pipeline.runtime.intra_op_threads;
     row(
         format!("(a) riffle pipeline, {workers} worker(s) × {per_worker} thread(s)"),
-        a,
+        a.clone(),
     );
-    row("(b) straight-line loop over the same stages".into(), b);
+    row(
+        "(b) straight-line loop over the same stages".into(),
+        column(&|r| per_s(r.straight)),
+    );
     row(
         format!("(c) ONNX Runtime alone, ready tensors, 1 session × {threads} thread(s)"),
-        c,
+        column(&|r| per_s(r.model_only)),
     );
-    row(format!("(d) ONNX Runtime alone, ready tensors, {workers} parallel session(s) × {per_worker} thread(s)"), d);
+    row(
+        format!("(d) ONNX Runtime alone, ready tensors, {workers} parallel session(s) × {per_worker} thread(s)"),
+        column(&|r| per_s(r.sessions)),
+    );
+    row(
+        format!("(e) sum of the parts: stages other than the model on one core each, (d) for the model, over {cores} cores"),
+        column(&limit),
+    );
     let _ = std::fs::remove_dir_all(&out_dir);
     Ok(())
+}
+
+/// One round's times for the whole input.
+struct Round {
+    pipeline: Duration,
+    straight: Duration,
+    model_only: Duration,
+    /// The straight loop's time outside its model calls (source, pre- and post-processing).
+    other: Duration,
+    sessions: Duration,
+}
+
+/// `median (min–max)` with `digits` decimals.
+fn spread(values: &[f64], digits: usize) -> String {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match (v.first(), v.last()) {
+        (Some(min), Some(max)) => {
+            let median = v[v.len() / 2];
+            format!("{median:.digits$} ({min:.digits$}–{max:.digits$})")
+        }
+        _ => "-".into(),
+    }
 }
 
 fn tempfile_dir() -> Result<std::path::PathBuf> {
@@ -147,13 +191,22 @@ fn apply(stages: &mut [Box<dyn Stage>], mut batch: RecordBatch) -> Result<Record
     Ok(batch)
 }
 
-/// Returns the loop's time, its model calls' time alone on the prepared tensors, and those.
+/// The straight loop's times.
+struct Line {
+    total: Duration,
+    /// Its time outside the model calls.
+    other: Duration,
+    /// The model calls again, alone on the prepared tensors (`ready`).
+    model_only: Duration,
+    ready: Vec<RecordBatch>,
+}
+
 fn straight_line(
     pipeline: &Pipeline,
     model_at: usize,
     max_size: usize,
     threads: usize,
-) -> Result<(Duration, Duration, Vec<RecordBatch>)> {
+) -> Result<Line> {
     let n = pipeline.spec.stages.len();
     let mut pre = stages(pipeline, 0..model_at, threads)?;
     let mut model = stages(pipeline, model_at..model_at + 1, threads)?;
@@ -167,6 +220,7 @@ fn straight_line(
     let mut pending: Vec<RecordBatch> = Vec::new();
     let mut pending_rows = 0;
     let mut ready = Vec::new();
+    let mut in_model = Duration::ZERO;
     let mut flush = |pending: &mut Vec<RecordBatch>, ready: &mut Vec<RecordBatch>| -> Result<()> {
         if pending.is_empty() {
             return Ok(());
@@ -174,7 +228,9 @@ fn straight_line(
         let merged = arrow_select_concat(pending)?;
         pending.clear();
         ready.push(merged.clone());
+        let call = Instant::now();
         let out = apply(&mut model, merged)?;
+        in_model += call.elapsed();
         apply(&mut post, out)?;
         Ok(())
     };
@@ -193,14 +249,20 @@ fn straight_line(
         }
     }
     flush(&mut pending, &mut ready)?;
-    let straight = started.elapsed();
+    let total = started.elapsed();
+    let other = total.saturating_sub(in_model);
 
     let started = Instant::now();
     for batch in &ready {
         apply(&mut model, batch.clone())?;
     }
     let model_only = started.elapsed();
-    Ok((straight, model_only, ready))
+    Ok(Line {
+        total,
+        other,
+        model_only,
+        ready,
+    })
 }
 
 /// ONNX Runtime alone as the pipeline deploys it: one session per worker with the pipeline's

@@ -22,6 +22,7 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
                 partition_by: PartitionBy::Camera,
                 // Paced by the producer itself (--fps).
                 max_records_per_second: None,
+                fps: None,
                 max_file_bytes: riffle_connectors::images::DEFAULT_MAX_FILE_BYTES,
             };
             // --fps is per camera, as each camera streams at its own frame rate.

@@ -1377,3 +1377,56 @@ fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
         "most clicks get recommendations: {with_recs}"
     );
 }
+
+#[test]
+fn a_live_topic_gets_results_before_their_epoch_commits() {
+    let _shared = BROKER.read().unwrap_or_else(|p| p.into_inner());
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let frames = frames_subset(tmp.path(), "cam", 0..30);
+    let live = topic("live");
+    let out = tmp.path().join("out.jsonl");
+    // 30 frames at 10 a second in one epoch: the committed file is written when the input
+    // ends (3 s), the live topic as frames are read.
+    let text = format!(
+        r#"
+source: {{ images: {{ path: "{frames}", batch_size: 1, max_records_per_second: 10 }} }}
+stages:
+  - decode: {{}}
+  - select: {{ columns: [camera_id, frame] }}
+sink: {{ jsonl: {{ path: "{out}" }} }}
+live_sink: {{ kafka: {{ brokers: "{brokers}", topic: "{live}", exactly_once: transactions }} }}
+runtime: {{ workers: 1, epoch_records: 1000 }}
+"#,
+        frames = frames.display(),
+        out = out.display(),
+    );
+    let pipeline = write(tmp.path(), "p.yaml", &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q"])
+        .arg(&pipeline)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    // The live topic is written without transactions (whatever `exactly_once` says), so a
+    // read_committed reader sees it at once.
+    let midway = consume_all(&brokers, &live).len();
+    let committed_midway = std::fs::read_to_string(&out).map_or(0, |t| t.lines().count());
+    assert!(child.wait().unwrap().success());
+    assert!(midway >= 5, "{midway} live messages 2 s into the run");
+    assert_eq!(committed_midway, 0);
+    let mut live_frames: Vec<i64> = consume_all(&brokers, &live)
+        .iter()
+        .map(|m| {
+            serde_json::from_slice::<Value>(&m.value).unwrap()["frame"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    live_frames.sort();
+    let committed: Vec<i64> = camera_frames(&out).into_iter().map(|(_, f)| f).collect();
+    assert_eq!(live_frames, committed);
+    assert_eq!(committed.len(), 30);
+}

@@ -56,6 +56,12 @@ pub struct ImagesConfig {
     /// be read), e.g. 25 × the worker's cameras to replay them as real-time streams.
     #[serde(default)]
     pub max_records_per_second: Option<f64>,
+    /// Live cameras: each camera's k-th frame is read k / fps seconds after the start, as a
+    /// camera streaming at this frame rate delivers it (needs `partition_by: camera`). A
+    /// batch holds the frames due by then, up to `batch_size`; between frames the worker runs
+    /// its stages instead of waiting.
+    #[serde(default)]
+    pub fps: Option<f64>,
     /// Largest file read; a larger one is a dead letter naming it and its size.
     #[serde_inline_default(DEFAULT_MAX_FILE_BYTES)]
     pub max_file_bytes: u64,
@@ -106,6 +112,10 @@ pub struct ImagesSource {
     /// Frame offset between repetitions.
     span: i64,
     pace: Option<f64>,
+    fps: Option<f64>,
+    /// With `fps`: the cameras' common start, set by the first partition to look (workers of
+    /// one process share it, so their frames k are due together).
+    started: Arc<std::sync::OnceLock<std::time::Instant>>,
     max_file_bytes: u64,
     /// Most file bytes in one batch (a Binary column's limit; lowered by tests).
     batch_bytes: u64,
@@ -122,6 +132,11 @@ impl ImagesSource {
         }
         if config.cameras == Some(0) {
             return Err(config_error("cameras must be at least 1".into()));
+        }
+        if config.fps.is_some() && config.partition_by != PartitionBy::Camera {
+            return Err(config_error(
+                "fps replays cameras: it needs partition_by: camera".into(),
+            ));
         }
         if config.max_file_bytes == 0 || config.max_file_bytes > BINARY_LIMIT {
             return Err(config_error(format!(
@@ -174,6 +189,8 @@ impl ImagesSource {
             partition_by: config.partition_by,
             span,
             pace: config.max_records_per_second,
+            fps: config.fps,
+            started: Arc::default(),
             max_file_bytes: config.max_file_bytes,
             batch_bytes: BINARY_LIMIT,
         })
@@ -335,12 +352,13 @@ fn assign_cameras(root: &Path, files: Vec<PathBuf>, cameras: Option<usize>) -> V
 
 impl ImagesSource {
     /// Rows of the cameras worker `index` owns (the k-th camera in sorted order goes to worker
-    /// k mod peers): frame by frame across its cameras, each camera in frame order.
+    /// k mod peers): frame by frame across its cameras, each camera in frame order. Each row
+    /// comes with its position in its camera's stream (repetitions included).
     #[allow(
         clippy::indexing_slicing,
         reason = "row indices are positions in `self.entries`"
     )]
-    fn camera_rows(&self, index: usize, peers: usize) -> Vec<usize> {
+    fn camera_rows(&self, index: usize, peers: usize) -> Vec<(usize, usize)> {
         let mut cameras: Vec<&str> = self.entries.iter().map(|e| e.camera_id.as_str()).collect();
         cameras.sort_unstable();
         cameras.dedup();
@@ -362,7 +380,7 @@ impl ImagesSource {
             for k in 0..longest {
                 for camera in &mine {
                     if let Some(i) = camera.get(k) {
-                        rows.push(r * len + i);
+                        rows.push((r * len + i, r * camera.len() + k));
                     }
                 }
             }
@@ -379,11 +397,24 @@ impl SourceFactory for ImagesSource {
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
         crate::check_partition(index, peers)?;
         let total = self.entries.len() * self.repeat;
-        let rows: Vec<usize> = match self.partition_by {
-            PartitionBy::Batch => (0..total)
-                .filter(|i| (i / self.batch_size) % peers == index)
-                .collect(),
-            PartitionBy::Camera => self.camera_rows(index, peers),
+        let (rows, due) = match self.partition_by {
+            PartitionBy::Batch => (
+                (0..total)
+                    .filter(|i| (i / self.batch_size) % peers == index)
+                    .collect(),
+                None,
+            ),
+            PartitionBy::Camera => {
+                let (rows, ordinals): (Vec<usize>, Vec<usize>) =
+                    self.camera_rows(index, peers).into_iter().unzip();
+                let due = self.fps.map(|fps| {
+                    ordinals
+                        .iter()
+                        .map(|k| std::time::Duration::from_secs_f64(*k as f64 / fps))
+                        .collect()
+                });
+                (rows, due)
+            }
         };
         Ok(Box::new(ImagesPartition {
             entries: self.entries.clone(),
@@ -394,6 +425,8 @@ impl SourceFactory for ImagesSource {
             schema: schema(),
             pace: self.pace,
             paced: None,
+            due,
+            started: self.started.clone(),
             max_file_bytes: self.max_file_bytes,
             batch_bytes: self.batch_bytes,
         }))
@@ -415,6 +448,9 @@ struct ImagesPartition {
     pace: Option<f64>,
     /// When pacing: the first read, and the images read since.
     paced: Option<(std::time::Instant, u64)>,
+    /// With `fps`: when each row is due, after `started` (the first look at the schedule).
+    due: Option<Vec<std::time::Duration>>,
+    started: Arc<std::sync::OnceLock<std::time::Instant>>,
     max_file_bytes: u64,
     batch_bytes: u64,
 }
@@ -438,7 +474,41 @@ fn read_limited(path: &Path, max: u64) -> DataflowResult<Result<Vec<u8>, u64>> {
     Ok(Ok(bytes))
 }
 
+impl ImagesPartition {
+    fn started(&self) -> std::time::Instant {
+        *self.started.get_or_init(std::time::Instant::now)
+    }
+
+    /// With `fps`: when row `i` of this partition is due.
+    fn due_at(&self, i: usize) -> Option<std::time::Instant> {
+        let due = self.due.as_ref()?.get(i)?;
+        Some(self.started() + *due)
+    }
+
+    /// Rows from `start` to read now: those due (at least one, waited for), up to a batch.
+    fn due_end(&self, start: usize) -> usize {
+        let end = start.saturating_add(self.batch_size).min(self.rows.len());
+        if self.due.is_none() {
+            return end;
+        }
+        if let Some(wait) = self
+            .due_at(start)
+            .and_then(|at| at.checked_duration_since(std::time::Instant::now()))
+        {
+            std::thread::sleep(wait);
+        }
+        let now = std::time::Instant::now();
+        (start + 1..end)
+            .find(|i| self.due_at(*i).is_some_and(|at| at > now))
+            .unwrap_or(end)
+    }
+}
+
 impl Source for ImagesPartition {
+    fn next_due(&self) -> Option<std::time::Instant> {
+        self.due_at(self.next)
+    }
+
     #[allow(
         clippy::indexing_slicing,
         reason = "`start..end` lies within `self.rows`, and entries are indexed modulo their length"
@@ -448,6 +518,7 @@ impl Source for ImagesPartition {
         if start >= self.rows.len() {
             return Ok(None);
         }
+        let end = self.due_end(start);
         if let Some(rate) = self.pace {
             let (since, read) = self
                 .paced
@@ -457,9 +528,8 @@ impl Source for ImagesPartition {
             if let Some(wait) = due.checked_sub(since.elapsed()) {
                 std::thread::sleep(wait);
             }
-            *read += self.batch_size.min(self.rows.len() - start) as u64;
+            *read += (end - start) as u64;
         }
-        let end = start.saturating_add(self.batch_size).min(self.rows.len());
         self.next = end;
 
         let rows = end - start;
@@ -625,6 +695,41 @@ mod tests {
             got,
             want.map(|(c, f)| (c.to_string(), f)).to_vec(),
             "{got:?}"
+        );
+    }
+
+    #[test]
+    fn fps_reads_each_cameras_frames_when_due_and_says_when_the_next_is() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..6 {
+            std::fs::write(dir.path().join(format!("{i}.jpg")), [0u8; 4]).unwrap();
+        }
+        let mut c = config(dir.path());
+        c.fps = Some(20.0);
+        c.cameras = Some(2);
+        c.batch_size = 8;
+        assert!(
+            ImagesSource::new(&c).is_err(),
+            "fps without partition_by: camera"
+        );
+        c.partition_by = PartitionBy::Camera;
+        let source = ImagesSource::new(&c).unwrap();
+        let mut partition = source.partition(0, 1).unwrap();
+        let first = partition.next_due().unwrap();
+        let mut reads = Vec::new();
+        while let Some(batch) = partition.next_batch().unwrap() {
+            reads.push((batch.records.num_rows(), first.elapsed()));
+            if let Some(due) = partition.next_due() {
+                // Frame k of both cameras is due at k × 50 ms.
+                let k = reads.len() as u32;
+                assert_eq!(due - first, std::time::Duration::from_millis(50) * k);
+            }
+        }
+        // Both cameras' frame k come together, however large the batch may be.
+        assert_eq!(reads.iter().map(|r| r.0).collect::<Vec<_>>(), [2, 2, 2]);
+        assert!(
+            reads[2].1 >= std::time::Duration::from_millis(100),
+            "{reads:?}"
         );
     }
 }

@@ -40,6 +40,8 @@ pub struct Metrics {
     end_to_end: prometheus::Histogram,
     ready: prometheus::Histogram,
     ready_hdr: Mutex<Histogram<u64>>,
+    /// The earliest ingest and the latest arrival of the results written (ns).
+    results_span: Mutex<Option<(u64, u64)>>,
     stages: Mutex<BTreeMap<String, Arc<StageMetrics>>>,
     end_to_end_hdr: Mutex<Histogram<u64>>,
     live: OnceLock<Arc<LiveTap>>,
@@ -177,6 +179,7 @@ impl Metrics {
             end_to_end_hdr,
             ready,
             ready_hdr,
+            results_span: Mutex::new(None),
             live: OnceLock::new(),
             ready_workers: AtomicUsize::new(0),
             dead_letter_reasons: Mutex::new(BTreeMap::new()),
@@ -281,6 +284,12 @@ impl Metrics {
             self.end_to_end.observe(latency.as_secs_f64());
         }
         let _ = lock(&self.end_to_end_hdr).record_n(latency.as_micros().max(1) as u64, rows as u64);
+        if rows > 0 {
+            let mut span = lock(&self.results_span);
+            let (first, last) = span.get_or_insert((ingest_ns, now_ns));
+            *first = (*first).min(ingest_ns);
+            *last = (*last).max(now_ns);
+        }
     }
 
     /// Registers an extra collector (connectors add their own metrics) on the same endpoint.
@@ -349,6 +358,9 @@ impl Metrics {
             ready_p50: Duration::from_micros(ready.value_at_quantile(0.5)),
             ready_p99: Duration::from_micros(ready.value_at_quantile(0.99)),
             results: e2e.len(),
+            busy: lock(&self.results_span).map_or(Duration::ZERO, |(first, last)| {
+                Duration::from_nanos(last.saturating_sub(first))
+            }),
             exchange_bytes_in: crate::batch::exchange_bytes_received(),
         }
     }
@@ -464,6 +476,9 @@ pub struct Summary {
     pub ready_p99: Duration,
     /// Rows that reached the sink.
     pub results: u64,
+    /// From the first result's source read to the last result written: the run without its
+    /// start-up (model loading) and shut-down, for throughput.
+    pub busy: Duration,
     /// Connector metrics (Kafka lag, bytes, produce errors; video drops, reconnects) by name
     /// and labels.
     pub connectors: Vec<(String, f64)>,

@@ -39,6 +39,12 @@ pub struct SourcePosition {
 pub trait Source: Send {
     /// The next batch, or `None` once this partition is exhausted.
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>>;
+
+    /// When the next batch becomes available, if not now: a live source (a paced camera)
+    /// says so instead of sleeping in `next_batch`, so the worker runs its stages meanwhile.
+    fn next_due(&self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// A configured source, able to describe its output and to split itself across workers.

@@ -35,6 +35,10 @@ pub struct PipelineSpec {
     /// Where rejected records go (default: `dead-letters.jsonl` beside the sink's file).
     #[serde(default)]
     pub dead_letter: Option<Spanned<SinkConfig>>,
+    /// Results as they exist, before their epoch commits, e.g. a Kafka topic a dashboard
+    /// reads: uncommitted (after a crash, replayed epochs' results appear again).
+    #[serde(default)]
+    pub live_sink: Option<Spanned<SinkConfig>>,
     #[serde(default)]
     pub runtime: Option<Spanned<RuntimeConfig>>,
 }

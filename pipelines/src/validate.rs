@@ -29,6 +29,8 @@ pub struct Pipeline {
     pub dead_letter: Arc<dyn SinkFactory>,
     /// Where rejected records go: the file's `dead_letter` (moved by `--output`) or the default.
     pub dead_letter_config: SinkConfig,
+    /// The file's `live_sink`, if any (see [`crate::spec::PipelineSpec::live_sink`]).
+    pub live_sink: Option<Arc<dyn SinkFactory>>,
     /// Schema after the source (index 0) and after each stage.
     pub schemas: Vec<SchemaRef>,
     /// Values of secret `${VAR}`s in the file, kept out of what is shown (`riffle plan`).
@@ -403,6 +405,8 @@ fn validate(
         )
     })?);
 
+    let live_sink = live_sink(&mut spec, &at, &resolve)?;
+
     Ok(Pipeline {
         file: file.to_path_buf(),
         spec,
@@ -411,9 +415,38 @@ fn validate(
         sink,
         dead_letter,
         dead_letter_config,
+        live_sink,
         schemas,
         redactions: Redactions::default(),
     })
+}
+
+/// The `live_sink` factory. It writes results as they arrive and never commits: a Kafka live
+/// topic is written without transactions or markers, whatever its `exactly_once` says.
+fn live_sink(
+    spec: &mut PipelineSpec,
+    at: &Locator<'_>,
+    resolve: &dyn Fn(&mut PathBuf),
+) -> Result<Option<Arc<dyn SinkFactory>>, PipelineError> {
+    let Some(live) = spec.live_sink.as_mut() else {
+        return Ok(None);
+    };
+    let line = line_of(live);
+    for p in live.value.paths_mut() {
+        resolve(p);
+    }
+    if let SinkConfig::Kafka(k) = &mut live.value {
+        k.exactly_once = ExactlyOnce::Off;
+    }
+    for path in live.value.paths() {
+        check_writable(path)
+            .map_err(|message| at.error(line, Some("path"), "live_sink.path".into(), message))?;
+    }
+    let factory = live
+        .value
+        .build()
+        .map_err(|e| at.error(line, None, "live_sink".into(), e.to_string()))?;
+    Ok(Some(Arc::from(factory)))
 }
 
 /// Checkpoints resume a source from offsets: one that cannot seek would fail at run time.

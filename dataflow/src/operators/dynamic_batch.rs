@@ -116,9 +116,11 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
                 });
                 let input_done = frontier.is_empty();
                 loop {
-                    let due = waiting
-                        .front()
-                        .is_some_and(|w| w.since.elapsed() >= policy.max_delay);
+                    // Waited long enough, or its epoch is complete: no more rows of it are
+                    // coming (a live source between frames), so waiting only delays results.
+                    let due = waiting.front().is_some_and(|w| {
+                        w.since.elapsed() >= policy.max_delay || !frontier.less_equal(w.cap.time())
+                    });
                     if waiting_rows == 0 || !(waiting_rows >= max_size || due || input_done) {
                         break;
                     }

@@ -30,6 +30,9 @@ pub struct SinkOptions {
     pub generation: Option<u64>,
     /// The first write error; later batches are dropped so the run can end and report it.
     pub errors: Arc<Mutex<Vec<DataflowError>>>,
+    /// Results as they arrive, before their epoch commits (on worker 0): a live topic for
+    /// dashboards. Not part of any checkpoint; its errors are logged, never fail the run.
+    pub live: Option<Box<dyn Sink>>,
 }
 
 /// Sinks a stream: results to one sink, dead letters to another.
@@ -78,7 +81,9 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
             positions,
             generation,
             errors,
+            mut live,
         } = options;
+        let mut live_failed = false;
         let sink_metrics = metrics.stage("sink");
         let dead_metrics = metrics.stage("dead-letters");
         let mut failed = false;
@@ -96,9 +101,27 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                 "WriteToSink",
                 move |_, _| {
                     move |(input, frontier), _output| {
+                        let mut live_wrote = false;
                         input.for_each(|cap, data| {
                             let epoch = cap.least().copied().unwrap_or_default();
                             for batch in data.drain(..) {
+                                if let (Some(sink), BatchKind::Records) =
+                                    (live.as_mut(), batch.kind)
+                                {
+                                    let data = match &latency_column {
+                                        Some(name) => with_latency(
+                                            &batch.data,
+                                            name,
+                                            now_ns(),
+                                            batch.ingest_ns,
+                                        ),
+                                        None => Ok(batch.data.clone()),
+                                    };
+                                    match data.and_then(|d| sink.write_batch(&d)) {
+                                        Ok(()) => live_wrote = true,
+                                        Err(e) => live_error(&mut live_failed, &e),
+                                    }
+                                }
                                 // A live view sees results as they arrive, before they commit.
                                 if let Some(live) = metrics.live() {
                                     match batch.kind {
@@ -142,6 +165,19 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                 }
                             }
                         });
+                        // Once per activation, so a busy stream shares one flush among its batches.
+                        if let (true, Some(sink)) = (live_wrote, live.as_mut()) {
+                            if let Err(e) = sink.flush() {
+                                live_error(&mut live_failed, &e);
+                            }
+                        }
+                        if frontier.frontier().is_empty() {
+                            if let Some(mut sink) = live.take() {
+                                if let Err(e) = sink.finish() {
+                                    live_error(&mut live_failed, &e);
+                                }
+                            }
+                        }
                         // Every epoch the frontier has passed is complete: write it, in order.
                         let complete: Vec<Epoch> = pending
                             .keys()
@@ -213,6 +249,16 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
             )
             .probe();
         probe
+    }
+}
+
+/// A live sink's failure is logged once: it never stops the committed outputs.
+fn live_error(logged: &mut bool, e: &DataflowError) {
+    if !*logged {
+        tracing::warn!(
+            "live sink: {e} (results still go to the sink; later live errors are not logged)"
+        );
+        *logged = true;
     }
 }
 

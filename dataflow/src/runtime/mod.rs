@@ -45,6 +45,9 @@ pub struct Job {
     pub steps: Vec<JobStep>,
     pub sink: Arc<dyn SinkFactory>,
     pub dead_letter: Arc<dyn SinkFactory>,
+    /// Results as they exist, before their epoch commits (uncommitted; see
+    /// [`crate::operators::write_to_sink::SinkOptions::live`]).
+    pub live_sink: Option<Arc<dyn SinkFactory>>,
     pub epochs: EpochPolicy,
     pub checkpoint: Option<CheckpointPolicy>,
     /// Adds a column of this name to every result: its end-to-end latency in milliseconds.
@@ -170,6 +173,7 @@ pub fn stop_requested() -> bool {
 ///     }],
 ///     sink: Arc::new(results.clone()),
 ///     dead_letter: Arc::new(Collect::default()),
+///     live_sink: None,
 ///     epochs: EpochPolicy { records: 10, max_duration: None, max_in_flight: 4 },
 ///     checkpoint: None,
 ///     latency_column: None,

@@ -68,6 +68,7 @@ fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc
         steps,
         sink: Arc::new(out.results.clone()),
         dead_letter: Arc::new(out.dead.clone()),
+        live_sink: None,
         // Small epochs, little room ahead: many epochs, checkpoints and flow-control waits.
         epochs: EpochPolicy {
             records: 4,

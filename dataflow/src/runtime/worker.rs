@@ -45,6 +45,10 @@ pub(crate) fn run_worker(
     } else {
         (None, None)
     };
+    let live = match (&job.live_sink, index) {
+        (Some(factory), 0) => Some(factory.open()?),
+        _ => None,
+    };
     let sink_positions = results
         .as_ref()
         .and_then(|r| r.position())
@@ -76,6 +80,7 @@ pub(crate) fn run_worker(
         positions: sink_positions.clone(),
         generation: start.generation,
         errors: errors.clone(),
+        live,
     };
     let mut positions: Option<Positions> = None;
     let mut state: Option<OperatorState> = None;
@@ -130,6 +135,28 @@ pub(crate) fn run_worker(
             break;
         }
         let read_started = Instant::now();
+        // A source with nothing due yet: the stages run (and park) until it has, and the wait
+        // counts as an empty read, so the epoch closes and its results complete meanwhile.
+        if let Some(wait) = source
+            .next_due()
+            .and_then(|at| at.checked_duration_since(read_started))
+            .filter(|wait| !wait.is_zero())
+        {
+            if records_in_epoch > 0 {
+                records_in_epoch = 0;
+                last_epoch = Instant::now();
+                epoch += 1;
+                input.advance_to(epoch);
+                positions.input.advance_to(epoch);
+            }
+            worker.step_or_park(Some(wait));
+            liveness.tick()?;
+            checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+            if !healthy(errors) {
+                break;
+            }
+            continue;
+        }
         let Some(batch) = source.next_batch()? else {
             break;
         };

@@ -172,6 +172,7 @@ fn job(end: i64, checkpoints: &Path) -> (Arc<Job>, Collect, Collect) {
         }],
         sink: Arc::new(results.clone()),
         dead_letter: Arc::new(dead.clone()),
+        live_sink: None,
         // Small epochs: many epochs and checkpoints.
         epochs: EpochPolicy {
             records: 4,

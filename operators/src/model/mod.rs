@@ -266,9 +266,12 @@ impl Model {
             }
             _ => {
                 let env = onnx::environment()?;
-                let session = open_session(&env, &config.path, threads, engine)?;
+                let mut session = open_session(&env, &config.path, threads, engine)?;
                 let inputs =
                     onnx::tensor_specs(session.inputs(), &config.path).map_err(|e| e.at("path"))?;
+                if engine == Engine::OrtCpu {
+                    ort_io::warm(&mut session, &inputs, &config.path);
+                }
                 let outputs = onnx::tensor_specs(session.outputs(), &config.path)
                     .map_err(|e| e.at("path"))?;
                 let backend = match engine {

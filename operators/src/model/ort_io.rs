@@ -47,6 +47,48 @@ pub(super) fn open_session(
     builder.commit_from_file(path).map_err(|e| fail(&e))
 }
 
+/// One run on zeros (batch 1) before the first batch, as servers warm a model: ONNX Runtime's
+/// first run allocates and plans, which would otherwise land on the first frames' latency.
+/// Skipped for inputs of unknown size past the batch dimension or of types zeros are not made
+/// for here; a failing warm-up (a model that rejects zeros) is only logged.
+pub(super) fn warm(session: &mut Session, inputs: &[crate::onnx::TensorSpec], path: &Path) {
+    fn zeros<T: PrimitiveTensorElementType + Default + Clone + std::fmt::Debug + 'static>(
+        shape: Vec<i64>,
+        n: usize,
+    ) -> Option<ort::value::DynValue> {
+        Tensor::from_array((shape, vec![T::default(); n]))
+            .ok()
+            .map(|t| t.into_dyn())
+    }
+    let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::new();
+    for spec in inputs {
+        if spec.shape.iter().skip(1).any(|d| *d < 0) {
+            return;
+        }
+        let mut shape = spec.shape.clone();
+        if let Some(first) = shape.first_mut().filter(|d| **d < 0) {
+            *first = 1;
+        }
+        let Ok(n) = usize::try_from(shape.iter().product::<i64>()) else {
+            return;
+        };
+        let value = match spec.element {
+            DataType::Float32 => zeros::<f32>(shape, n),
+            DataType::UInt8 => zeros::<u8>(shape, n),
+            DataType::Int64 => zeros::<i64>(shape, n),
+            DataType::Int32 => zeros::<i32>(shape, n),
+            _ => None,
+        };
+        match value {
+            Some(v) => values.push((spec.name.clone(), v.into())),
+            None => return,
+        }
+    }
+    if let Err(e) = session.run(values) {
+        tracing::debug!(model = %path.display(), "warm-up run on zeros failed: {e}");
+    }
+}
+
 pub(super) fn pinned_backend(session: Session, gpu: usize, path: &Path) -> DataflowResult<Backend> {
     let fail = |e: ort::Error| {
         DataflowError::Config(format!("model {} on cuda:{gpu}: {e}", path.display()))

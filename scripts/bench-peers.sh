@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Riffle against the Python peers (../shared/peers: plain loop, Bytewax, Pathway, ONNX Runtime
+# alone) on the same jobs (detect, classify, ctr), in one run: each round runs Riffle and every
+# peer on a job back to back, so machine noise hits them alike. Writes the table (median and
+# range over the rounds, ratios per round) to docs/benchmarks/peers.md and the README (between
+# its bench-peers markers). Run it on a quiet machine.
+#
+#   ../shared/peers/setup.sh          # once: the peers' venv in /tmp/peers
+#   scripts/bench-peers.sh            # REPS=3 JOBS="detect classify ctr" CONFIGS="…"
+#
+# BENCH_NOTE="…" adds a line under the header.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/bench-doc.sh
+PEERS_SRC=${PEERS_SRC:-$(cd .. && pwd)/shared/peers}
+PEERS_DIR=${PEERS_DIR:-/tmp/peers}
+REPS=${REPS:-3}
+JOBS=${JOBS:-"detect classify ctr"}
+CONFIGS=${CONFIGS:-"ortonly-s2 plain bytewax-w2 bytewax-p2w1 pathway-t2"}
+[ -x "$PEERS_DIR/venv/bin/python" ] || {
+  echo "bench-peers: $PEERS_DIR/venv is missing: run $PEERS_SRC/setup.sh" >&2; exit 1; }
+[ -f data/ml-100k/ratings-20k.csv ] || { echo "bench-peers: run scripts/setup.sh first" >&2; exit 1; }
+cargo build --quiet --release --example bench_job
+bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_job"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+lines="$work/lines.txt"
+for r in $(seq 1 "$REPS"); do
+  for j in $JOBS; do
+    for c in riffle $CONFIGS; do
+      if [ "$c" = riffle ]; then
+        line=$("$bin" "$j" 2>"$work/riffle.log" | grep '^PEER ' | tail -1) || true
+        [ -n "$line" ] || line="FAILED riffle $j: $(tail -1 "$work/riffle.log")"
+      else
+        line=$(PEERS_DIR="$PEERS_DIR" REPS=1 JOBS="$j" CONFIGS="$c" "$PEERS_SRC/bench.sh" 2>&1 \
+          | grep -E '^(PEER|FAILED) ' | tail -1) || true
+        [ -n "$line" ] || line="FAILED $c $j: no PEER line"
+      fi
+      echo "round $r: $line" >&2
+      echo "$r $line" >>"$lines"
+    done
+  done
+done
+table="$work/table.md"
+python3 scripts/lib/peers_table.py "$lines" >"$table"
+description=$(cat <<TEXT
+The peers' three jobs (see \`$PEERS_SRC/README.md\`), Riffle as \`examples/bench_job.rs\` runs
+them (the shipped pipelines, 2 workers × 1 ONNX Runtime thread) and each Python peer as
+\`$PEERS_SRC/bench.sh\` runs it, $REPS round(s), in each round Riffle and every peer back to
+back on the same job. Every clock starts after the models are loaded and have run once and
+stops at the last result written. "Best peer" is the peer with the highest median; ratios are
+taken within each round. Outputs are counted: detect's check is frames with a person and person
+boxes, classify's and ctr's a digest of every output, comparable with the peers' \`check=\`.
+TEXT
+)
+bench_doc docs/benchmarks/peers.md "Riffle against the Python peers" \
+  "scripts/bench-peers.sh (REPS=$REPS)" "$description" "$table"
+{ echo; echo "Raw lines:"; echo; echo '```'; cat "$lines"; echo '```'; } >>docs/benchmarks/peers.md
+readme_table bench-peers "$table"
+echo "bench-peers: wrote docs/benchmarks/peers.md and the README's table"
+cat "$table"
