@@ -169,7 +169,7 @@ stages:
         "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
         "detection_scores:0": {{ column: scores, shape: [100] }}
         "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 10 }}
+      batch: {{ max_size: 1 }}
   - detections:
       boxes: boxes
       scores: scores
@@ -206,7 +206,7 @@ stages:
       path: {model}
       inputs: {{ input: tensor }}
       outputs: {{ logits: logits }}
-      batch: {{ max_size: 8, max_delay_ms: 10 }}
+      batch: {{ max_size: 1 }}
   - topk: {{ input: logits, k: 1, output: top }}
   - select: {{ columns: [camera_id, frame, top_label] }}
 sink: {{ jsonl: {{ path: {out} }} }}

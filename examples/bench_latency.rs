@@ -167,7 +167,7 @@ stages:
         "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
         "detection_scores:0": {{ column: scores, shape: [100] }}
         "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 10 }}
+      batch: {{ max_size: 1 }}
   - detections:
       boxes: boxes
       scores: scores

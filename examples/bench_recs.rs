@@ -3,9 +3,12 @@
 //! click model → top 10. Riffle (2 workers × 1 ORT thread) against a straight loop (exact
 //! per-click features, one model call per click, ORT with 2 threads) and ONNX Runtime alone on
 //! the loop's prepared tensors (2 sessions × 1 thread, per click and in large batches), all in
-//! one run. Needs `scripts/setup.sh` (ratings, ORT).
+//! one run, in interleaved rounds (median and range). Needs `scripts/setup.sh` (ratings, ORT).
+//! Against the Python peers, side by side: `scripts/bench-peers.sh`.
 //!
-//!     cargo run --release --example bench_recs
+//!     cargo run --release --example bench_recs -- [rounds]
+
+mod common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -14,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use arrow_array::{Array, Float32Array, Int64Array, RecordBatch};
+use common::spread;
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::{fmt_duration, Metrics};
 use riffle_dataflow::Stage;
@@ -22,8 +26,6 @@ use riffle_pipelines::spec::{RuntimeConfig, StageSpec};
 
 const CANDIDATES: usize = 100;
 const K: usize = 10;
-/// The best Python peer on this job, measured on these machines (../shared/notes/targets.md).
-const PEER_EVENTS_PER_S: f64 = 26_747.0;
 
 fn main() -> Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -31,47 +33,41 @@ fn main() -> Result<()> {
     if !ratings.is_file() {
         bail!("{} not found: run scripts/setup.sh", ratings.display());
     }
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .map(|r| r.parse())
+        .transpose()?
+        .unwrap_or(3);
     let model = repo.join("models/ml100k_ncf_ctr.onnx");
     let clicks = read_clicks(&ratings)?;
     let events = clicks.len() as f64;
     let tmp = std::env::temp_dir().join(format!("bench-recs-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
+    const EPOCHS: [usize; 3] = [64, 96, 128];
+    let pipelines = EPOCHS
+        .iter()
+        .map(|e| {
+            let file = write_pipeline(&tmp, &ratings, &model, *e)?;
+            Ok(Arc::new(riffle_pipelines::load(&file, None)?))
+        })
+        .collect::<Result<Vec<_>>>()?;
 
-    // The straight loop, and the tensors it prepared for ONNX Runtime alone.
-    let mut loop_best = Duration::MAX;
+    // Every variant once per round, rounds interleaved, so machine noise hits all alike. Each
+    // clock starts once its sessions exist and have run (model stages warm up when built):
+    // the pipeline's from its first record read to its last result written.
+    let mut loop_rate = Vec::new();
     let mut loop_latency = Vec::new();
-    let mut ready = Vec::new();
-    for _ in 0..3 {
-        let (took, latency, batches) = straight_loop(&clicks, &model)?;
-        if took < loop_best {
-            loop_best = took;
-            loop_latency = latency;
-        }
-        ready = batches;
-    }
-    loop_latency.sort();
-    let ort_per_click = best_of(3, || ort_alone(&model, &ready, 2))?;
-    let merged = merge(&ready, 8192)?;
-    let ort_batched = best_of(3, || ort_alone(&model, &merged, 2))?;
-
-    println!("| run | events/s | p50 latency | p99 latency | vs straight loop | vs ORT alone per click | vs peer ×3 target |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    let row = |name: &str, rate: f64, p50: Duration, p99: Duration| {
-        println!(
-            "| {name} | {rate:.0} | {} | {} | {:.2} | {:.2} | {:.2} |",
-            fmt_duration(p50),
-            fmt_duration(p99),
-            rate / (events / loop_best.as_secs_f64()),
-            rate / (events / ort_per_click.as_secs_f64()),
-            rate / (3.0 * PEER_EVENTS_PER_S)
-        )
-    };
-    for epoch_records in [64usize, 96, 128] {
-        let file = write_pipeline(&tmp, &ratings, &model, epoch_records)?;
-        let pipeline = Arc::new(riffle_pipelines::load(&file, None)?);
-        let mut best: Option<(f64, riffle_dataflow::metrics::Summary)> = None;
-        for _ in 0..3 {
-            let started = Instant::now();
+    let mut per_click = Vec::new();
+    let mut batched = Vec::new();
+    let mut riffle: Vec<Vec<(f64, Duration, Duration)>> = vec![Vec::new(); EPOCHS.len()];
+    for _ in 0..rounds {
+        let (took, latency, ready) = straight_loop(&clicks, &model)?;
+        loop_rate.push(events / took.as_secs_f64());
+        loop_latency.extend(latency);
+        per_click.push(events / ort_alone(&model, &ready, 2)?.as_secs_f64());
+        let merged = merge(&ready, 8192)?;
+        batched.push(events / ort_alone(&model, &merged, 2)?.as_secs_f64());
+        for (i, pipeline) in pipelines.iter().enumerate() {
             let report = riffle_pipelines::run(
                 pipeline.clone(),
                 riffle_pipelines::RunOptions {
@@ -79,37 +75,68 @@ fn main() -> Result<()> {
                     metrics: Metrics::new()?,
                 },
             )?;
-            let t = started.elapsed().as_secs_f64();
-            if best.as_ref().is_none_or(|(b, _)| t < *b) {
-                best = Some((t, report.summary));
+            let s = report.summary;
+            // The first click has no candidates yet, hence no result.
+            if s.results + 1 < clicks.len() as u64 {
+                bail!("{} results for {} clicks", s.results, clicks.len());
             }
+            riffle[i].push((
+                events / s.busy.as_secs_f64(),
+                s.end_to_end_p50,
+                s.end_to_end_p99,
+            ));
         }
-        let (t, s) = best.context("no run")?;
+    }
+    loop_latency.sort();
+
+    println!(
+        "{rounds} interleaved round(s), median (min–max); ratios per round. The Python peers are \
+         compared side by side by scripts/bench-peers.sh.\n"
+    );
+    println!("| run | events/s | p50 latency | p99 latency | vs straight loop | vs ORT alone per click |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let ratio = |rates: &[f64], of: &[f64]| -> String {
+        let r: Vec<f64> = rates.iter().zip(of).map(|(a, b)| a / b).collect();
+        spread(&r, 2)
+    };
+    let row = |name: &str, rates: &[f64], p50: String, p99: String| {
+        println!(
+            "| {name} | {} | {p50} | {p99} | {} | {} |",
+            spread(rates, 0),
+            ratio(rates, &loop_rate),
+            ratio(rates, &per_click)
+        )
+    };
+    let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
+    for (runs, epoch_records) in riffle.iter().zip(EPOCHS) {
+        let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
+        let p50: Vec<f64> = runs.iter().map(|r| ms(&r.1)).collect();
+        let p99: Vec<f64> = runs.iter().map(|r| ms(&r.2)).collect();
         row(
             &format!("riffle, 2 workers, epochs of {epoch_records} clicks/worker"),
-            events / t,
-            s.end_to_end_p50,
-            s.end_to_end_p99,
+            &rates,
+            format!("{} ms", spread(&p50, 2)),
+            format!("{} ms", spread(&p99, 2)),
         );
     }
     let pct = |q: f64| loop_latency[((loop_latency.len() - 1) as f64 * q) as usize];
     row(
         "straight loop (1 thread + ORT 2 threads)",
-        events / loop_best.as_secs_f64(),
-        pct(0.5),
-        pct(0.99),
+        &loop_rate,
+        fmt_duration(pct(0.5)),
+        fmt_duration(pct(0.99)),
     );
     row(
         "ORT alone, one call per click (2 × 1 thread)",
-        events / ort_per_click.as_secs_f64(),
-        Duration::ZERO,
-        Duration::ZERO,
+        &per_click,
+        "-".into(),
+        "-".into(),
     );
     row(
         "ORT alone, batches of 8192 rows (2 × 1 thread)",
-        events / ort_batched.as_secs_f64(),
-        Duration::ZERO,
-        Duration::ZERO,
+        &batched,
+        "-".into(),
+        "-".into(),
     );
     let _ = std::fs::remove_dir_all(tmp);
     Ok(())
@@ -229,15 +256,32 @@ fn ort_alone(model: &Path, batches: &[RecordBatch], sessions: usize) -> Result<D
         stages.push(model_stage(model, 1)?);
     }
     let started = Instant::now();
-    std::thread::scope(|scope| {
-        for (w, mut stage) in stages.into_iter().enumerate() {
-            scope.spawn(move || {
-                for b in batches.iter().skip(w).step_by(sessions) {
-                    let _ = std::hint::black_box(stage.process_batch(b));
-                }
-            });
+    std::thread::scope(|scope| -> Result<()> {
+        let handles: Vec<_> = stages
+            .into_iter()
+            .enumerate()
+            .map(|(w, mut stage)| {
+                scope.spawn(move || -> Result<usize> {
+                    let mut rows = 0;
+                    for b in batches.iter().skip(w).step_by(sessions) {
+                        rows += stage.process_batch(b)?.records.num_rows();
+                    }
+                    Ok(rows)
+                })
+            })
+            .collect();
+        let mut rows = 0;
+        for h in handles {
+            rows += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("an ORT-alone thread panicked"))??;
         }
-    });
+        let expected: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if rows != expected {
+            bail!("ORT alone scored {rows} rows of {expected}");
+        }
+        Ok(())
+    })?;
     Ok(started.elapsed())
 }
 
@@ -250,12 +294,4 @@ fn merge(batches: &[RecordBatch], rows: usize) -> Result<Vec<RecordBatch>> {
         .step_by(rows)
         .map(|s| all.slice(s, rows.min(all.num_rows() - s)))
         .collect())
-}
-
-fn best_of(n: usize, mut f: impl FnMut() -> Result<Duration>) -> Result<Duration> {
-    let mut best = Duration::MAX;
-    for _ in 0..n {
-        best = best.min(f()?);
-    }
-    Ok(best)
 }

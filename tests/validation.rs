@@ -263,8 +263,8 @@ fn cuda_device_fails_validation_without_cuda() {
     let tmp = tempfile::tempdir().unwrap();
     let f = edited(
         tmp.path(),
-        "batch: { max_size: 4",
-        "device: \"cuda:0\"\n      batch: { max_size: 4",
+        "batch: { max_size: 1",
+        "device: \"cuda:0\"\n      batch: { max_size: 1",
     );
     let e = error_of(&f);
     let line = line_of(&f, "device: \"cuda:0\"");
@@ -283,8 +283,8 @@ fn dense_executor_on_a_convolutional_model_fails_validation_at_the_key() {
     let tmp = tempfile::tempdir().unwrap();
     let f = edited(
         tmp.path(),
-        "batch: { max_size: 4",
-        "executor: dense\n      batch: { max_size: 4",
+        "batch: { max_size: 1",
+        "executor: dense\n      batch: { max_size: 1",
     );
     let e = error_of(&f);
     let line = line_of(&f, "executor: dense");
@@ -298,8 +298,8 @@ fn dense_executor_on_a_convolutional_model_fails_validation_at_the_key() {
     // Splitting tables over GPUs needs GPUs.
     let f = edited(
         tmp.path(),
-        "batch: { max_size: 4",
-        "embedding_devices: [\"cuda:0\", \"cuda:1\"]\n      batch: { max_size: 4",
+        "batch: { max_size: 1",
+        "embedding_devices: [\"cuda:0\", \"cuda:1\"]\n      batch: { max_size: 1",
     );
     let e = error_of(&f);
     let line = line_of(&f, "embedding_devices:");
@@ -377,7 +377,7 @@ fn plan_shows_placement_and_workers_auto_follows_the_cores() {
         "{text}"
     );
     assert!(
-        text.contains("model") && text.contains("batch ≤ 4 rows / 10 ms"),
+        text.contains("model") && text.contains("batch ≤ 1 rows / 10 ms"),
         "{text}"
     );
     // Where each model runs, as decided here (this pipeline's model says `device: cpu`).
@@ -533,7 +533,7 @@ fn huge_numbers_are_refused_with_field_line_and_range() {
             "from 0 to 60000",
         ),
         (
-            "max_size: 4",
+            "max_size: 1",
             format!("max_size: {max}"),
             "stages[2].model.batch.max_size",
             "from 1 to 65536",

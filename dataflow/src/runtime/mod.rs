@@ -187,6 +187,16 @@ pub fn stop_requested() -> bool {
 /// assert_eq!(doubled, (0..100).map(|x| x * 2).collect::<Vec<_>>());
 /// # Ok::<(), riffle_dataflow::DataflowError>(())
 /// ```
+/// This process's workers start reading together: an epoch completes only once every worker
+/// has passed it, so one that read while another still loaded its models would only see its
+/// results wait (and a throughput clock would count the loading).
+pub(crate) struct StartGate {
+    pub(crate) ready: Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) workers: usize,
+    /// When the first worker went on: the origin of epochs numbered by time.
+    pub(crate) released: Arc<std::sync::OnceLock<Instant>>,
+}
+
 pub fn run(
     job: Arc<Job>,
     cluster: &ClusterConfig,
@@ -212,12 +222,18 @@ pub fn run(
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();
     let worker_metrics = metrics.clone();
+    let gate = StartGate {
+        ready: Arc::default(),
+        workers: cluster.threads,
+        released: Arc::default(),
+    };
     let guards = timely::execute::execute_from(
         builders,
         communication,
         timely::WorkerConfig::default(),
         move |worker| {
-            let result = worker::run_worker(worker, &job, &start, &worker_metrics, &worker_errors);
+            let result =
+                worker::run_worker(worker, &job, &start, &worker_metrics, &worker_errors, &gate);
             if let Err(e) = result {
                 tracing::error!(worker = worker.index(), "{e}");
                 if let Ok(mut errs) = worker_errors.lock() {

@@ -28,6 +28,7 @@ pub(crate) fn run_worker(
     start: &Start,
     metrics: &Arc<Metrics>,
     errors: &Arc<Mutex<Vec<DataflowError>>>,
+    gate: &super::StartGate,
 ) -> Result<(), DataflowError> {
     let index = worker.index();
     let peers = worker.peers();
@@ -118,6 +119,12 @@ pub(crate) fn run_worker(
     let source_metrics = metrics.stage("source")?;
     let mut source = start.source.partition(index, peers)?;
     metrics.worker_ready();
+    gate.ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    while gate.ready.load(std::sync::atomic::Ordering::SeqCst) < gate.workers && healthy(errors) {
+        worker.step_or_park(Some(Duration::from_millis(1)));
+        liveness.tick()?;
+    }
+    let released = *gate.released.get_or_init(Instant::now);
     let epoch_records = job.epochs.records;
     let max_duration = job.epochs.max_duration;
     let in_flight = job.epochs.max_in_flight;
@@ -137,15 +144,20 @@ pub(crate) fn run_worker(
         let read_started = Instant::now();
         // A source with nothing due yet: the stages run (and park) until it has, and the wait
         // counts as an empty read, so the epoch closes and its results complete meanwhile.
-        if let Some(wait) = source
+        if let Some((at, wait)) = source
             .next_due()
-            .and_then(|at| at.checked_duration_since(read_started))
-            .filter(|wait| !wait.is_zero())
+            .and_then(|at| Some((at, at.checked_duration_since(read_started)?)))
+            .filter(|(_, wait)| !wait.is_zero())
         {
             if records_in_epoch > 0 {
                 records_in_epoch = 0;
                 last_epoch = Instant::now();
-                epoch += 1;
+                // Numbered by when the next records are due (ms since the workers started),
+                // so every worker's records due together share an epoch: counting epochs per
+                // worker would drift apart (a worker that fell behind reads two frames in one
+                // epoch), and each epoch completes only when every worker has passed it.
+                let slot = at.saturating_duration_since(released).as_millis();
+                epoch = (epoch + 1).max(start.first_epoch.saturating_add(slot as Epoch));
                 input.advance_to(epoch);
                 positions.input.advance_to(epoch);
             }
