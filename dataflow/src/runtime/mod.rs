@@ -45,8 +45,8 @@ pub struct Job {
     pub steps: Vec<JobStep>,
     pub sink: Arc<dyn SinkFactory>,
     pub dead_letter: Arc<dyn SinkFactory>,
-    /// Results as they exist, before their epoch commits (uncommitted; see
-    /// [`crate::operators::write_to_sink::SinkOptions::live`]).
+    /// Results as they exist, before their epoch commits: uncommitted, written on worker 0 as
+    /// they reach the sink operator.
     pub live_sink: Option<Arc<dyn SinkFactory>>,
     pub epochs: EpochPolicy,
     pub checkpoint: Option<CheckpointPolicy>,
