@@ -4,7 +4,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -34,13 +33,7 @@ runtime: {{ workers: 1, epoch_records: 1000{timing} }}
     );
     let pipeline = write(tmp, &format!("{name}.yaml"), &text);
     riffle_ok(&["validate", pipeline.to_str().unwrap()]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q"])
-        .arg(&pipeline)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&pipeline);
     std::thread::sleep(Duration::from_secs(2));
     let midway = lines(&out);
     assert!(child.wait().unwrap().success());
@@ -146,13 +139,7 @@ runtime: {{ workers: 2, epoch_records: 1000 }}
     );
     let pipeline = write(tmp.path(), "live.yaml", &text);
     let started = std::time::Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q"])
-        .arg(&pipeline)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&pipeline);
     std::thread::sleep(Duration::from_millis(1200));
     let midway = lines(&out);
     assert!(child.wait().unwrap().success());
@@ -186,13 +173,7 @@ runtime: {{ workers: 1, epoch_records: 1000, latency_column: latency_ms }}
     );
     let pipeline = write(tmp.path(), "p.yaml", &text);
     riffle_ok(&["validate", pipeline.to_str().unwrap()]);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q"])
-        .arg(&pipeline)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&pipeline);
     std::thread::sleep(Duration::from_secs(2));
     let (live_midway, committed_midway) = (lines(&live), lines(&out));
     assert!(child.wait().unwrap().success());

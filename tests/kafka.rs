@@ -1402,13 +1402,7 @@ runtime: {{ workers: 1, epoch_records: 1000 }}
         out = out.display(),
     );
     let pipeline = write(tmp.path(), "p.yaml", &text);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q"])
-        .arg(&pipeline)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_run(&pipeline);
     std::thread::sleep(std::time::Duration::from_millis(2000));
     // The live topic is written without transactions (whatever `exactly_once` says), so a
     // read_committed reader sees it at once.

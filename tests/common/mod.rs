@@ -323,3 +323,15 @@ impl Rng {
         (self.next() % n.max(1) as u64) as usize
     }
 }
+
+/// `riffle run -q pipeline` in the background (warnings only, stdout dropped): for tests that
+/// look at its outputs while it runs.
+pub fn spawn_run(pipeline: &Path) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q"])
+        .arg(pipeline)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
