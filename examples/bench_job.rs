@@ -11,6 +11,8 @@
 //! recommendation pipeline of `examples/bench_recs.rs` (20,000 ratings, epochs of 64). 2 workers
 //! × 1 ONNX Runtime thread, as the peers' 2 ORT threads in total.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -159,31 +161,11 @@ fn detect(repo: &Path, out: &Path) -> String {
 source:
   images: {{ path: {frames}, cameras: 4, partition_by: camera, batch_size: 4 }}
 stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: {model}
-      inputs:
-        "image_tensor:0": tensor
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 1 }}
-  - detections:
-      boxes: boxes
-      scores: scores
-      classes: classes
-      box_format: yxyx_normalized
-      score_threshold: 0.5
-      keep_classes: [1]
-      iou_threshold: 0.5
-  - select: {{ columns: [camera_id, frame, detections_count] }}
-sink: {{ jsonl: {{ path: {out} }} }}
+{stages}sink: {{ jsonl: {{ path: {out} }} }}
 runtime: {{ workers: {WORKERS}, intra_op_threads: 1, epoch_records: 16, max_epochs_in_flight: 4 }}
 "#,
         frames = repo.join("data/frames").display(),
-        model = repo.join("models/ssdlite_person.onnx").display(),
+        stages = common::detect_stages(repo),
         out = out.display(),
     )
 }

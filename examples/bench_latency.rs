@@ -157,28 +157,7 @@ source:
     batch_size: 4
     repeat: {repeat}{fps}
 stages:
-  - decode: {{}}
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: {model}
-      inputs:
-        "image_tensor:0": tensor
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 1 }}
-  - detections:
-      boxes: boxes
-      scores: scores
-      classes: classes
-      box_format: yxyx_normalized
-      score_threshold: 0.5
-      keep_classes: [1]
-      iou_threshold: 0.5
-  - select:
-      columns: [camera_id, frame, detections_count]
-sink:
+{stages}sink:
   jsonl: {{ path: {out} }}
 runtime:
   workers: {WORKERS}
@@ -187,7 +166,7 @@ runtime:
   max_epochs_in_flight: 4
 "#,
         frames = repo.join("data/frames").display(),
-        model = repo.join("models/ssdlite_person.onnx").display(),
+        stages = common::detect_stages(repo),
         out = std::env::temp_dir()
             .join(format!("bench-latency-{}.jsonl", std::process::id()))
             .display(),

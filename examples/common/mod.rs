@@ -42,3 +42,32 @@ pub fn quantile(values: &[f64], q: f64) -> f64 {
     let i = ((v.len() - 1) as f64 * q).round() as usize;
     v[i]
 }
+
+/// The peers' detect job as pipeline stages (YAML, under `stages:`): decode, resize 300×300 u8,
+/// SSDLite one frame per call, persons over 0.5, then camera, frame and person count.
+pub fn detect_stages(repo: &std::path::Path) -> String {
+    format!(
+        r#"  - decode: {{}}
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: {model}
+      inputs:
+        "image_tensor:0": tensor
+      outputs:
+        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+        "detection_classes:0": {{ column: classes, shape: [100] }}
+      batch: {{ max_size: 1 }}
+  - detections:
+      boxes: boxes
+      scores: scores
+      classes: classes
+      box_format: yxyx_normalized
+      score_threshold: 0.5
+      keep_classes: [1]
+      iou_threshold: 0.5
+  - select: {{ columns: [camera_id, frame, detections_count] }}
+"#,
+        model = repo.join("models/ssdlite_person.onnx").display(),
+    )
+}
