@@ -10,7 +10,9 @@
 //! The job is the peers' `detect` (the 250 bundled street frames, resize 300×300 u8, SSDLite,
 //! persons over 0.5) as `pipelines/camera-perception.yaml` runs it, with the frames split into
 //! N cameras replayed live (`fps: 25`). Capacity is measured unpaced at the start of each round;
-//! N = load × capacity / 25, rounded, at least 1. Rounds interleave Riffle and the peer.
+//! N = load × capacity / 25, rounded, at least 1. Riffle runs it twice: with the frames balanced
+//! over the workers (`exchange: { balance: true, ordered_by: camera_id }` first), and with each
+//! camera kept on one worker (`partition_by: camera` alone). Rounds interleave both and the peer.
 
 mod common;
 
@@ -63,11 +65,24 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut capacity = Vec::new();
-    // Per load: cameras, Riffle runs, peer runs.
-    let mut rows: Vec<(Vec<usize>, Vec<Latency>, Vec<Latency>)> =
+    // Per load: cameras, Riffle runs (balanced, one worker per camera), peer runs.
+    #[allow(
+        clippy::type_complexity,
+        reason = "a local table, named by the comment"
+    )]
+    let mut rows: Vec<(Vec<usize>, Vec<Latency>, Vec<Latency>, Vec<Latency>)> =
         vec![Default::default(); args.loads.len()];
     for round in 0..args.rounds {
-        let unpaced = run(&repo, &args, 4, None, 2)?;
+        let unpaced = run(
+            &repo,
+            &args,
+            Load {
+                cameras: 4,
+                fps: None,
+                repeat: 2,
+                balanced: false,
+            },
+        )?;
         let fps = unpaced.results as f64 / unpaced.elapsed.as_secs_f64();
         eprintln!("round {round}: capacity {fps:.1} frames/s");
         capacity.push(fps);
@@ -75,22 +90,36 @@ fn main() -> anyhow::Result<()> {
             let cameras = ((load / 100.0 * fps / FPS).round() as usize).max(1);
             let per_camera = FRAMES / cameras;
             let repeat = ((args.seconds * FPS) / per_camera as f64).ceil().max(1.0) as usize;
-            let s = run(&repo, &args, cameras, Some(FPS), repeat)?;
-            let riffle = Latency {
-                live_p50: ms(s.ready_p50),
-                live_p99: ms(s.ready_p99),
-                committed_p50: ms(s.end_to_end_p50),
-                committed_p99: ms(s.end_to_end_p99),
-                results: s.results as usize,
-            };
-            eprintln!("round {round} load {load}% ({cameras} cameras): riffle {riffle:?}");
             let row = &mut rows[i];
             row.0.push(cameras);
-            row.1.push(riffle);
+            for balanced in [true, false] {
+                let load = Load {
+                    cameras,
+                    fps: Some(FPS),
+                    repeat,
+                    balanced,
+                };
+                let s = run(&repo, &args, load)?;
+                let riffle = Latency {
+                    live_p50: ms(s.ready_p50),
+                    live_p99: ms(s.ready_p99),
+                    committed_p50: ms(s.end_to_end_p50),
+                    committed_p99: ms(s.end_to_end_p99),
+                    results: s.results as usize,
+                };
+                eprintln!(
+                    "round {round} load {load}% ({cameras} cameras, balanced {balanced}): riffle {riffle:?}"
+                );
+                if balanced {
+                    row.1.push(riffle);
+                } else {
+                    row.2.push(riffle);
+                }
+            }
             if let Some(python) = &args.peer_python {
                 let peer = run_peer(&repo, python, cameras, repeat)?;
                 eprintln!("round {round} load {load}% ({cameras} cameras): bytewax {peer:?}");
-                row.2.push(peer);
+                row.3.push(peer);
             }
         }
     }
@@ -105,10 +134,10 @@ fn main() -> anyhow::Result<()> {
             format!("epoch_ms {ms}")
         });
     println!(
-        "| load | cameras × {FPS} fps | Riffle live tap p50 / p99 ms | Riffle committed p50 / p99 ms ({epochs}) | Bytewax (2 workers) p50 / p99 ms | results per run |"
+        "| load | cameras × {FPS} fps | Riffle live tap p50 / p99 ms | Riffle committed p50 / p99 ms ({epochs}) | Riffle, one worker per camera: live tap p50 / p99 ms | Bytewax (2 workers) p50 / p99 ms | results per run |"
     );
-    println!("|---|---|---|---|---|---|");
-    for (load, (cameras, riffle, peer)) in args.loads.iter().zip(&rows) {
+    println!("|---|---|---|---|---|---|---|");
+    for (load, (cameras, riffle, by_camera, peer)) in args.loads.iter().zip(&rows) {
         let pick =
             |runs: &[Latency], f: fn(&Latency) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
         let actual: Vec<f64> = cameras
@@ -126,13 +155,15 @@ fn main() -> anyhow::Result<()> {
             )
         };
         println!(
-            "| {load:.0} % (actual {}) | {} | {} / {} | {} / {} | {} | {} |",
+            "| {load:.0} % (actual {}) | {} | {} / {} | {} / {} | {} / {} | {} | {} |",
             spread(&actual, 0),
             spread(&cameras.iter().map(|n| *n as f64).collect::<Vec<_>>(), 0),
             spread(&pick(riffle, |l| l.live_p50), 1),
             spread(&pick(riffle, |l| l.live_p99), 1),
             spread(&pick(riffle, |l| l.committed_p50), 1),
             spread(&pick(riffle, |l| l.committed_p99), 1),
+            spread(&pick(by_camera, |l| l.live_p50), 1),
+            spread(&pick(by_camera, |l| l.live_p99), 1),
             peer_cell,
             spread(&pick(riffle, |l| l.results as f64), 0),
         );
@@ -144,8 +175,24 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// The job as YAML: `cameras` streams, live at `fps` or unpaced.
-fn yaml(repo: &Path, args: &Args, cameras: usize, fps: Option<f64>, repeat: usize) -> String {
+/// One run's load: `cameras` streams, live at `fps` or unpaced, the frames `repeat` times,
+/// balanced over the workers or each camera on one worker.
+#[derive(Clone, Copy)]
+struct Load {
+    cameras: usize,
+    fps: Option<f64>,
+    repeat: usize,
+    balanced: bool,
+}
+
+/// The job as YAML.
+fn yaml(repo: &Path, args: &Args, load: Load) -> String {
+    let Load {
+        cameras,
+        fps,
+        repeat,
+        balanced,
+    } = load;
     let fps = fps.map_or(String::new(), |f| format!("\n    fps: {f}"));
     format!(
         r#"name: bench-latency
@@ -157,7 +204,7 @@ source:
     batch_size: 4
     repeat: {repeat}{fps}
 stages:
-{stages}sink:
+{exchange}{stages}sink:
   jsonl: {{ path: {out} }}
 runtime:
   workers: {WORKERS}
@@ -167,6 +214,13 @@ runtime:
 "#,
         frames = repo.join("data/frames").display(),
         stages = common::detect_stages(repo),
+        // Frames go to whichever worker is idle, so a camera is not tied to one core; per
+        // camera they stay in order (a live camera's frames are in epochs of their own).
+        exchange = if balanced {
+            "  - exchange: { balance: true, ordered_by: camera_id }\n"
+        } else {
+            ""
+        },
         out = std::env::temp_dir()
             .join(format!("bench-latency-{}.jsonl", std::process::id()))
             .display(),
@@ -176,7 +230,7 @@ runtime:
     )
 }
 
-fn load(yaml: &str) -> anyhow::Result<Pipeline> {
+fn load_pipeline(yaml: &str) -> anyhow::Result<Pipeline> {
     let file = std::env::temp_dir().join(format!("bench-latency-{}.yaml", std::process::id()));
     std::fs::write(&file, yaml)?;
     let pipeline = riffle_pipelines::load(&file, None);
@@ -184,14 +238,8 @@ fn load(yaml: &str) -> anyhow::Result<Pipeline> {
     Ok(pipeline?)
 }
 
-fn run(
-    repo: &Path,
-    args: &Args,
-    cameras: usize,
-    fps: Option<f64>,
-    repeat: usize,
-) -> anyhow::Result<Summary> {
-    let pipeline = load(&yaml(repo, args, cameras, fps, repeat))?;
+fn run(repo: &Path, args: &Args, load: Load) -> anyhow::Result<Summary> {
+    let pipeline = load_pipeline(&yaml(repo, args, load))?;
     let report = riffle_pipelines::run(
         Arc::new(pipeline),
         riffle_pipelines::RunOptions {
@@ -199,11 +247,13 @@ fn run(
             metrics: Metrics::new()?,
         },
     )?;
-    let expected = FRAMES * repeat;
+    let expected = FRAMES * load.repeat;
     if report.summary.results as usize != expected {
         bail!(
-            "{} results from {cameras} cameras × {repeat} repeats, {expected} expected",
-            report.summary.results
+            "{} results from {} cameras × {} repeats, {expected} expected",
+            report.summary.results,
+            load.cameras,
+            load.repeat
         );
     }
     Ok(report.summary)

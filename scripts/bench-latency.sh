@@ -33,7 +33,11 @@ epoch whenever it waits for its next frame, so a frame's epoch completes as soon
 exists; `--epoch-ms` adds `runtime.epoch_ms`). With 25 fps cameras on 2 cores the loads come in
 steps of one camera: the "actual" column is the load each round got. Bytewax runs the same paced
 load (`scripts/peers/bytewax_paced.py`, 2 workers in one process; its figure is read → sink
-write). Riffle: 2 workers × 1 ONNX Runtime thread, one frame per model call (as `pipelines/camera-perception.yaml`).
+write). Riffle: 2 workers × 1 ONNX Runtime thread, one frame per model call (as
+`pipelines/camera-perception.yaml`), run twice: with `exchange: { balance: true, ordered_by:
+camera_id }` first, so each frame goes to an idle worker whichever camera it is from (the
+live tap and committed columns), and with each camera on one worker (`partition_by: camera`
+alone).
 TEXT
 )
 bench_doc docs/benchmarks/latency.md "Latency with paced cameras" \

@@ -83,19 +83,24 @@ struct LeastDelay {
     /// Rows queued at the last report, and rows this balancer sent since.
     backlog: Vec<u64>,
     sent: Vec<u64>,
-    /// Rotates ties (e.g. before any report).
+    /// This balancer's own worker, as a position in `targets`: it wins ties, so that balancers
+    /// that all see the same (equal) loads keep their batches instead of all sending them to
+    /// one worker at once (paced cameras are due at the same instants on every worker).
+    home: Option<usize>,
+    /// Rotates the other ties (e.g. before any report).
     turn: usize,
 }
 
 impl LeastDelay {
-    fn new(targets: Vec<usize>, start: usize) -> Self {
+    fn new(targets: Vec<usize>, me: usize) -> Self {
         let n = targets.len();
         LeastDelay {
+            home: targets.iter().position(|t| *t == me),
             targets,
             ns_per_row: vec![None; n],
             backlog: vec![0; n],
             sent: vec![0; n],
-            turn: start,
+            turn: me,
         }
     }
 
@@ -127,13 +132,27 @@ impl LeastDelay {
         let fastest = if fastest.is_finite() { fastest } else { 1.0 };
         let n = self.targets.len();
         self.turn = self.turn.wrapping_add(1);
-        let mut best = (f64::INFINITY, 0);
+        let delay = |i: usize| {
+            let queued = (self.backlog[i] + self.sent[i] + rows) as f64;
+            queued * self.ns_per_row[i].unwrap_or(fastest)
+        };
+        // An idle home keeps the batch: moving it gains at most the difference in speed, and
+        // risks landing on a worker that is about to get its own (a stale speed estimate
+        // would send every idle balancer's batches to the one that looked fastest).
+        if let Some(h) = self.home.filter(|h| self.backlog[*h] + self.sent[*h] == 0) {
+            self.sent[h] += rows;
+            return self.targets[h];
+        }
+        // Home first; only a strictly smaller delay elsewhere moves the batch.
+        let mut best = self.home.map_or((f64::INFINITY, 0), |h| (delay(h), h));
         for k in 0..n {
             let i = (self.turn + k) % n;
-            let queued = (self.backlog[i] + self.sent[i] + rows) as f64;
-            let delay = queued * self.ns_per_row[i].unwrap_or(fastest);
-            if delay < best.0 {
-                best = (delay, i);
+            if Some(i) == self.home {
+                continue;
+            }
+            let d = delay(i);
+            if d < best.0 {
+                best = (d, i);
             }
         }
         self.sent[best.1] += rows;
@@ -259,6 +278,36 @@ mod tests {
         let picks: Vec<usize> = (0..100).map(|_| l.pick(4)).collect();
         let to_slow = picks.iter().filter(|p| **p == 1).count();
         assert!((15..=25).contains(&to_slow), "{to_slow}");
+    }
+
+    #[test]
+    fn equal_loads_keep_the_batch_home() {
+        // Two balancers (workers 0 and 1) see the same idle cluster at the same instant:
+        // each keeps its own batch instead of both picking one worker.
+        let mut on_0 = LeastDelay::new(vec![0, 1], 0);
+        let mut on_1 = LeastDelay::new(vec![0, 1], 1);
+        for l in [&mut on_0, &mut on_1] {
+            l.report(0, 1_000.0, 0);
+            l.report(1, 1_000.0, 0);
+        }
+        for _ in 0..5 {
+            assert_eq!((on_0.pick(1), on_1.pick(1)), (0, 1));
+            on_0.report(0, 1_000.0, 0);
+            on_1.report(1, 1_000.0, 0);
+        }
+        // A second batch before the first is done goes to the idle worker.
+        assert_eq!(on_0.pick(1), 0);
+        assert_eq!(on_0.pick(1), 1);
+    }
+
+    #[test]
+    fn an_idle_home_keeps_its_batch_beside_a_faster_worker() {
+        let mut l = LeastDelay::new(vec![0, 1], 1);
+        l.report(0, 1_000.0, 0);
+        l.report(1, 1_300.0, 0);
+        assert_eq!(l.pick(1), 1);
+        // Once home has a queue, the faster idle worker gets the next one.
+        assert_eq!(l.pick(1), 0);
     }
 
     #[test]
