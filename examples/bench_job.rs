@@ -215,7 +215,7 @@ stages:
       inputs: {{ user_id: user_id, item_id: candidate }}
       outputs: {{ p_click: p_click }}
       keep_inputs: true
-      batch: {{ max_size: 8192, max_delay_ms: 1 }}
+      batch: {{ max_size: 8192, max_delay_ms: 5 }}
   - rank: {{ k: 10 }}
   - select: {{ columns: [user_id, item_id, recs, recs_score] }}
 sink: {{ jsonl: {{ path: "{out}" }} }}

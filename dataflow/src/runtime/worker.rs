@@ -90,7 +90,11 @@ pub(crate) fn run_worker(
         let stream = input.to_stream(scope);
         let (stream, states) =
             build_chain(stream, steps, metrics, &start.restored, start.first_epoch)?;
-        if !states.is_empty() {
+        // Gathered only for checkpoints: without them nothing would ever fold the updates in,
+        // and worker 0 would keep every one for the whole run. The same on every worker, as
+        // timely needs (store and source are the job's).
+        let checkpointed = start.store.is_some() && start.source.checkpoint_id().is_some();
+        if !states.is_empty() && checkpointed {
             state = Some(OperatorState::build(scope, states));
         }
         Ok::<_, DataflowError>(stream.write_to_sink(options, metrics.clone()))
