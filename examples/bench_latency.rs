@@ -93,13 +93,13 @@ fn main() -> anyhow::Result<()> {
             let row = &mut rows[i];
             row.0.push(cameras);
             for balanced in [true, false] {
-                let load = Load {
+                let paced = Load {
                     cameras,
                     fps: Some(FPS),
                     repeat,
                     balanced,
                 };
-                let s = run(&repo, &args, load)?;
+                let s = run(&repo, &args, paced)?;
                 let riffle = Latency {
                     live_p50: ms(s.ready_p50),
                     live_p99: ms(s.ready_p99),

@@ -10,6 +10,7 @@ use arrow_array::types::{
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::{DataType, Field};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::builder::GraphOptimizationLevel;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{PrimitiveTensorElementType, Tensor, TensorRef};
 use riffle_dataflow::tensor::{
@@ -29,6 +30,9 @@ pub(super) fn open_session(
         DataflowError::Config(format!("model {}: {e}", path.display())).at("path")
     };
     let mut builder = Session::builder(env)
+        .map_err(|e| fail(&e))?
+        // ONNX Runtime's own default, stated: every fusion and the CPU layout transforms (NCHWc).
+        .with_optimization_level(GraphOptimizationLevel::All)
         .map_err(|e| fail(&e))?
         .with_intra_threads(threads)
         .map_err(|e| fail(&e))?
