@@ -219,7 +219,7 @@ stages:
   - rank: {{ k: 10 }}
   - select: {{ columns: [user_id, item_id, recs, recs_score] }}
 sink: {{ jsonl: {{ path: "{out}" }} }}
-runtime: {{ workers: {WORKERS}, epoch_records: 64, max_epochs_in_flight: 2 }}
+runtime: {{ workers: {WORKERS}, epoch_records: 64, max_epochs_in_flight: 1 }}
 "#,
         ratings = ratings.display(),
         model = repo.join("models/ml100k_ncf_ctr.onnx").display(),

@@ -176,7 +176,7 @@ stages:
   - rank: {{ k: {K} }}
   - select: {{ columns: [user_id, item_id, recs, recs_score] }}
 sink: {{ jsonl: {{ path: "{}" }} }}
-runtime: {{ workers: 2, epoch_records: {epoch_records}, max_epochs_in_flight: 2, latency_column: latency_ms }}
+runtime: {{ workers: 2, epoch_records: {epoch_records}, max_epochs_in_flight: 1, latency_column: latency_ms }}
 "#,
             ratings.display(),
             model.display(),
