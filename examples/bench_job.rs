@@ -210,6 +210,7 @@ fn ctr(repo: &Path, out: &Path) -> anyhow::Result<String> {
 source: {{ csv: {{ path: "{ratings}", batch_size: 64 }} }}
 stages:
   - candidates: {{ max_candidates: 100 }}
+  - exchange: {{ spread: true, together: event }}
   - model:
       path: "{model}"
       inputs: {{ user_id: user_id, item_id: candidate }}

@@ -43,11 +43,13 @@ fn main() -> Result<()> {
     let events = clicks.len() as f64;
     let tmp = std::env::temp_dir().join(format!("bench-recs-{}", std::process::id()));
     std::fs::create_dir_all(&tmp)?;
-    const EPOCHS: [usize; 3] = [64, 96, 128];
-    let pipelines = EPOCHS
+    // (clicks per epoch and worker, candidates spread over the workers before scoring); the
+    // second runs as the shipped pipeline did before `spread`, so the change is measured alone.
+    const VARIANTS: [(usize, bool); 4] = [(64, true), (64, false), (96, true), (128, true)];
+    let pipelines = VARIANTS
         .iter()
-        .map(|e| {
-            let file = write_pipeline(&tmp, &ratings, &model, *e)?;
+        .map(|&(e, spread)| {
+            let file = write_pipeline(&tmp, &ratings, &model, e, spread)?;
             Ok(Arc::new(riffle_pipelines::load(&file, None)?))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -59,7 +61,7 @@ fn main() -> Result<()> {
     let mut loop_latency = Vec::new();
     let mut per_click = Vec::new();
     let mut batched = Vec::new();
-    let mut riffle: Vec<Vec<(f64, Duration, Duration)>> = vec![Vec::new(); EPOCHS.len()];
+    let mut riffle: Vec<Vec<(f64, Duration, Duration)>> = vec![Vec::new(); VARIANTS.len()];
     for _ in 0..rounds {
         let (took, latency, ready) = straight_loop(&clicks, &model)?;
         loop_rate.push(events / took.as_secs_f64());
@@ -108,12 +110,19 @@ fn main() -> Result<()> {
         )
     };
     let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
-    for (runs, epoch_records) in riffle.iter().zip(EPOCHS) {
+    for (runs, (epoch_records, spread_out)) in riffle.iter().zip(VARIANTS) {
         let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let p50: Vec<f64> = runs.iter().map(|r| ms(&r.1)).collect();
         let p99: Vec<f64> = runs.iter().map(|r| ms(&r.2)).collect();
         row(
-            &format!("riffle, 2 workers, epochs of {epoch_records} clicks/worker"),
+            &format!(
+                "riffle, 2 workers, epochs of {epoch_records} clicks/worker{}",
+                if spread_out {
+                    ""
+                } else {
+                    ", candidates not spread"
+                }
+            ),
             &rates,
             format!("{} ms", spread(&p50, 2)),
             format!("{} ms", spread(&p99, 2)),
@@ -158,15 +167,21 @@ fn write_pipeline(
     ratings: &Path,
     model: &Path,
     epoch_records: usize,
+    spread: bool,
 ) -> Result<PathBuf> {
-    let file = dir.join(format!("recs-{epoch_records}.yaml"));
+    let file = dir.join(format!("recs-{epoch_records}-{spread}.yaml"));
+    let exchange = if spread {
+        "\n  - exchange: { spread: true, together: event }"
+    } else {
+        ""
+    };
     std::fs::write(
         &file,
         format!(
             r#"
 source: {{ csv: {{ path: "{}", batch_size: {epoch_records} }} }}
 stages:
-  - candidates: {{ max_candidates: {CANDIDATES} }}
+  - candidates: {{ max_candidates: {CANDIDATES} }}{exchange}
   - model:
       path: "{}"
       inputs: {{ user_id: user_id, item_id: candidate }}

@@ -18,7 +18,8 @@ description=$(cat <<'TEXT'
 The targets' job: the first 20,000 MovieLens-100k ratings in time order; per click, the ≤ 100
 most popular items so far that the user has not rated → the NCF click model → top 10.
 Riffle runs it as `pipelines/clickstream-recs.yaml` does (2 workers × 1 ONNX Runtime thread,
-model batches of up to 8192 rows, one epoch in flight) at three epoch sizes; the straight loop
+model batches of up to 8192 rows, one epoch in flight, candidates spread over the workers) at
+three epoch sizes, and once without the spread; the straight loop
 is one Rust thread with exact per-click features and one model call per click (ORT with 2
 threads); ONNX Runtime alone runs the loop's prepared tensors in 2 sessions × 1 thread, per
 click and merged into 8192-row batches. Latency is from reading a click to writing its

@@ -222,21 +222,28 @@ fn candidates_equal_batch_recomputation_recent_seen_items_one_worker() {
 
 #[test]
 fn recommendations_are_the_models_top_k_of_the_candidates() {
-    top_k_of_the_candidates("ort");
+    top_k_of_the_candidates("ort", "");
 }
 
 /// The same pipeline with the model on Riffle's dense executor (the GPU path's CPU twin).
 #[test]
 fn the_dense_executor_recommends_the_models_top_k_too() {
-    top_k_of_the_candidates("dense");
+    top_k_of_the_candidates("dense", "");
 }
 
-fn top_k_of_the_candidates(executor: &str) {
+/// Candidate rows cut into one slice per worker before scoring: each click's rows stay whole
+/// (a cut click would have two answers, or a top-k of part of its candidates).
+#[test]
+fn spreading_the_candidates_over_the_workers_keeps_each_clicks_top_k() {
+    top_k_of_the_candidates("ort", "\n  - exchange: { spread: true, together: event }");
+}
+
+fn top_k_of_the_candidates(executor: &str, before_model: &str) {
     require_onnx_runtime();
     let tmp = tempfile::tempdir().unwrap();
     let csv = prefix(tmp.path(), 1500);
     let stages = format!(
-        r#"  - candidates: {{ window: 86400, max_candidates: 30 }}
+        r#"  - candidates: {{ window: 86400, max_candidates: 30 }}{before_model}
   - model:
       path: "{}"
       inputs: {{ user_id: user_id, item_id: candidate }}

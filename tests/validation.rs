@@ -181,6 +181,38 @@ fn exchange_key_must_exist() {
 }
 
 #[test]
+fn spread_settings_are_checked_against_each_other_and_the_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "  - exchange: { spread: true, together: camera }\n  - decode: {}",
+            "stages[0].exchange.together: ",
+            "no column `camera` here",
+        ),
+        (
+            "  - exchange: { together: camera_id }\n  - decode: {}",
+            "stages[0].exchange.together: ",
+            "needs `spread: true`",
+        ),
+        (
+            "  - exchange: { spread: true, key: camera_id }\n  - decode: {}",
+            "stages[0].exchange.spread: ",
+            "cannot be combined with `key`",
+        ),
+    ];
+    for (stage, at, expected) in cases {
+        let f = edited(tmp.path(), "  - decode: {}", stage);
+        let e = error_of(&f);
+        let line = line_of(&f, stage.lines().next().unwrap().trim());
+        assert!(
+            e.starts_with(&format!("{}:{line}: {at}", f.display())),
+            "{e}"
+        );
+        assert!(e.contains(expected), "{e}");
+    }
+}
+
+#[test]
 fn track_column_and_threshold_errors_name_their_keys() {
     require_onnx_runtime();
     let tmp = tempfile::tempdir().unwrap();

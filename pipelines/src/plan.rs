@@ -91,6 +91,7 @@ pub fn route(exchange: &ExchangeConfig, runtime: &RuntimeConfig) -> DataflowResu
     let placed = placed_on(exchange, runtime)?;
     Ok(match (&exchange.key, placed) {
         (Some(key), _) => Route::Key(key.clone()),
+        (None, None) if exchange.spread => Route::Spread(exchange.together.clone()),
         (None, placed) if exchange.balance => {
             Route::Balance(placed.unwrap_or_default(), exchange.ordered_by.clone())
         }
@@ -255,6 +256,12 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
 fn describe_exchange(e: &ExchangeConfig, runtime: &RuntimeConfig) -> String {
     let route = match (&e.key, placed_on(e, runtime).ok().flatten()) {
         (Some(key), _) => format!("re-shard by `{key}`"),
+        (None, None) if e.spread => format!(
+            "every batch cut into one slice per worker{}",
+            e.together
+                .as_ref()
+                .map_or(String::new(), |k| format!(", runs of `{k}` kept whole"))
+        ),
         (None, placed) if e.balance => format!(
             "balance by measured delay over worker(s) {}{}",
             placed.map_or("all".into(), |l| format!("{l:?}")),

@@ -133,6 +133,14 @@ pub struct ExchangeConfig {
     /// With `balance`: keep each key's rows of an epoch on one worker, so they stay in order.
     #[serde(default)]
     pub ordered_by: Option<String>,
+    /// Cut every batch into one slice per worker and send one to each, so every worker gets
+    /// its share of every batch however skewed the keys before were.
+    #[serde(default)]
+    pub spread: bool,
+    /// With `spread`: runs of equal adjacent values in this column (a click's candidates) are
+    /// never cut.
+    #[serde(default)]
+    pub together: Option<String>,
 }
 
 impl ExchangeConfig {

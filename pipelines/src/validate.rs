@@ -600,6 +600,28 @@ fn check_exchange(
                 .into(),
         ));
     }
+    if e.spread && (e.key.is_some() || e.balance || e.workers.is_some()) {
+        return Err((
+            "spread",
+            "`spread` shares every batch among all workers; it cannot be combined with `key`, \
+             `balance` or `workers`"
+                .into(),
+        ));
+    }
+    if e.together.is_some() && !e.spread {
+        return Err((
+            "together",
+            "`together` keeps runs whole when a batch is cut: it needs `spread: true`".into(),
+        ));
+    }
+    if let Some(k) = &e.together {
+        if schema.field_with_name(k).is_err() {
+            return Err((
+                "together",
+                format!("no column `{k}` here; columns are: {}", column_list(schema)),
+            ));
+        }
+    }
     if let Some(k) = &e.ordered_by {
         if schema.field_with_name(k).is_err() {
             return Err((

@@ -6,6 +6,7 @@ mod dynamic_batch;
 mod exchange_by_key;
 mod place;
 mod rebalance;
+mod spread;
 mod write_to_sink;
 
 pub use apply_stage::{run_stage, ApplyStage};
@@ -16,6 +17,7 @@ pub use exchange_by_key::{
 };
 pub use place::Place;
 pub use rebalance::Rebalance;
+pub use spread::Spread;
 pub use write_to_sink::{SinkOptions, WriteToSink};
 
 use crate::{Batch, Epoch};

@@ -13,7 +13,7 @@ use super::SlowWorker;
 use crate::metrics::Metrics;
 use crate::operators::{
     ApplyStage, Balance, BatchStream, DynamicBatch, ExchangeByKey, Place, Rebalance, ServiceCell,
-    StateUpdates,
+    Spread, StateUpdates,
 };
 use crate::{Compression, DataflowError, DataflowResult, Epoch};
 
@@ -43,7 +43,7 @@ pub(crate) fn worker_steps(
             StepKind::Exchange(route, compression) => {
                 let placed = match route {
                     Route::Workers(list) | Route::Balance(list, _) => list.as_slice(),
-                    Route::Key(_) | Route::All => &[],
+                    Route::Key(_) | Route::All | Route::Spread(_) => &[],
                 };
                 if let Some(missing) = placed.iter().find(|w| **w >= peers) {
                     return Err(DataflowError::Config(format!(
@@ -142,6 +142,7 @@ pub(crate) fn build_chain<'scope>(
                 let moved = match route {
                     Route::Key(key) => stream.exchange_by_key(&key),
                     Route::All => stream.rebalance(),
+                    Route::Spread(together) => stream.spread(together.as_deref()),
                     Route::Workers(list) => stream.place(&list),
                     Route::Balance(list, ordered_by) => {
                         let (handle, reports) = stream.scope().feedback(1);

@@ -85,6 +85,8 @@ pub enum Route {
     Workers(Vec<usize>),
     /// To the least delayed of these workers (empty: all), keeping a key's rows together.
     Balance(Vec<usize>, Option<String>),
+    /// Every batch cut into one slice per worker, runs of equal values in the column kept whole.
+    Spread(Option<String>),
 }
 
 /// A stage with instrumentation around it: a fixed delay per batch (a stand-in for a worker
