@@ -19,11 +19,6 @@ use riffle_pipelines::{run, RunOptions};
 
 use cli::{Cli, Command, RunArgs};
 
-// Batches allocate and free column buffers by the thousand per second on every worker thread;
-// mimalloc's thread-local free lists do that without glibc's arena locks.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// timely's network threads panic when a peer's socket closes (a peer process died or its host
 /// dropped off): one line says so, not a backtrace per thread. `run` turns the failure into an
 /// error that supervisors restart on.

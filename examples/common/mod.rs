@@ -5,10 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
-// The allocator the `riffle` binary runs with, so in-process pipelines measure what it does.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// The `riffle` binary a benchmark runs (`RIFFLE_BIN`, which `script` sets) and the rounds
 /// asked for (the first argument, 3 by default).
 pub fn binary_and_rounds(script: &str) -> anyhow::Result<(PathBuf, usize)> {
