@@ -271,6 +271,7 @@ fn check_resize(
         scale: None,
         offset: None,
         mode: Default::default(),
+        antialias: true,
         pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,

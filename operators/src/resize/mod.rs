@@ -130,6 +130,12 @@ pub struct ResizeConfig {
     pub offset: Option<PerChannel>,
     #[serde(default)]
     pub mode: ResizeMode,
+    /// Average over every source pixel under each output pixel when shrinking (bilinear
+    /// convolution, as PIL and torchvision resize). `false`: two taps per axis whatever the
+    /// scale, as OpenCV's `INTER_LINEAR` (and Ultralytics' letterbox, which uses it) does, for
+    /// models trained on that pre-processing; CPU only.
+    #[serde_inline_default(true)]
+    pub antialias: bool,
     /// Pixel value of the letterbox's padding (114, Ultralytics' grey, by default).
     #[serde_inline_default(114)]
     pub pad_value: u8,
@@ -496,6 +502,12 @@ impl Resize {
             ))
             .at("mode"));
         }
+        if !config.antialias {
+            return Err(DataflowError::Config(format!(
+                "{STAGE}: antialias: false runs on the CPU only; set `device: cpu`"
+            ))
+            .at("antialias"));
+        }
         let mut stage = Resize::new(config)?;
         let gpu =
             CudaResize::new(&stage.config, &stage.lut, ordinal).map_err(|e| e.at("device"))?;
@@ -510,8 +522,11 @@ impl Resize {
             engine: Engine::Cpu(Box::new(CpuResizer {
                 dst: Image::new(config.width, config.height, PixelType::U8x3),
                 inner: Image::new(1, 1, PixelType::U8x3),
-                options: ResizeOptions::new()
-                    .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
+                options: ResizeOptions::new().resize_alg(if config.antialias {
+                    ResizeAlg::Convolution(FilterType::Bilinear)
+                } else {
+                    ResizeAlg::Interpolation(FilterType::Bilinear)
+                }),
                 resizer: Resizer::new(),
             })),
             field,

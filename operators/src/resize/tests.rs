@@ -15,6 +15,7 @@ fn config(width: u32, height: u32) -> ResizeConfig {
         scale: None,
         offset: None,
         mode: ResizeMode::Stretch,
+        antialias: true,
         pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
@@ -88,6 +89,44 @@ fn resizes_and_normalises_nchw_f32() {
             );
         }
     }
+}
+
+#[test]
+fn without_antialiasing_each_output_pixel_blends_its_two_nearest_source_pixels() {
+    // OpenCV's INTER_LINEAR, 2× down: output x=0 (centre 0.5 in source pixels) is the mean
+    // of columns 0 and 1, x=1 of columns 2 and 3, whatever lies further out. Antialiased,
+    // the same image gives 36 and 219 (see above): columns 0..2 all count.
+    let mut stage = Resize::new(ResizeConfig {
+        antialias: false,
+        ..config(2, 1)
+    })
+    .unwrap();
+    let mut px = Vec::new();
+    for r in [0u8, 100, 200, 255] {
+        px.extend([r, r, r]);
+    }
+    let out = stage.process_batch(&batch_of(vec![(px, 4, 1)])).unwrap();
+    let got = tensor_values::<Float32Type>(out.records.column(3).as_ref()).unwrap();
+    for c in 0..3 {
+        let (left, right) = (got[c * 2] * 255.0, got[c * 2 + 1] * 255.0);
+        assert!((left - 50.0).abs() <= 1.0, "channel {c}: {left}");
+        assert!((right - 227.5).abs() <= 1.0, "channel {c}: {right}");
+    }
+}
+
+#[test]
+fn antialias_false_is_refused_on_a_gpu_before_any_device_is_touched() {
+    let e = Resize::on_gpu(
+        ResizeConfig {
+            antialias: false,
+            ..config(2, 1)
+        },
+        0,
+    )
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(e.contains("antialias: false runs on the CPU only"), "{e}");
 }
 
 #[test]
@@ -258,6 +297,7 @@ fn letterbox_fits_ultralytics_rounding() {
 fn letterbox_pads_around_the_unscaled_image_and_reports_the_fit() {
     let mut stage = Resize::new(ResizeConfig {
         mode: ResizeMode::Letterbox,
+        antialias: true,
         pad_value: 114,
         dtype: TensorDtype::U8,
         layout: Layout::Nhwc,

@@ -28,6 +28,7 @@ fn config(width: u32, height: u32, layout: Layout, dtype: TensorDtype) -> Resize
         scale: None,
         offset: None,
         mode: crate::resize::ResizeMode::Stretch,
+        antialias: true,
         pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
