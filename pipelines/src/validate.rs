@@ -614,18 +614,13 @@ fn check_exchange(
             "`together` keeps runs whole when a batch is cut: it needs `spread: true`".into(),
         ));
     }
-    if let Some(k) = &e.together {
-        if schema.field_with_name(k).is_err() {
+    for (key, column) in [("together", &e.together), ("ordered_by", &e.ordered_by)] {
+        if let Some(k) = column
+            .as_ref()
+            .filter(|k| schema.field_with_name(k).is_err())
+        {
             return Err((
-                "together",
-                format!("no column `{k}` here; columns are: {}", column_list(schema)),
-            ));
-        }
-    }
-    if let Some(k) = &e.ordered_by {
-        if schema.field_with_name(k).is_err() {
-            return Err((
-                "ordered_by",
+                key,
                 format!("no column `{k}` here; columns are: {}", column_list(schema)),
             ));
         }

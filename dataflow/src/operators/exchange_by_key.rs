@@ -4,7 +4,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, Int64Type, UInt32Type, UInt64Type};
 use arrow_array::{Array, RecordBatch, UInt32Array};
 use arrow_schema::DataType;
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
 
 use super::BatchStream;
@@ -47,7 +47,7 @@ impl<'scope> ExchangeByKey<'scope> for BatchStream<'scope> {
         let column = column.to_string();
         let peers = self.scope().peers();
         let me = self.scope().index() as u64;
-        self.unary(Pipeline, "SplitByKey", move |_, _| {
+        let routed = self.unary(Pipeline, "SplitByKey", move |_, _| {
             move |input, output| {
                 input.for_each(|cap, data| {
                     let mut session = output.session(&cap);
@@ -64,18 +64,8 @@ impl<'scope> ExchangeByKey<'scope> for BatchStream<'scope> {
                     }
                 });
             }
-        })
-        .unary(
-            Exchange::new(|b: &Batch| b.route),
-            "ExchangeByKey",
-            |_, _| {
-                move |input, output| {
-                    input.for_each(|cap, data| {
-                        output.session(&cap).give_container(data);
-                    });
-                }
-            },
-        )
+        });
+        super::to_routes(routed, "ExchangeByKey")
     }
 }
 

@@ -29,3 +29,12 @@ pub type StateUpdates<'scope> = timely::dataflow::StreamVec<'scope, Epoch, (Stri
 
 /// A stream of Arrow batches timestamped with epochs.
 pub type BatchStream<'scope> = timely::dataflow::StreamVec<'scope, Epoch, Batch>;
+
+/// Sends every batch to the worker its `route` names (set by the operator before).
+pub(crate) fn to_routes<'scope>(stream: BatchStream<'scope>, name: &str) -> BatchStream<'scope> {
+    use timely::dataflow::channels::pact::Exchange;
+    use timely::dataflow::operators::Operator;
+    stream.unary(Exchange::new(|b: &Batch| b.route), name, |_, _| {
+        |input, output| input.for_each(|cap, data| output.session(&cap).give_container(data))
+    })
+}

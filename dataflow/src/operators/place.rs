@@ -1,8 +1,8 @@
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
 
 use super::BatchStream;
-use crate::{Batch, BatchKind};
+use crate::BatchKind;
 
 /// Moves work onto chosen workers: the stages after it run only there (a model part on the
 /// workers with a GPU, the next part on others).
@@ -53,7 +53,7 @@ impl<'scope> Place<'scope> for BatchStream<'scope> {
             workers.iter().map(|w| *w as u64).collect()
         };
         let mut next = me;
-        self.unary(Pipeline, "Deal", move |_, _| {
+        let routed = self.unary(Pipeline, "Deal", move |_, _| {
             move |input, output| {
                 input.for_each(|cap, data| {
                     let mut session = output.session(&cap);
@@ -68,13 +68,7 @@ impl<'scope> Place<'scope> for BatchStream<'scope> {
                     }
                 });
             }
-        })
-        .unary(Exchange::new(|b: &Batch| b.route), "Place", |_, _| {
-            move |input, output| {
-                input.for_each(|cap, data| {
-                    output.session(&cap).give_container(data);
-                });
-            }
-        })
+        });
+        super::to_routes(routed, "Place")
     }
 }

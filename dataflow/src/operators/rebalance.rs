@@ -1,8 +1,7 @@
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
 
 use super::BatchStream;
-use crate::Batch;
 
 /// Spreads batches evenly over all workers, whatever worker produced them.
 pub trait Rebalance<'scope> {
@@ -37,7 +36,7 @@ impl<'scope> Rebalance<'scope> for BatchStream<'scope> {
         let peers = self.scope().peers() as u64;
         // Start each worker at its own index so that workers do not all aim at worker 0 first.
         let mut next = self.scope().index() as u64;
-        self.unary(Pipeline, "DealRoundRobin", move |_, _| {
+        let dealt = self.unary(Pipeline, "DealRoundRobin", move |_, _| {
             move |input, output| {
                 input.for_each(|cap, data| {
                     let mut session = output.session(&cap);
@@ -48,13 +47,7 @@ impl<'scope> Rebalance<'scope> for BatchStream<'scope> {
                     }
                 });
             }
-        })
-        .unary(Exchange::new(|b: &Batch| b.route), "Rebalance", |_, _| {
-            move |input, output| {
-                input.for_each(|cap, data| {
-                    output.session(&cap).give_container(data);
-                });
-            }
-        })
+        });
+        super::to_routes(dealt, "Rebalance")
     }
 }

@@ -1,6 +1,6 @@
 use std::ops::Range;
 
-use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::Operator;
 
 use super::BatchStream;
@@ -48,13 +48,12 @@ impl<'scope> Spread<'scope> for BatchStream<'scope> {
         // Slices of small batches (fewer runs than workers) start at a worker that moves on, so
         // they do not all land on the first ones.
         let mut next = index;
-        self.unary(Pipeline, "CutPerWorker", move |_, _| {
+        let cut = self.unary(Pipeline, "CutPerWorker", move |_, _| {
             move |input, output| {
                 input.for_each(|cap, data| {
                     let mut session = output.session(&cap);
-                    for batch in data.drain(..) {
+                    for mut batch in data.drain(..) {
                         if batch.kind != BatchKind::Records || peers < 2 || batch.num_rows() < 2 {
-                            let mut batch = batch;
                             batch.route = index as u64;
                             session.give(batch);
                             continue;
@@ -71,12 +70,8 @@ impl<'scope> Spread<'scope> for BatchStream<'scope> {
                     }
                 });
             }
-        })
-        .unary(Exchange::new(|b: &Batch| b.route), "Spread", |_, _| {
-            move |input, output| {
-                input.for_each(|cap, data| output.session(&cap).give_container(data));
-            }
-        })
+        });
+        super::to_routes(cut, "Spread")
     }
 }
 
@@ -84,16 +79,23 @@ impl<'scope> Spread<'scope> for BatchStream<'scope> {
 /// of `together` ends (a missing column, or one that cannot be compared, cuts anywhere).
 fn slices(batch: &Batch, together: Option<&str>, parts: usize) -> Vec<Range<usize>> {
     let rows = batch.num_rows();
-    let ends: Vec<usize> = match together.and_then(|c| batch.data.column_by_name(c)) {
-        Some(column) => match arrow_ord::partition::partition(std::slice::from_ref(column)) {
-            Ok(runs) => runs.ranges().into_iter().map(|r| r.end).collect(),
-            Err(e) => {
-                tracing::warn!("spread: cannot compare rows of `{together:?}`: {e}");
-                (1..=rows).collect()
-            }
-        },
-        None => (1..=rows).collect(),
+    let runs = together
+        .and_then(|c| batch.data.column_by_name(c))
+        .and_then(|column| {
+            arrow_ord::partition::partition(std::slice::from_ref(column))
+                .inspect_err(|e| {
+                    tracing::warn!("spread: cannot compare rows of `{together:?}`: {e}")
+                })
+                .ok()
+        });
+    let Some(runs) = runs else {
+        // Every row is a run of its own: equal cuts.
+        return (0..parts)
+            .map(|part| rows * part / parts..rows * (part + 1) / parts)
+            .filter(|r| !r.is_empty())
+            .collect();
     };
+    let ends: Vec<usize> = runs.ranges().into_iter().map(|r| r.end).collect();
     let mut out = Vec::with_capacity(parts);
     let mut start = 0;
     let mut runs = ends.iter().copied().peekable();
