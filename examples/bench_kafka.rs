@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace, TopicSpec};
+use riffle_connectors::kafka::replay::{replay, Pace};
+use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use riffle_connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
 use riffle_connectors::{CsvSourceConfig, ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::cluster::ClusterConfig;

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace, TopicSpec};
+use riffle_connectors::kafka::replay::{replay, Pace};
+use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use riffle_connectors::{ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::checkpoint::{Checkpoint, CheckpointStore};
 use riffle_dataflow::cluster::ClusterConfig;

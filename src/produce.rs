@@ -1,7 +1,8 @@
 //! `riffle produce`: replay bundled frames or clicks into a Kafka topic at a chosen rate.
 
 use anyhow::{bail, Result};
-use riffle_connectors::kafka::replay::{ensure_topic, replay, Pace, TopicSpec};
+use riffle_connectors::kafka::replay::{replay, Pace};
+use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use riffle_connectors::{
     CsvSourceConfig, ImagesConfig, JsonlSourceConfig, PartitionBy, SourceConfig,
 };

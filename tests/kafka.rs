@@ -9,7 +9,7 @@ use std::process::Command;
 
 use common::kafka::{brokers, consume_all, consume_committed, detection_from_kafka, topic};
 use common::*;
-use riffle_connectors::kafka::replay::{ensure_topic, TopicSpec};
+use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use serde_json::Value;
 
 /// Tests share the broker; the outage test pauses it and so runs alone.

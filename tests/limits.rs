@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::kafka::{brokers, topic};
 use common::*;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use riffle_connectors::kafka::replay::{ensure_topic, TopicSpec};
+use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use serde_json::Value;
 
 /// Runs `source` (a YAML flow mapping) with no stages into `out.jsonl` and `dead.jsonl` under

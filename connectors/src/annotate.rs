@@ -18,6 +18,10 @@ use riffle_dataflow::sink::{Sink, SinkFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
+use crate::kind::Limits;
+use crate::kind::SinkKind;
+use riffle_dataflow::range::Range;
+
 /// `sink: { annotate: { dir: ..., detections: detections, quality: 85 } }`.
 #[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
@@ -36,7 +40,7 @@ pub struct AnnotateSinkConfig {
 impl AnnotateSinkConfig {
     /// Checks, before running, that results in `schema` name their files and carry a picture;
     /// the message says what is missing and what would do.
-    pub fn check_schema(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
+    fn check_schema(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
         use arrow_schema::DataType;
         let has = |name: &str, types: &[DataType]| {
             schema
@@ -394,6 +398,26 @@ fn sanitize(camera: &str) -> String {
         "" | "." | ".." => "_".to_string(),
         _ => cleaned,
     }
+}
+
+impl SinkKind for AnnotateSinkConfig {
+    fn kind(&self) -> &'static str {
+        "annotate"
+    }
+    /// The folder: `--output` moves it. It holds a file per frame, none of them to check.
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.dir]
+    }
+    fn check_input(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
+        self.check_schema(schema)
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Limits for AnnotateSinkConfig {
+    const RANGES: &'static [Range] = &[Range::int("annotate.quality", 1, 100)];
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! records.
 
 use std::io::Cursor;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
@@ -13,6 +13,10 @@ use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
+
+use crate::kind::Limits;
+use crate::kind::SourceKind;
+use riffle_dataflow::range::Range;
 
 /// Records read to infer the column types.
 const INFER_RECORDS: usize = 1000;
@@ -255,6 +259,25 @@ impl SourceFactory for CsvSource {
         }
         Ok(Box::new(partition))
     }
+}
+
+impl SourceKind for CsvSourceConfig {
+    fn kind(&self) -> &'static str {
+        "csv"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn inputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        Ok(Box::new(CsvSource::new(self)?))
+    }
+}
+
+impl Limits for CsvSourceConfig {
+    const RANGES: &'static [Range] = crate::text::TEXT_RANGES;
 }
 
 #[cfg(test)]

@@ -17,6 +17,10 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
+use crate::kind::Limits;
+use crate::kind::{shared, SourceKind};
+use riffle_dataflow::range::Range;
+
 /// Column names of the images source.
 pub const CAMERA_ID: &str = "camera_id";
 pub const FRAME: &str = "frame";
@@ -71,6 +75,8 @@ pub struct ImagesConfig {
 pub const DEFAULT_MAX_FILE_BYTES: u64 = 64 << 20;
 /// The most bytes a Binary column (32-bit offsets) holds: a batch's files stay within it.
 const BINARY_LIMIT: u64 = i32::MAX as u64;
+/// A file must fit one batch's Binary column.
+const MAX_FILE_BYTES: Range = Range::int("max_file_bytes", 1, BINARY_LIMIT as i64);
 
 /// See [`ImagesConfig::partition_by`].
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -138,11 +144,7 @@ impl ImagesSource {
                 "fps replays cameras: it needs partition_by: camera".into(),
             ));
         }
-        if config.max_file_bytes == 0 || config.max_file_bytes > BINARY_LIMIT {
-            return Err(config_error(format!(
-                "max_file_bytes must be between 1 and {BINARY_LIMIT}"
-            )));
-        }
+        MAX_FILE_BYTES.check_int(config.max_file_bytes)?;
         if !config.path.is_dir() {
             return Err(config_error(format!(
                 "{} is not a directory",
@@ -587,6 +589,32 @@ impl Source for ImagesPartition {
         let records = RecordBatch::try_new(self.schema.clone(), columns)?;
         Ok(Some(SourceBatch::new(records, rejected)))
     }
+}
+
+impl SourceKind for ImagesConfig {
+    fn kind(&self) -> &'static str {
+        "images"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn inputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        Ok(Box::new(ImagesSource::new(self)?))
+    }
+}
+
+impl Limits for ImagesConfig {
+    const RANGES: &'static [Range] = &[
+        shared::BATCH_SIZE,
+        shared::CAMERAS,
+        shared::MAX_RECORDS_PER_SECOND,
+        Range::int("repeat", 1, 1_000_000),
+        Range::real("fps", 1e-6, 1000.0),
+        MAX_FILE_BYTES,
+    ];
 }
 
 #[cfg(test)]

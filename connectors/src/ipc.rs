@@ -13,6 +13,9 @@ use riffle_dataflow::source::SourceBatch;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 
+use crate::kind::Limits;
+use crate::kind::{SinkKind, SourceKind};
+
 /// `source: { ipc: { path } }`: an Arrow IPC *file* (not a stream).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -257,3 +260,37 @@ impl Drop for IpcFileSink {
         }
     }
 }
+
+impl SourceKind for IpcSourceConfig {
+    fn kind(&self) -> &'static str {
+        "ipc"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn inputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        Ok(Box::new(IpcSource::new(self)?))
+    }
+}
+
+impl Limits for IpcSourceConfig {}
+
+impl SinkKind for IpcSinkConfig {
+    fn kind(&self) -> &'static str {
+        "ipc"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn outputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Limits for IpcSinkConfig {}

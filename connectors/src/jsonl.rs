@@ -18,6 +18,10 @@ use serde_inline_default::serde_inline_default;
 use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
+use crate::kind::Limits;
+use crate::kind::{SinkKind, SourceKind};
+use riffle_dataflow::range::Range;
+
 /// Lines read to infer the schema.
 const INFER_RECORDS: usize = 1000;
 
@@ -264,6 +268,42 @@ pub(crate) fn json_lines(batch: &RecordBatch) -> Result<Vec<u8>, ArrowError> {
     writer.finish()?;
     Ok(writer.into_inner())
 }
+
+impl SourceKind for JsonlSourceConfig {
+    fn kind(&self) -> &'static str {
+        "jsonl"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn inputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        Ok(Box::new(JsonlSource::new(self)?))
+    }
+}
+
+impl Limits for JsonlSourceConfig {
+    const RANGES: &'static [Range] = crate::text::TEXT_RANGES;
+}
+
+impl SinkKind for JsonlSinkConfig {
+    fn kind(&self) -> &'static str {
+        "jsonl"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn outputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Limits for JsonlSinkConfig {}
 
 #[cfg(test)]
 mod tests {

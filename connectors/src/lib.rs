@@ -17,6 +17,8 @@
 //! [`ipc`] (an Arrow IPC file).
 //!
 //! [`SourceConfig`] and [`SinkConfig`] are the `source:` and `sink:` blocks of a pipeline file.
+//! Each kind describes itself ([`SourceKind`], [`SinkKind`], [`Limits`]): a new kind is its
+//! own module plus one line in [`registry`].
 
 // No panic on data or configuration in library code (its unit tests may unwrap); this crate
 // reads what comes from outside, so every index or slice left says why it is in bounds.
@@ -33,121 +35,24 @@ pub mod images;
 pub mod ipc;
 pub mod jsonl;
 pub mod kafka;
+pub mod kind;
+pub mod registry;
 pub mod stdout;
 mod text;
 pub mod video;
 
-use std::path::{Path, PathBuf};
-
-use riffle_dataflow::sink::SinkFactory;
-use riffle_dataflow::{DataflowResult, SourceFactory};
-use serde::Deserialize;
+use riffle_dataflow::DataflowResult;
 
 pub use crate::annotate::AnnotateSinkConfig;
 pub use crate::csv::{CsvSource, CsvSourceConfig};
 pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
 pub use crate::jsonl::{JsonLinesSink, JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
+pub use crate::kind::{Limits, SinkContext, SinkKind, SinkRole, SourceKind};
+pub use crate::registry::{SinkConfig, SourceConfig, SINK_RANGES, SOURCE_RANGES};
 pub use crate::stdout::StdoutSinkConfig;
 pub use crate::text::DEFAULT_MAX_LINE_BYTES;
 pub use crate::video::VideoConfig;
-
-/// Where a pipeline's records come from (externally tagged: `source: { images: {...} }`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SourceConfig {
-    Images(ImagesConfig),
-    Ipc(IpcSourceConfig),
-    Csv(CsvSourceConfig),
-    Jsonl(JsonlSourceConfig),
-    Kafka(kafka::KafkaSourceConfig),
-    Video(VideoConfig),
-}
-
-impl SourceConfig {
-    /// Opens the source: lists or inspects its input and fixes its schema, so a missing or
-    /// unusable input is reported before the dataflow starts.
-    pub fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
-        Ok(match self {
-            SourceConfig::Images(c) => Box::new(ImagesSource::new(c)?),
-            SourceConfig::Ipc(c) => Box::new(IpcSource::new(c)?),
-            SourceConfig::Csv(c) => Box::new(CsvSource::new(c)?),
-            SourceConfig::Jsonl(c) => Box::new(JsonlSource::new(c)?),
-            SourceConfig::Kafka(c) => Box::new(kafka::KafkaSourceFactory::new(c)?),
-            SourceConfig::Video(c) => video::build(c)?,
-        })
-    }
-
-    /// Files or directories the source reads.
-    pub fn paths(&self) -> Vec<&Path> {
-        match self {
-            SourceConfig::Images(c) => vec![c.path.as_path()],
-            SourceConfig::Ipc(c) => vec![c.path.as_path()],
-            SourceConfig::Csv(c) => vec![c.path.as_path()],
-            SourceConfig::Jsonl(c) => vec![c.path.as_path()],
-            SourceConfig::Kafka(_) => Vec::new(),
-            SourceConfig::Video(c) => c.paths(),
-        }
-    }
-
-    /// The same paths, for the caller to resolve relative ones.
-    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
-        match self {
-            SourceConfig::Images(c) => vec![&mut c.path],
-            SourceConfig::Ipc(c) => vec![&mut c.path],
-            SourceConfig::Csv(c) => vec![&mut c.path],
-            SourceConfig::Jsonl(c) => vec![&mut c.path],
-            SourceConfig::Kafka(_) => Vec::new(),
-            SourceConfig::Video(c) => c.paths_mut(),
-        }
-    }
-}
-
-/// Where a pipeline's results (or dead letters) go (`sink: { jsonl: { path: ... } }`,
-/// `sink: { stdout: {} }`).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SinkConfig {
-    Jsonl(JsonlSinkConfig),
-    Stdout(StdoutSinkConfig),
-    Ipc(IpcSinkConfig),
-    Kafka(Box<kafka::KafkaSinkConfig>),
-    Annotate(AnnotateSinkConfig),
-}
-
-impl SinkConfig {
-    pub fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
-        Ok(match self {
-            SinkConfig::Jsonl(c) => Box::new(c.clone()),
-            SinkConfig::Stdout(c) => Box::new(c.clone()),
-            SinkConfig::Ipc(c) => Box::new(c.clone()),
-            SinkConfig::Kafka(c) => Box::new(kafka::KafkaSinkFactory::new(c)?),
-            SinkConfig::Annotate(c) => Box::new(c.clone()),
-        })
-    }
-
-    /// Files the sink writes.
-    pub fn paths(&self) -> Vec<&Path> {
-        match self {
-            SinkConfig::Jsonl(c) => vec![c.path.as_path()],
-            SinkConfig::Stdout(_) => Vec::new(),
-            SinkConfig::Ipc(c) => vec![c.path.as_path()],
-            // A folder of pictures, one file a frame: no single file to lock or check.
-            SinkConfig::Kafka(_) | SinkConfig::Annotate(_) => Vec::new(),
-        }
-    }
-
-    /// The same paths, for the caller to resolve relative ones.
-    pub fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
-        match self {
-            SinkConfig::Jsonl(c) => vec![&mut c.path],
-            SinkConfig::Stdout(_) => Vec::new(),
-            SinkConfig::Ipc(c) => vec![&mut c.path],
-            SinkConfig::Kafka(_) => Vec::new(),
-            SinkConfig::Annotate(c) => vec![&mut c.dir],
-        }
-    }
-}
 
 /// Checks a worker's place among its peers before a partition is built.
 pub(crate) fn check_partition(index: usize, peers: usize) -> DataflowResult<()> {

@@ -8,6 +8,9 @@ use serde::Deserialize;
 
 use crate::jsonl::JsonLinesSink;
 
+use crate::kind::Limits;
+use crate::kind::SinkKind;
+
 /// Bytes gathered before whole lines are written out.
 const BUFFER_BYTES: usize = 64 * 1024;
 
@@ -69,3 +72,14 @@ impl Drop for LockedStdout {
         }
     }
 }
+
+impl SinkKind for StdoutSinkConfig {
+    fn kind(&self) -> &'static str {
+        "stdout"
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Limits for StdoutSinkConfig {}

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
 use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::range::Range;
 use riffle_dataflow::source::SourceBatch;
 use riffle_dataflow::{DataflowError, DataflowResult, Source};
 
@@ -337,17 +338,16 @@ pub(crate) fn check_config(
             "{kind} source: batch_size must be at least 1"
         )));
     }
-    // A record is one row of a batch's columns, which hold at most 2 GiB.
-    if max_line_bytes == 0 || max_line_bytes > MAX_LINE_BYTES_LIMIT {
-        return Err(DataflowError::Config(format!(
-            "{kind} source: max_line_bytes must be between 1 and {MAX_LINE_BYTES_LIMIT}"
-        )));
-    }
-    Ok(())
+    MAX_LINE_BYTES
+        .check_int(max_line_bytes as u64)
+        .map_err(|e| DataflowError::Config(format!("{kind} source: {e}")).at("max_line_bytes"))
 }
 
-/// The largest `max_line_bytes`: 256 MiB.
-const MAX_LINE_BYTES_LIMIT: usize = 256 << 20;
+/// A record is one row of a batch's columns, which hold at most 2 GiB: 256 MiB at most.
+pub(crate) const MAX_LINE_BYTES: Range = Range::int("max_line_bytes", 1, 256 << 20);
+
+/// The ranges of the text sources' numbers.
+pub(crate) const TEXT_RANGES: &[Range] = &[crate::kind::shared::BATCH_SIZE, MAX_LINE_BYTES];
 
 /// Bytes sampled at most to infer a text file's schema.
 pub(crate) const INFER_BYTES: usize = 16 << 20;

@@ -143,14 +143,17 @@ fn ipc_sink_without_batches_leaves_an_empty_file() {
 
 #[test]
 fn sink_configs_parse() {
-    assert!(sink_config(json!({"stdout": {}})).paths().is_empty());
+    assert!(sink_config(json!({"stdout": {}}))
+        .kind()
+        .outputs()
+        .is_empty());
     assert!(serde_json::from_value::<SinkConfig>(json!({"jsonl": {"path": "a", "x": 1}})).is_err());
     let mut ipc = sink_config(json!({"ipc": {"path": "rel/out.arrow"}}));
-    for p in ipc.paths_mut() {
+    for p in ipc.kind_mut().paths_mut() {
         *p = std::path::Path::new("/abs").join(&*p);
     }
     assert_eq!(
-        ipc.paths(),
+        ipc.kind().outputs(),
         vec![std::path::Path::new("/abs/rel/out.arrow")]
     );
 }

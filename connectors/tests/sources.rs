@@ -205,10 +205,10 @@ fn images_config_errors() {
 #[test]
 fn paths_can_be_rewritten() {
     let mut c = config(serde_json::json!({"csv": {"path": "data/x.csv"}}));
-    for p in c.paths_mut() {
+    for p in c.kind_mut().paths_mut() {
         *p = Path::new("/base").join(&*p);
     }
-    assert_eq!(c.paths(), vec![Path::new("/base/data/x.csv")]);
+    assert_eq!(c.kind().inputs(), vec![Path::new("/base/data/x.csv")]);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! - [`runtime`]: the run loop: a [`runtime::Job`] on workers, with epochs, flow control,
 //!   checkpoints and liveness.
 //! - [`live`]: a bounded side channel of sampled frames and latest results for a live view.
+//! - [`range`]: the allowed range of a configuration number, declared beside its key.
 //! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
 
@@ -29,6 +30,7 @@ pub mod error;
 pub mod live;
 pub mod metrics;
 pub mod operators;
+pub mod range;
 pub mod runtime;
 pub mod sink;
 pub mod source;

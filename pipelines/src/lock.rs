@@ -137,9 +137,10 @@ fn guards(pipeline: &Pipeline) -> Vec<Guard> {
         .spec
         .sink
         .value
-        .paths()
+        .kind()
+        .outputs()
         .into_iter()
-        .chain(pipeline.dead_letter_config.paths())
+        .chain(pipeline.dead_letter_config.kind().outputs())
     {
         let name = output
             .file_name()

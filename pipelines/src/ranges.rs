@@ -3,39 +3,21 @@
 //! overflow, an allocation of gigabytes or a run that never ends.
 //!
 //! Ranges go by key name (the last key of a field's path, or the last two), wherever the key
-//! appears: the same name means the same kind of quantity in every source, stage and sink.
+//! appears: the same name means the same kind of quantity in every stage. A source or sink
+//! kind declares its own keys' ranges beside them (`riffle_connectors::Limits`); those come
+//! first in its block, then these.
 //! Numbers under no rule must be integers that fit 32 bits or finite decimals. Maps of
 //! client options (`options`, `topic_config`) hold strings and are not looked at.
 
+use riffle_dataflow::range::Range;
 use serde_json::Value;
 
-/// An allowed range, for the numbers of one key.
-#[derive(Clone, Copy, Debug)]
-pub struct Range {
-    /// The key path's end: `workers`, or `batch.max_size` for the key inside `batch`.
-    pub key: &'static str,
-    pub min: f64,
-    pub max: f64,
-    /// Whether the values are whole numbers.
-    pub integer: bool,
-}
-
 const fn int(key: &'static str, min: i64, max: i64) -> Range {
-    Range {
-        key,
-        min: min as f64,
-        max: max as f64,
-        integer: true,
-    }
+    Range::int(key, min, max)
 }
 
 const fn real(key: &'static str, min: f64, max: f64) -> Range {
-    Range {
-        key,
-        min,
-        max,
-        integer: false,
-    }
+    Range::real(key, min, max)
 }
 
 const HOUR_MS: i64 = 3_600_000;
@@ -43,7 +25,8 @@ const DAY_MS: i64 = 24 * HOUR_MS;
 /// Ten years, in seconds: windows over event time.
 const DECADE_S: i64 = 10 * 365 * 24 * 3600;
 
-/// The ranges, most specific key first (docs/pipeline-spec.md lists them too).
+/// The ranges of the runtime's and the stages' keys, most specific key first
+/// (docs/pipeline-spec.md lists them too, with the connectors' own).
 pub const RANGES: &[Range] = &[
     // runtime
     int("workers", 1, 1024),
@@ -60,31 +43,10 @@ pub const RANGES: &[Range] = &[
     // batching
     int("batch.max_size", 1, 65_536),
     int("batch.max_delay_ms", 0, 60_000),
-    int("batch_size", 1, 1_048_576),
     int("late_after_ms", 0, HOUR_MS),
-    // sources
-    real("max_records_per_second", 1e-6, 1e9),
-    int("cameras", 1, 4096),
-    int("repeat", 1, 1_000_000),
-    int("linger_ms", 0, 60_000),
-    int("every_nth", 1, 1_000_000),
-    int("max_frames", 0, i32::MAX as i64),
-    int("queue_size", 1, 4096),
-    real("sample_fps", 1e-6, 1000.0),
-    int("timeout_ms", 1, HOUR_MS),
-    int("backoff_ms", 0, HOUR_MS),
-    int("max_backoff_ms", 0, HOUR_MS),
-    int("connect_attempts", 0, 1_000_000),
-    // input limits (each connector checks the same bounds when it is built)
-    int("max_file_bytes", 1, i32::MAX as i64),
-    int("max_line_bytes", 1, 256 << 20),
+    // decoding limits
     int("max_pixels", 1, i32::MAX as i64 / 3),
     int("max_batch_bytes", 1, i32::MAX as i64),
-    int("max_message_bytes", 1, 1 << 30),
-    // Kafka
-    int("partitions", 1, 100_000),
-    int("replication_factor", -1, 1000),
-    int("delivery_timeout_ms", 1, HOUR_MS),
     // images
     int("width", 1, 16_384),
     int("height", 1, 16_384),
@@ -110,8 +72,6 @@ pub const RANGES: &[Range] = &[
     int("seen_window", 1, DECADE_S),
     int("window", 1, DECADE_S),
     int("k", 1, 10_000),
-    // annotated frames
-    int("annotate.quality", 1, 100),
 ];
 
 /// Subtrees of strings for other programs (librdkafka properties, topic configs).
@@ -127,8 +87,18 @@ pub struct OutOfRange {
     pub message: String,
 }
 
-/// The first number of `document` (the pipeline file as a YAML value) out of its range.
+/// The first number of `document` (the pipeline file as a YAML value) out of its range, with
+/// no connector's own ranges (see [`check_with`]).
 pub fn check(document: &Value) -> Result<(), OutOfRange> {
+    check_with(document, &|_| &[])
+}
+
+/// The first number of `document` out of its range; `own` gives a top-level block's own
+/// ranges (`source` → its kind's), looked at before the stages' and runtime's.
+pub fn check_with(
+    document: &Value,
+    own: &dyn Fn(&str) -> &'static [Range],
+) -> Result<(), OutOfRange> {
     let Value::Object(top) = document else {
         return Ok(());
     };
@@ -136,16 +106,21 @@ pub fn check(document: &Value) -> Result<(), OutOfRange> {
         match value {
             Value::Array(stages) if key == "stages" => {
                 for (i, stage) in stages.iter().enumerate() {
-                    walk(stage, &mut Vec::new(), &format!("stages[{i}]"))?;
+                    walk(stage, &mut Vec::new(), &format!("stages[{i}]"), &[])?;
                 }
             }
-            value => walk(value, &mut Vec::new(), key)?,
+            value => walk(value, &mut Vec::new(), key, own(key))?,
         }
     }
     Ok(())
 }
 
-fn walk<'a>(value: &'a Value, path: &mut Vec<&'a str>, top: &str) -> Result<(), OutOfRange> {
+fn walk<'a>(
+    value: &'a Value,
+    path: &mut Vec<&'a str>,
+    top: &str,
+    own: &'static [Range],
+) -> Result<(), OutOfRange> {
     match value {
         Value::Object(map) => {
             for (key, inner) in map {
@@ -153,14 +128,14 @@ fn walk<'a>(value: &'a Value, path: &mut Vec<&'a str>, top: &str) -> Result<(), 
                     continue;
                 }
                 path.push(key);
-                walk(inner, path, top)?;
+                walk(inner, path, top, own)?;
                 path.pop();
             }
             Ok(())
         }
         // A list's numbers share its key's range (`mean: [0.5, 0.5, 0.5]`).
-        Value::Array(items) => items.iter().try_for_each(|item| walk(item, path, top)),
-        Value::Number(n) => check_number(n, path).map_err(|message| OutOfRange {
+        Value::Array(items) => items.iter().try_for_each(|item| walk(item, path, top, own)),
+        Value::Number(n) => check_number(n, path, own).map_err(|message| OutOfRange {
             top: top.to_string(),
             path: path.join("."),
             message,
@@ -169,40 +144,20 @@ fn walk<'a>(value: &'a Value, path: &mut Vec<&'a str>, top: &str) -> Result<(), 
     }
 }
 
-#[allow(
-    clippy::indexing_slicing,
-    reason = "the slice starts `keys.len()` from the end of a path at least that long"
-)]
-fn rule_for(path: &[&str]) -> Option<&'static Range> {
-    RANGES.iter().find(|r| {
-        let keys: Vec<&str> = r.key.split('.').collect();
-        path.len() >= keys.len() && path[path.len() - keys.len()..] == keys[..]
-    })
+fn rule_for(path: &[&str], own: &'static [Range]) -> Option<&'static Range> {
+    own.iter().chain(RANGES).find(|r| r.applies_to(path))
 }
 
-fn check_number(n: &serde_json::Number, path: &[&str]) -> Result<(), String> {
+fn check_number(
+    n: &serde_json::Number,
+    path: &[&str],
+    own: &'static [Range],
+) -> Result<(), String> {
     let value = n.as_f64().unwrap_or(f64::NAN);
     let shown = n.to_string();
     let whole = n.is_i64() || n.is_u64();
-    match rule_for(path) {
-        Some(r) => {
-            let kind = if r.integer { "an integer" } else { "a number" };
-            let fmt = |v: f64| {
-                if r.integer {
-                    format!("{}", v as i64)
-                } else {
-                    format!("{v}")
-                }
-            };
-            if (r.integer && !whole) || !value.is_finite() || value < r.min || value > r.max {
-                return Err(format!(
-                    "expected {kind} from {} to {}, found {shown}",
-                    fmt(r.min),
-                    fmt(r.max)
-                ));
-            }
-            Ok(())
-        }
+    match rule_for(path, own) {
+        Some(r) => r.check_value(value, whole, &shown),
         None if whole => {
             let limit = i32::MAX as f64;
             if value.abs() > limit {
@@ -283,7 +238,11 @@ mod tests {
     fn every_range_is_in_the_spec_reference() {
         let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/pipeline-spec.md");
         let doc = std::fs::read_to_string(doc).unwrap();
-        for r in RANGES {
+        let connectors = riffle_connectors::SOURCE_RANGES
+            .iter()
+            .chain(riffle_connectors::SINK_RANGES)
+            .flat_map(|r| r.iter());
+        for r in RANGES.iter().chain(connectors) {
             assert!(
                 doc.contains(&format!("| `{}` |", r.key)),
                 "docs/pipeline-spec.md's range table lacks `{}`",

@@ -6,8 +6,7 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 use riffle_connectors::formats::excerpt_within;
-use riffle_connectors::kafka::{ExactlyOnce, SourceGroup};
-use riffle_connectors::{JsonlSinkConfig, SinkConfig, SourceConfig};
+use riffle_connectors::{SinkConfig, SinkContext, SinkRole};
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
 use serde_saphyr::Spanned;
@@ -52,14 +51,15 @@ impl Pipeline {
         &mut self,
         checkpoint: crate::spec::CheckpointConfig,
     ) -> Result<(), PipelineError> {
-        check_resumable(self.source.as_ref(), &self.spec.source.value).map_err(|message| {
-            PipelineError {
+        let source = &self.spec.source.value;
+        source
+            .check_resumable(self.source.as_ref())
+            .map_err(|message| PipelineError {
                 file: self.file.clone(),
                 line: None,
                 field: "--checkpoint-dir".into(),
                 message,
-            }
-        })?;
+            })?;
         self.runtime.checkpoint = Some(checkpoint);
         Ok(())
     }
@@ -130,7 +130,21 @@ fn check_ranges(file: &Path, text: &str, spec: &PipelineSpec) -> Result<(), Pipe
     let Ok(document) = serde_saphyr::from_str::<serde_json::Value>(text) else {
         return Ok(());
     };
-    let Err(e) = crate::ranges::check(&document) else {
+    // A source's or sink's own keys by its kind's ranges, declared beside them.
+    let own = |top: &str| match top {
+        "source" => spec.source.value.ranges(),
+        "sink" => spec.sink.value.ranges(),
+        "dead_letter" => spec
+            .dead_letter
+            .as_ref()
+            .map_or(&[][..], |d| d.value.ranges()),
+        "live_sink" => spec
+            .live_sink
+            .as_ref()
+            .map_or(&[][..], |d| d.value.ranges()),
+        _ => &[],
+    };
+    let Err(e) = crate::ranges::check_with(&document, &own) else {
         return Ok(());
     };
     let start = match e.top.as_str() {
@@ -138,6 +152,7 @@ fn check_ranges(file: &Path, text: &str, spec: &PipelineSpec) -> Result<(), Pipe
         "sink" => line_of(&spec.sink),
         "runtime" => spec.runtime.as_ref().and_then(line_of),
         "dead_letter" => spec.dead_letter.as_ref().and_then(line_of),
+        "live_sink" => spec.live_sink.as_ref().and_then(line_of),
         top => top
             .strip_prefix("stages[")
             .and_then(|rest| rest.strip_suffix(']'))
@@ -193,10 +208,10 @@ fn validate(
 
     // Source: its files must exist.
     let source_line = line_of(&spec.source);
-    for p in spec.source.value.paths_mut() {
+    for p in spec.source.value.kind_mut().paths_mut() {
         resolve(p);
     }
-    for p in spec.source.value.paths() {
+    for p in spec.source.value.kind().inputs() {
         if !p.exists() {
             return Err(at.error(
                 source_line,
@@ -219,14 +234,17 @@ fn validate(
         .schema()
         .map_err(|e| at.error(source_line, None, "source".into(), e.to_string()))?;
     if runtime.checkpoint.is_some() {
-        check_resumable(source.as_ref(), &spec.source.value).map_err(|message| {
-            at.error(
-                runtime_line,
-                Some("checkpoint"),
-                "runtime.checkpoint".into(),
-                message,
-            )
-        })?;
+        spec.source
+            .value
+            .check_resumable(source.as_ref())
+            .map_err(|message| {
+                at.error(
+                    runtime_line,
+                    Some("checkpoint"),
+                    "runtime.checkpoint".into(),
+                    message,
+                )
+            })?;
     }
 
     // Stages: files exist, what they need of this machine is here, and the columns fit from
@@ -306,69 +324,63 @@ fn validate(
 
     // Sinks.
     let sink_line = line_of(&spec.sink);
+    let pipeline = spec.name.clone().unwrap_or_else(|| {
+        file.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    });
     if let Some(output) = output {
-        if let Some(p) = spec.sink.value.paths_mut().into_iter().next() {
+        if let Some(p) = spec.sink.value.kind_mut().paths_mut().into_iter().next() {
             *p = output.to_path_buf();
         }
     }
-    for p in spec.sink.value.paths_mut() {
+    for p in spec.sink.value.kind_mut().paths_mut() {
         resolve(p);
     }
-    let dead_letter_config = match spec.dead_letter.as_mut() {
+    let mut dead_letter_config = match spec.dead_letter.as_mut() {
         Some(dl) => {
             // `--output` moves a file of dead letters beside the new results, as it does the
             // default one: two runs to different outputs must not share one.
             if output.is_some() {
-                let moved = default_dead_letter(&spec.sink.value);
+                let moved = spec.sink.value.default_dead_letters();
                 if let (Some(p), Some(to)) = (
-                    dl.value.paths_mut().into_iter().next(),
-                    moved.paths().first(),
+                    dl.value.kind_mut().paths_mut().into_iter().next(),
+                    moved.kind().outputs().first(),
                 ) {
                     *p = to.to_path_buf();
                 }
             }
-            for p in dl.value.paths_mut() {
+            for p in dl.value.kind_mut().paths_mut() {
                 resolve(p);
             }
             dl.value.clone()
         }
-        None => default_dead_letter(&spec.sink.value),
+        None => spec.sink.value.default_dead_letters(),
     };
-    // One transactional.id per pipeline and topic, the same on every restart.
-    if let SinkConfig::Kafka(k) = &mut spec.sink.value {
-        if k.transactional_id.is_none() {
-            let pipeline = spec.name.clone().unwrap_or_else(|| {
-                file.file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            });
-            k.transactional_id = Some(format!("riffle-{pipeline}-{}", k.topic));
-        }
-    }
-    // A consumer group's offsets are committed in the Kafka sink's transactions.
-    if let SourceConfig::Kafka(source) = &spec.source.value {
-        if let Some(group) = &source.group_id {
-            let transactional = matches!(
-                &spec.sink.value,
-                SinkConfig::Kafka(k) if matches!(k.exactly_once, ExactlyOnce::Auto | ExactlyOnce::Transactions)
-            );
-            if !transactional || runtime.checkpoint.is_none() {
-                return Err(at.error(
-                    line_of(&spec.source),
-                    Some("group_id"),
-                    "source.kafka.group_id".into(),
-                    "a consumer group's offsets are committed with the output: expected \
-                     `runtime.checkpoint` and a `kafka` sink with `exactly_once: transactions` \
-                     (or `auto`)"
-                        .into(),
-                ));
-            }
-            if let SinkConfig::Kafka(k) = &mut spec.sink.value {
-                k.source_group = Some(SourceGroup {
-                    topic: source.topic.clone(),
-                    group_id: group.clone(),
-                });
-            }
+    spec.sink.value.kind_mut().prepare(&SinkContext {
+        pipeline: &pipeline,
+        role: SinkRole::Results,
+    });
+    dead_letter_config.kind_mut().prepare(&SinkContext {
+        pipeline: &pipeline,
+        role: SinkRole::DeadLetters,
+    });
+    // A consumer group's offsets are committed with the output, by a sink that can.
+    if let Some(offsets) = spec.source.value.kind().offsets_with_output() {
+        let taken = runtime.checkpoint.is_some()
+            && spec
+                .sink
+                .value
+                .kind_mut()
+                .commit_source_offsets(&offsets.group);
+        if !taken {
+            let kind = spec.source.value.kind().kind();
+            return Err(at.error(
+                line_of(&spec.source),
+                Some(offsets.key),
+                format!("source.{kind}.{}", offsets.key),
+                offsets.expected.into(),
+            ));
         }
     }
     for (field, line, config) in [
@@ -379,16 +391,17 @@ fn validate(
             &dead_letter_config,
         ),
     ] {
-        for path in config.paths() {
+        for path in config.kind().outputs() {
             check_writable(path).map_err(|message| {
                 at.error(line, Some("path"), format!("{field}.path"), message)
             })?;
         }
     }
-    if let (SinkConfig::Annotate(annotate), Some(results)) = (&spec.sink.value, schemas.last()) {
-        annotate
-            .check_schema(results)
-            .map_err(|message| at.error(sink_line, None, "sink.annotate".into(), message))?;
+    if let Some(results) = schemas.last() {
+        let kind = spec.sink.value.kind();
+        kind.check_input(results).map_err(|message| {
+            at.error(sink_line, None, format!("sink.{}", kind.kind()), message)
+        })?;
     }
     let sink: Arc<dyn SinkFactory> = Arc::from(
         spec.sink
@@ -405,7 +418,7 @@ fn validate(
         )
     })?);
 
-    let live_sink = live_sink(&mut spec, &at, &resolve)?;
+    let live_sink = live_sink(&mut spec, &pipeline, &at, &resolve)?;
 
     Ok(Pipeline {
         file: file.to_path_buf(),
@@ -425,6 +438,7 @@ fn validate(
 /// topic is written without transactions or markers, whatever its `exactly_once` says.
 fn live_sink(
     spec: &mut PipelineSpec,
+    pipeline: &str,
     at: &Locator<'_>,
     resolve: &dyn Fn(&mut PathBuf),
 ) -> Result<Option<Arc<dyn SinkFactory>>, PipelineError> {
@@ -432,13 +446,14 @@ fn live_sink(
         return Ok(None);
     };
     let line = line_of(live);
-    for p in live.value.paths_mut() {
+    for p in live.value.kind_mut().paths_mut() {
         resolve(p);
     }
-    if let SinkConfig::Kafka(k) = &mut live.value {
-        k.exactly_once = ExactlyOnce::Off;
-    }
-    for path in live.value.paths() {
+    live.value.kind_mut().prepare(&SinkContext {
+        pipeline,
+        role: SinkRole::Live,
+    });
+    for path in live.value.kind().outputs() {
         check_writable(path)
             .map_err(|message| at.error(line, Some("path"), "live_sink.path".into(), message))?;
     }
@@ -447,28 +462,6 @@ fn live_sink(
         .build()
         .map_err(|e| at.error(line, None, "live_sink".into(), e.to_string()))?;
     Ok(Some(Arc::from(factory)))
-}
-
-/// Checkpoints resume a source from offsets: one that cannot seek would fail at run time.
-pub(crate) fn check_resumable(
-    source: &dyn SourceFactory,
-    config: &SourceConfig,
-) -> Result<(), String> {
-    if source.checkpoint_id().is_some() {
-        return Ok(());
-    }
-    let kind = match config {
-        SourceConfig::Images(_) => "images",
-        SourceConfig::Ipc(_) => "ipc",
-        SourceConfig::Csv(_) => "csv",
-        SourceConfig::Jsonl(_) => "jsonl",
-        SourceConfig::Kafka(_) => "kafka",
-        SourceConfig::Video(_) => "video",
-    };
-    Err(format!(
-        "a `{kind}` source cannot resume from a checkpoint: expected a `kafka` source or \
-         video files (or no `runtime.checkpoint`)"
-    ))
 }
 
 /// An output file can be created where the pipeline says: not a directory, in a directory.
@@ -504,34 +497,6 @@ fn check_writable(path: &Path) -> Result<(), String> {
         Ok(_) => Ok(()),
         Err(e) => Err(format!("`{}` cannot be written: {e}", path.display())),
     }
-}
-
-/// Rejected records go beside the sink's file, to `<topic>-dead-letters` (reason and stage in
-/// headers) for a Kafka sink, or to `dead-letters.jsonl` for stdout.
-fn default_dead_letter(sink: &SinkConfig) -> SinkConfig {
-    if let SinkConfig::Kafka(kafka) = sink {
-        let mut dlq = kafka.clone();
-        dlq.topic = format!("{}-dead-letters", kafka.topic);
-        dlq.format = riffle_connectors::kafka::SinkFormat::Json;
-        dlq.key = None;
-        dlq.headers = [("reason", "reason"), ("stage", "stage")]
-            .into_iter()
-            .map(|(h, c)| (h.to_string(), c.to_string()))
-            .collect();
-        return SinkConfig::Kafka(dlq);
-    }
-    let mut sink = sink.clone();
-    let path = match sink.paths_mut().into_iter().next() {
-        Some(p) => {
-            let stem = p
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "results".into());
-            p.with_file_name(format!("{stem}.dead-letters.jsonl"))
-        }
-        None => PathBuf::from("dead-letters.jsonl"),
-    };
-    SinkConfig::Jsonl(JsonlSinkConfig { path })
 }
 
 fn column_list(schema: &SchemaRef) -> String {

@@ -11,7 +11,7 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::KafkaError;
 use rdkafka::ClientConfig;
 
-use super::config::StartAt;
+use super::config::{KafkaSinkConfig, StartAt};
 
 /// What a client is created for; each role sets the librdkafka options it depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +185,11 @@ fn likely_cause(detail: &str) -> &'static str {
     } else {
         "the brokers are unreachable (check brokers and security.protocol)"
     }
+}
+
+/// A Kafka sink's producer configuration (its brokers and options over the sink's defaults).
+pub(super) fn sink_producer_config(config: &KafkaSinkConfig) -> ClientConfig {
+    client_config(&config.brokers, &config.options, Role::SinkProducer)
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@ use rdkafka::{Offset, TopicPartitionList};
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 
 use super::client::{client_config, Role};
-use super::replay::kafka_error;
-use super::sink::{COMMIT_HEADER, EPOCH_HEADER, FENCE_HEADER, GENERATION_HEADER};
+use super::markers::{COMMIT_HEADER, EPOCH_HEADER, FENCE_HEADER, GENERATION_HEADER};
+use super::topics::kafka_error;
 
 /// What one message is, from its headers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,13 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
+use riffle_dataflow::range::Range;
+use riffle_dataflow::sink::SinkFactory;
+use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
+
 use crate::formats::{ColumnType, DeclaredSchema, MessageFormat};
+pub use crate::kind::SourceGroup;
+use crate::kind::{shared, Limits, OffsetsWithOutput, SinkContext, SinkKind, SinkRole, SourceKind};
 
 /// Default of `max_message_bytes`: 16 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -122,13 +128,6 @@ pub struct KafkaSinkConfig {
     pub options: BTreeMap<String, String>,
 }
 
-/// The consumer group (and topic) whose offsets a sink's transactions commit.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SourceGroup {
-    pub topic: String,
-    pub group_id: String,
-}
-
 /// How a Kafka sink with checkpoints writes each result once.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -153,4 +152,111 @@ pub enum SinkFormat {
     #[default]
     Json,
     Ipc,
+}
+
+impl KafkaSinkConfig {
+    /// An error in this sink's configuration or set-up, naming its topic and brokers.
+    pub(crate) fn config_error(&self, message: impl std::fmt::Display) -> DataflowError {
+        DataflowError::Config(format!(
+            "kafka sink (topic `{}` on {}): {message}",
+            self.topic, self.brokers
+        ))
+    }
+
+    /// An error while writing, naming the topic and brokers.
+    pub(crate) fn sink_error(&self, message: impl std::fmt::Display) -> DataflowError {
+        DataflowError::stage(
+            "sink",
+            format!(
+                "kafka topic `{}` on {}: {message}",
+                self.topic, self.brokers
+            ),
+        )
+    }
+}
+
+impl SourceKind for KafkaSourceConfig {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+    fn offsets_with_output(&self) -> Option<OffsetsWithOutput> {
+        Some(OffsetsWithOutput {
+            key: "group_id",
+            group: SourceGroup {
+                topic: self.topic.clone(),
+                group_id: self.group_id.clone()?,
+            },
+            expected: "a consumer group's offsets are committed with the output: expected \
+                       `runtime.checkpoint` and a `kafka` sink with `exactly_once: transactions` \
+                       (or `auto`)",
+        })
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        Ok(Box::new(super::KafkaSourceFactory::new(self)?))
+    }
+}
+
+impl Limits for KafkaSourceConfig {
+    const RANGES: &'static [Range] = &[
+        shared::BATCH_SIZE,
+        shared::MAX_RECORDS_PER_SECOND,
+        Range::int("max_message_bytes", 1, 1 << 30),
+        Range::int("linger_ms", 0, 60_000),
+    ];
+}
+
+impl SinkKind for KafkaSinkConfig {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn prepare(&mut self, ctx: &SinkContext<'_>) {
+        match ctx.role {
+            // One transactional.id per pipeline and topic, the same on every restart.
+            SinkRole::Results => {
+                if self.transactional_id.is_none() {
+                    self.transactional_id = Some(format!("riffle-{}-{}", ctx.pipeline, self.topic));
+                }
+            }
+            // Written as results arrive: no transactions or markers, whatever the file says.
+            SinkRole::Live => self.exactly_once = ExactlyOnce::Off,
+            SinkRole::DeadLetters => {}
+        }
+    }
+
+    fn commit_source_offsets(&mut self, group: &SourceGroup) -> bool {
+        if !matches!(
+            self.exactly_once,
+            ExactlyOnce::Auto | ExactlyOnce::Transactions
+        ) {
+            return false;
+        }
+        self.source_group = Some(group.clone());
+        true
+    }
+
+    /// `<topic>-dead-letters`, JSON, with the reason and stage in headers.
+    fn dead_letters(&self) -> Option<Self> {
+        let mut dlq = self.clone();
+        dlq.topic = format!("{}-dead-letters", self.topic);
+        dlq.format = SinkFormat::Json;
+        dlq.key = None;
+        dlq.headers = [("reason", "reason"), ("stage", "stage")]
+            .into_iter()
+            .map(|(h, c)| (h.to_string(), c.to_string()))
+            .collect();
+        Some(dlq)
+    }
+
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        Ok(Box::new(super::KafkaSinkFactory::new(self)?))
+    }
+}
+
+impl Limits for KafkaSinkConfig {
+    const RANGES: &'static [Range] = &[
+        Range::int("partitions", 1, 100_000),
+        Range::int("replication_factor", -1, 1000),
+        Range::int("delivery_timeout_ms", 1, 3_600_000),
+    ];
 }

@@ -13,15 +13,20 @@
 pub mod client;
 pub mod committed;
 mod config;
+mod delivery;
+pub mod markers;
 mod metrics;
 pub mod replay;
 mod sink;
 mod source;
+pub mod topics;
 pub mod transactions;
+mod writer;
 
 pub use crate::formats::{ColumnType, MessageFormat};
 pub use config::{
     ExactlyOnce, KafkaSinkConfig, KafkaSourceConfig, SinkFormat, SourceGroup, StartAt,
 };
 pub use sink::KafkaSinkFactory;
+
 pub use source::KafkaSourceFactory;

@@ -28,10 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::client::{client_config, drain, Diagnosed, Role};
 use super::config::KafkaSinkConfig;
-use super::sink::SinkContext;
-
-/// Opaque of the commit-log record: not a result, so not counted as one.
-pub(super) const COMMIT_RECORD: usize = usize::MAX;
+use super::delivery::{DeliveryContext, COMMIT_RECORD};
 
 /// The commit log of a results topic.
 pub fn commit_log_topic(topic: &str) -> String {
@@ -47,7 +44,7 @@ pub struct Commit {
 
 /// The transactional producer shared by the sink (writes) and the committer (seals, commits).
 pub(super) struct Transaction {
-    pub producer: BaseProducer<SinkContext>,
+    pub producer: BaseProducer<DeliveryContext>,
     pub id: String,
     /// The results topic.
     topic: String,
@@ -87,10 +84,10 @@ impl Transaction {
     pub fn init(
         config: &KafkaSinkConfig,
         id: &str,
-        context: SinkContext,
+        context: DeliveryContext,
     ) -> Result<Transaction, InitError> {
         let timeout = Duration::from_millis(config.delivery_timeout_ms);
-        let producer: BaseProducer<SinkContext> = transactional_config(config, id)
+        let producer: BaseProducer<DeliveryContext> = transactional_config(config, id)
             .create_with_context(context)
             .map_err(|e| error(config, format!("creating a transactional producer: {e}")))?;
         producer.init_transactions(timeout).map_err(|e| InitError {

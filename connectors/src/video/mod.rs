@@ -51,6 +51,7 @@ mod tests;
 use std::sync::Arc;
 
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use riffle_dataflow::range::Range;
 use riffle_dataflow::{DataflowResult, SourceFactory};
 
 /// Column names of the video source (`pixels`, `width`, `height` as the `decode` stage writes
@@ -78,6 +79,39 @@ pub fn schema() -> SchemaRef {
         Field::new(PIXELS, DataType::Binary, false),
     ]))
 }
+
+impl crate::kind::SourceKind for VideoConfig {
+    fn kind(&self) -> &'static str {
+        "video"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut std::path::PathBuf> {
+        VideoConfig::paths_mut(self)
+    }
+    fn inputs(&self) -> Vec<&std::path::Path> {
+        self.paths()
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        build(self)
+    }
+}
+
+impl crate::kind::Limits for VideoConfig {
+    const RANGES: &'static [Range] = &[
+        crate::kind::shared::BATCH_SIZE,
+        crate::kind::shared::CAMERAS,
+        Range::int("every_nth", 1, 1_000_000),
+        Range::int("max_frames", 0, i32::MAX as i64),
+        Range::int("queue_size", 1, 4096),
+        Range::real("sample_fps", 1e-6, 1000.0),
+        Range::int("timeout_ms", 1, HOUR_MS),
+        Range::int("backoff_ms", 0, HOUR_MS),
+        Range::int("max_backoff_ms", 0, HOUR_MS),
+        // A camera is tried at least once.
+        Range::int("connect_attempts", 1, 1_000_000),
+    ];
+}
+
+const HOUR_MS: i64 = 3_600_000;
 
 /// Opens the source described by `config`: cameras resolved, files checked, nothing decoded.
 pub fn build(config: &VideoConfig) -> DataflowResult<Box<dyn SourceFactory>> {

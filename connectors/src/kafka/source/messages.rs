@@ -12,14 +12,28 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::{DataflowError, DataflowResult};
 use serde_json::Value;
 
-use super::reader::KafkaReader;
-use crate::formats::{raw, ColumnType};
+use arrow_schema::SchemaRef;
+
+use crate::formats::{raw, ColumnType, Decoder};
 
 /// Value columns (`None` when values are kept whole), the messages behind their rows, and dead
 /// letters for the messages that did not decode.
 type Decoded = (Option<RecordBatch>, Vec<usize>, Vec<DeadLetter>);
 
-impl KafkaReader {
+/// How a reader's messages become its batches: the value decoder, the output schema and the
+/// key and header columns.
+pub(super) struct Layout {
+    pub(super) topic: String,
+    pub(super) max_message_bytes: usize,
+    /// Whether the message key is a column.
+    pub(super) key: bool,
+    /// Decodes `json`/`csv` values (`None`: values are kept whole).
+    pub(super) decoder: Option<Decoder>,
+    pub(super) schema: SchemaRef,
+    pub(super) header_columns: Vec<(String, ColumnType)>,
+}
+
+impl Layout {
     /// The value columns of the messages that decode, with the indices of those messages and
     /// dead letters for the others.
     #[allow(
@@ -31,7 +45,7 @@ impl KafkaReader {
             stage: "source".to_string(),
             reason,
             record: serde_json::json!({
-                "topic": self.config.topic,
+                "topic": self.topic,
                 "partition": m.partition,
                 "offset": m.offset,
             })
@@ -45,7 +59,7 @@ impl KafkaReader {
                     m,
                     format!(
                         "message of {size} bytes exceeds max_message_bytes ({})",
-                        self.config.max_message_bytes
+                        self.max_message_bytes
                     ),
                 )),
                 None => fits.push(i),
@@ -85,7 +99,7 @@ impl KafkaReader {
             None => columns.push(pending.take_values(rows)?),
         }
         let messages: Vec<&Received> = rows.iter().map(|&i| &pending.messages[i]).collect();
-        if self.config.key.is_some() {
+        if self.key {
             columns.push(Arc::new(StringArray::from_iter(
                 messages.iter().map(|m| m.key.as_deref()),
             )));

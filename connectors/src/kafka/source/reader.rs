@@ -6,7 +6,6 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
 use prometheus::{IntCounter, IntGauge};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
@@ -19,9 +18,8 @@ use tracing::{debug, warn};
 
 use super::assignment::{start_offsets, watermarks};
 use super::group::Feed;
-use super::messages::Pending;
+use super::messages::{Layout, Pending};
 use super::{consumer_config, read_error, KafkaSourceFactory, BATCH_VALUE_BYTES, POLL_SLICE};
-use crate::formats::{ColumnType, Decoder};
 use crate::kafka::config::KafkaSourceConfig;
 use crate::kafka::metrics::kafka_metrics;
 
@@ -94,10 +92,8 @@ pub(super) struct KafkaReader {
     pub(super) config: KafkaSourceConfig,
     /// `None` when this worker has no partitions (more workers than partitions).
     consumer: Option<BaseConsumer<SourceContext>>,
-    /// Decodes `json`/`csv` values (`None`: values are kept whole).
-    pub(super) decoder: Option<Decoder>,
-    pub(super) schema: SchemaRef,
-    pub(super) header_columns: Vec<(String, ColumnType)>,
+    /// How its messages become batches.
+    layout: Layout,
     linger: Duration,
     partitions: BTreeMap<i32, PartitionState>,
     records_in: IntCounter,
@@ -119,13 +115,18 @@ impl KafkaReader {
         let mut reader = KafkaReader {
             config: config.clone(),
             consumer: None,
-            decoder: factory.decoder.clone(),
-            schema: factory.schema.clone(),
-            header_columns: config
-                .header_columns
-                .iter()
-                .map(|(name, t)| (name.clone(), *t))
-                .collect(),
+            layout: Layout {
+                topic: config.topic.clone(),
+                max_message_bytes: config.max_message_bytes,
+                key: config.key.is_some(),
+                decoder: factory.decoder.clone(),
+                schema: factory.schema.clone(),
+                header_columns: config
+                    .header_columns
+                    .iter()
+                    .map(|(name, t)| (name.clone(), *t))
+                    .collect(),
+            },
             linger: Duration::from_millis(config.linger_ms),
             partitions: BTreeMap::new(),
             records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
@@ -140,8 +141,8 @@ impl KafkaReader {
                 config,
                 group,
                 &factory.partitions,
-                reader.header_columns.clone(),
-                reader.decoder.is_none(),
+                reader.layout.header_columns.clone(),
+                reader.layout.decoder.is_none(),
                 reader.linger,
             )?);
             return Ok(reader);
@@ -200,7 +201,10 @@ impl KafkaReader {
     }
 
     fn empty_batch(&self) -> SourceBatch {
-        SourceBatch::new(RecordBatch::new_empty(self.schema.clone()), Vec::new())
+        SourceBatch::new(
+            RecordBatch::new_empty(self.layout.schema.clone()),
+            Vec::new(),
+        )
     }
 
     /// Polls until a batch is full, the linger time has passed, or (with `stop_at_end`) every
@@ -208,7 +212,7 @@ impl KafkaReader {
     fn fill(&mut self, consumer: &BaseConsumer<SourceContext>) -> Pending {
         // Sized like the last batch: growing by doubling would copy the values again.
         let mut pending = Pending::with_capacity(self.config.batch_size, self.last_bytes);
-        let keep_headers_json = self.decoder.is_none();
+        let keep_headers_json = self.layout.decoder.is_none();
         let deadline = Instant::now() + self.linger;
         // Messages already fetched are taken without a timed wait: reading the clock and
         // arming a timeout per message cost more than copying a small one.
@@ -258,7 +262,7 @@ impl KafkaReader {
                     }
                     pending.push(
                         &message,
-                        &self.header_columns,
+                        &self.layout.header_columns,
                         keep_headers_json,
                         self.config.max_message_bytes,
                     );
@@ -418,8 +422,8 @@ impl KafkaReader {
 
     /// The source batch of `pending`'s messages.
     fn batch_of(&self, mut pending: Pending) -> DataflowResult<SourceBatch> {
-        let (values, rows, rejected) = self.decode(&pending)?;
-        let records = self.assemble(&mut pending, values, &rows)?;
+        let (values, rows, rejected) = self.layout.decode(&pending)?;
+        let records = self.layout.assemble(&mut pending, values, &rows)?;
 
         let mut ranges: BTreeMap<i32, (i64, i64)> = BTreeMap::new();
         let mut bytes = 0u64;

@@ -1,0 +1,148 @@
+//! What a source or sink kind says about itself, so that validation, planning and running
+//! need to know nothing of any one connector: [`SourceKind`] and [`SinkKind`], implemented by
+//! each kind's configuration type, as `riffle_operators::StageKind` is by each stage's.
+//!
+//! A kind is its own module plus one line in [`crate::registry`]; its numbers' ranges are
+//! declared beside its keys (`RANGES`, an associated constant of its configuration type) and
+//! checked by validation before it is built.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use arrow_schema::Schema;
+use riffle_dataflow::range::Range;
+use riffle_dataflow::sink::SinkFactory;
+use riffle_dataflow::{DataflowResult, SourceFactory};
+
+/// A `source:` kind (`images`, `kafka`, …).
+pub trait SourceKind: fmt::Debug + Send + Sync {
+    /// The YAML key.
+    fn kind(&self) -> &'static str;
+
+    /// Paths the configuration names, for validation to resolve against the pipeline file's
+    /// folder.
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        Vec::new()
+    }
+
+    /// Files or directories that must exist before the source is opened.
+    fn inputs(&self) -> Vec<&Path> {
+        Vec::new()
+    }
+
+    /// A consumer group whose offsets must be committed with the output (by a sink that can:
+    /// [`SinkKind::commit_source_offsets`]), which also needs checkpoints.
+    fn offsets_with_output(&self) -> Option<OffsetsWithOutput> {
+        None
+    }
+
+    /// Opens the source: lists or inspects its input and fixes its schema, so a missing or
+    /// unusable input is reported before the dataflow starts. The factory splits it across
+    /// workers (`SourceFactory::partition`) and says whether it resumes from checkpoints.
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>>;
+}
+
+/// A consumer group of a source, with the key that asks for it and what the rest of the
+/// pipeline must be for its offsets to be committed with the output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffsetsWithOutput {
+    /// The source's key (`group_id`).
+    pub key: &'static str,
+    pub group: SourceGroup,
+    /// What the sink and runtime must be, for the error when they are not.
+    pub expected: &'static str,
+}
+
+/// The consumer group (and topic) whose offsets a sink's transactions commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceGroup {
+    pub topic: String,
+    pub group_id: String,
+}
+
+/// What a sink is for in a pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SinkRole {
+    /// `sink:`, written as epochs commit.
+    Results,
+    /// `dead_letter:` (or the default beside the results).
+    DeadLetters,
+    /// `live_sink:`, written as results arrive and never committed.
+    Live,
+}
+
+/// What a sink learns of its pipeline before it is built.
+#[derive(Clone, Copy, Debug)]
+pub struct SinkContext<'a> {
+    /// The pipeline's name (its `name:`, or the file's stem).
+    pub pipeline: &'a str,
+    pub role: SinkRole,
+}
+
+/// A `sink:` kind (`jsonl`, `kafka`, …); the same kinds serve `dead_letter:` and `live_sink:`.
+pub trait SinkKind: fmt::Debug + Send + Sync {
+    /// The YAML key.
+    fn kind(&self) -> &'static str;
+
+    /// Paths the configuration names, for validation to resolve against the pipeline file's
+    /// folder; the first is the one `riffle run --output` replaces.
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        Vec::new()
+    }
+
+    /// Files written, checked to be creatable before the run.
+    fn outputs(&self) -> Vec<&Path> {
+        Vec::new()
+    }
+
+    /// Settings that follow from the pipeline and the sink's role, filled in before it is
+    /// checked and built (a Kafka producer's `transactional.id`, a live topic's commits).
+    fn prepare(&mut self, _ctx: &SinkContext<'_>) {}
+
+    /// Whether it can take the results `schema` describes; the error says what is missing.
+    fn check_input(&self, _schema: &Schema) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Takes a source's consumer group, to commit its offsets with the output; `false` when
+    /// this sink (as configured) cannot.
+    fn commit_source_offsets(&mut self, _group: &SourceGroup) -> bool {
+        false
+    }
+
+    /// Where its rejected records go when the pipeline names no `dead_letter`, when that is
+    /// a sink of its own kind: `None` for a JSON-lines file beside its first path
+    /// ([`crate::SinkConfig::default_dead_letters`]).
+    fn dead_letters(&self) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
+
+    /// The sink's factory: the runtime opens one writer (worker 0) and commits through it.
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>>;
+}
+
+/// The ranges of a kind's numbers, declared beside its keys.
+pub trait Limits {
+    /// Checked by validation on the kind's block (`source: { kafka: {...} }`), before the
+    /// stages' and runtime's ranges; the kind's own build checks the same constants.
+    const RANGES: &'static [Range] = &[];
+}
+
+impl<T: Limits> Limits for Box<T> {
+    const RANGES: &'static [Range] = T::RANGES;
+}
+
+/// Ranges of keys that several kinds share, with the same meaning in each.
+pub mod shared {
+    use riffle_dataflow::range::Range;
+
+    /// Records per batch, and per chunk dealt to a worker.
+    pub const BATCH_SIZE: Range = Range::int("batch_size", 1, 1_048_576);
+    /// A replay's pace, per worker.
+    pub const MAX_RECORDS_PER_SECOND: Range = Range::real("max_records_per_second", 1e-6, 1e9);
+    /// Cameras a source splits its input into, or lists.
+    pub const CAMERAS: Range = Range::int("cameras", 1, 4096);
+}

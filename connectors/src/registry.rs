@@ -1,0 +1,262 @@
+//! The registered source and sink kinds: one line each. A line names the YAML key's variant
+//! and the configuration type, which implements [`SourceKind`] or [`SinkKind`] (everything
+//! validation, planning and running need) and [`Limits`] (its numbers' ranges). Kinds depend
+//! on [`crate::kind`] only, never on this list.
+
+use std::path::PathBuf;
+
+use riffle_dataflow::range::Range;
+use riffle_dataflow::sink::SinkFactory;
+use riffle_dataflow::{DataflowResult, SourceFactory};
+use serde::Deserialize;
+
+use crate::kind::{Limits, SinkKind, SourceKind};
+use crate::{annotate, csv, images, ipc, jsonl, kafka, stdout, video};
+
+impl<T: SinkKind> SinkKind for Box<T> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        (**self).paths_mut()
+    }
+    fn outputs(&self) -> Vec<&std::path::Path> {
+        (**self).outputs()
+    }
+    fn prepare(&mut self, ctx: &crate::kind::SinkContext<'_>) {
+        (**self).prepare(ctx)
+    }
+    fn check_input(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
+        (**self).check_input(schema)
+    }
+    fn commit_source_offsets(&mut self, group: &crate::kind::SourceGroup) -> bool {
+        (**self).commit_source_offsets(group)
+    }
+    fn dead_letters(&self) -> Option<Self> {
+        (**self).dead_letters().map(Box::new)
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        (**self).build()
+    }
+}
+
+macro_rules! source_kinds {
+    ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
+        /// Where a pipeline's records come from (externally tagged: `source: { images: {...} }`).
+        #[derive(Clone, Debug, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum SourceConfig {
+            $($(#[$doc])* $variant($config),)*
+        }
+
+        impl SourceConfig {
+            /// What the kind says about itself.
+            pub fn kind(&self) -> &dyn SourceKind {
+                match self {
+                    $(SourceConfig::$variant(c) => c,)*
+                }
+            }
+
+            pub fn kind_mut(&mut self) -> &mut dyn SourceKind {
+                match self {
+                    $(SourceConfig::$variant(c) => c,)*
+                }
+            }
+
+            /// The kind's own ranges.
+            pub fn ranges(&self) -> &'static [Range] {
+                match self {
+                    $(SourceConfig::$variant(_) => <$config as Limits>::RANGES,)*
+                }
+            }
+        }
+
+        /// Every source kind's ranges (for the reference's table).
+        pub const SOURCE_RANGES: &[&[Range]] = &[$(<$config as Limits>::RANGES),*];
+    };
+}
+
+macro_rules! sink_kinds {
+    ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
+        /// Where a pipeline's results (or dead letters) go (`sink: { jsonl: { path: ... } }`,
+        /// `sink: { stdout: {} }`).
+        #[derive(Clone, Debug, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum SinkConfig {
+            $($(#[$doc])* $variant($config),)*
+        }
+
+        impl SinkConfig {
+            /// What the kind says about itself.
+            pub fn kind(&self) -> &dyn SinkKind {
+                match self {
+                    $(SinkConfig::$variant(c) => c,)*
+                }
+            }
+
+            pub fn kind_mut(&mut self) -> &mut dyn SinkKind {
+                match self {
+                    $(SinkConfig::$variant(c) => c,)*
+                }
+            }
+
+            /// The kind's own ranges.
+            pub fn ranges(&self) -> &'static [Range] {
+                match self {
+                    $(SinkConfig::$variant(_) => <$config as Limits>::RANGES,)*
+                }
+            }
+
+            /// What the kind says of its dead letters ([`SinkKind::dead_letters`]).
+            fn own_dead_letters(&self) -> Option<SinkConfig> {
+                match self {
+                    $(SinkConfig::$variant(c) => c.dead_letters().map(SinkConfig::$variant),)*
+                }
+            }
+        }
+
+        /// Every sink kind's ranges (for the reference's table).
+        pub const SINK_RANGES: &[&[Range]] = &[$(<$config as Limits>::RANGES),*];
+    };
+}
+
+source_kinds! {
+    /// A directory of images, one row per file.
+    Images(images::ImagesConfig),
+    /// An Arrow IPC file.
+    Ipc(ipc::IpcSourceConfig),
+    Csv(csv::CsvSourceConfig),
+    Jsonl(jsonl::JsonlSourceConfig),
+    /// A topic's partitions.
+    Kafka(kafka::KafkaSourceConfig),
+    /// Video files and live cameras, decoded by FFmpeg.
+    Video(video::VideoConfig),
+}
+
+sink_kinds! {
+    Jsonl(jsonl::JsonlSinkConfig),
+    Stdout(stdout::StdoutSinkConfig),
+    Ipc(ipc::IpcSinkConfig),
+    Kafka(Box<kafka::KafkaSinkConfig>),
+    /// Pictures of the results drawn on their frames, one file a frame.
+    Annotate(annotate::AnnotateSinkConfig),
+}
+
+impl SourceConfig {
+    /// Opens the source ([`SourceKind::build`]).
+    pub fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        self.kind().build()
+    }
+
+    /// Checkpoints resume a source from offsets: one that cannot seek would fail at run time.
+    /// `factory` is this configuration, built.
+    pub fn check_resumable(&self, factory: &dyn SourceFactory) -> Result<(), String> {
+        if factory.checkpoint_id().is_some() {
+            return Ok(());
+        }
+        Err(format!(
+            "a `{}` source cannot resume from a checkpoint: expected a `kafka` source or \
+             video files (or no `runtime.checkpoint`)",
+            self.kind().kind()
+        ))
+    }
+}
+
+impl SinkConfig {
+    pub fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        self.kind().build()
+    }
+
+    /// Where rejected records go when the pipeline names no `dead_letter`: what the kind says
+    /// ([`SinkKind::dead_letters`]), else `<stem>.dead-letters.jsonl` beside its first path,
+    /// else `dead-letters.jsonl`.
+    pub fn default_dead_letters(&self) -> SinkConfig {
+        if let Some(own) = self.own_dead_letters() {
+            return own;
+        }
+        let mut sink = self.clone();
+        let path = match sink.kind_mut().paths_mut().into_iter().next() {
+            Some(p) => {
+                let stem = p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "results".into());
+                p.with_file_name(format!("{stem}.dead-letters.jsonl"))
+            }
+            None => PathBuf::from("dead-letters.jsonl"),
+        };
+        SinkConfig::Jsonl(jsonl::JsonlSinkConfig { path })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn each_kind_names_its_own_yaml_key() {
+        let sources = [
+            json!({"images": {"path": "f"}}),
+            json!({"ipc": {"path": "f"}}),
+            json!({"csv": {"path": "f"}}),
+            json!({"jsonl": {"path": "f"}}),
+            json!({"kafka": {"brokers": "b", "topic": "t", "format": "json"}}),
+            json!({"video": {"glob": "*.mp4"}}),
+        ];
+        for source in sources {
+            let key = source.as_object().unwrap().keys().next().unwrap().clone();
+            let config: SourceConfig = serde_json::from_value(source).unwrap();
+            assert_eq!(config.kind().kind(), key);
+        }
+        let sinks = [
+            json!({"jsonl": {"path": "f"}}),
+            json!({"stdout": {}}),
+            json!({"ipc": {"path": "f"}}),
+            json!({"kafka": {"brokers": "b", "topic": "t"}}),
+            json!({"annotate": {"dir": "d"}}),
+        ];
+        for sink in sinks {
+            let key = sink.as_object().unwrap().keys().next().unwrap().clone();
+            let config: SinkConfig = serde_json::from_value(sink).unwrap();
+            assert_eq!(config.kind().kind(), key);
+        }
+    }
+
+    #[test]
+    fn dead_letters_go_where_the_kind_says_or_beside_the_first_path() {
+        let file: SinkConfig =
+            serde_json::from_value(json!({"jsonl": {"path": "out/r.jsonl"}})).unwrap();
+        let dl = file.default_dead_letters();
+        assert_eq!(
+            dl.kind().outputs(),
+            [std::path::Path::new("out/r.dead-letters.jsonl")]
+        );
+        let stdout: SinkConfig = serde_json::from_value(json!({"stdout": {}})).unwrap();
+        assert_eq!(
+            stdout.default_dead_letters().kind().outputs(),
+            [std::path::Path::new("dead-letters.jsonl")]
+        );
+        let topic: SinkConfig =
+            serde_json::from_value(json!({"kafka": {"brokers": "b", "topic": "recs"}})).unwrap();
+        let SinkConfig::Kafka(dlq) = topic.default_dead_letters() else {
+            panic!("a Kafka sink's dead letters go to a topic");
+        };
+        assert_eq!(dlq.topic, "recs-dead-letters");
+        assert_eq!(
+            dlq.headers.get("reason").map(String::as_str),
+            Some("reason")
+        );
+    }
+
+    #[test]
+    fn every_kind_declares_ranges_only_for_its_own_keys_once() {
+        for ranges in SOURCE_RANGES.iter().chain(SINK_RANGES) {
+            let mut keys: Vec<&str> = ranges.iter().map(|r| r.key).collect();
+            keys.sort_unstable();
+            let before = keys.len();
+            keys.dedup();
+            assert_eq!(keys.len(), before, "a key declared twice: {ranges:?}");
+        }
+    }
+}
