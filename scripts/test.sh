@@ -42,6 +42,8 @@ export LD_LIBRARY_PATH RIFFLE_EXPECT_NVRTC=1
 # The kernel emulator's AddressSanitizer/UBSan (g++'s libasan and libubsan) must work here.
 export RIFFLE_EXPECT_SANITIZERS=1
 cargo fmt --all -- --check
+# No module import circles in any crate (docs/architecture.md).
+python3 scripts/module-cycles.py
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
