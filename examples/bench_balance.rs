@@ -34,12 +34,10 @@ fn main() -> Result<()> {
         let file = write_pipeline(&repo, &tmp, routing, slow.then_some(delay_ms), rate)?;
         let pipeline = Arc::new(riffle_pipelines::load(&file, None)?);
         let started = Instant::now();
-        let report = riffle_pipelines::run(
+        let report = riffle_pipelines::run::execute(
             pipeline,
-            riffle_pipelines::RunOptions {
-                cluster: ClusterConfig::single_process(2),
-                metrics: Metrics::new()?,
-            },
+            &ClusterConfig::single_process(2),
+            Metrics::new()?,
         )?;
         let t = started.elapsed().as_secs_f64();
         let s = report.summary;

@@ -25,10 +25,10 @@ use arrow_array::{BooleanArray, RecordBatch};
 use clap::Parser;
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::operators::KeyedLogic;
 use riffle_dataflow::sink::{Sink, SinkFactory};
 use riffle_dataflow::{DataflowResult, SourceFactory, Stage};
-use riffle_operators::keyed::KeyedLogic;
-use riffle_operators::track::{CameraTracks, Tracker};
+use riffle_operators::vision::track::{CameraTracks, Tracker};
 use riffle_pipelines::plan::build_stage;
 use riffle_pipelines::spec::StageSpec;
 use riffle_pipelines::Pipeline;
@@ -311,12 +311,10 @@ fn run_pipeline(
     let source = pipeline.source.clone();
     let metrics = Metrics::new()?;
     let (cpu0, t0) = (cpu_seconds(tick)?, Instant::now());
-    let report = riffle_pipelines::run(
+    let report = riffle_pipelines::run::execute(
         Arc::new(pipeline),
-        riffle_pipelines::RunOptions {
-            cluster: ClusterConfig::single_process(WORKERS),
-            metrics,
-        },
+        &ClusterConfig::single_process(WORKERS),
+        metrics,
     )?;
     let cpu = (cpu_seconds(tick)? - cpu0) / t0.elapsed().as_secs_f64();
     let (results, delivered_fps, capture_p50, capture_p99) = arrivals.figures();

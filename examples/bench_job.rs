@@ -39,12 +39,10 @@ fn main() -> anyhow::Result<()> {
     let file = dir.join("job.yaml");
     std::fs::write(&file, yaml)?;
     let pipeline = riffle_pipelines::load(&file, None)?;
-    let report = riffle_pipelines::run(
+    let report = riffle_pipelines::run::execute(
         Arc::new(pipeline),
-        riffle_pipelines::RunOptions {
-            cluster: ClusterConfig::single_process(WORKERS),
-            metrics: Metrics::new()?,
-        },
+        &ClusterConfig::single_process(WORKERS),
+        Metrics::new()?,
     )?;
     let s = &report.summary;
     let rows = read_rows(&out)?;

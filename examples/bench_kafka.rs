@@ -316,12 +316,6 @@ fn riffle_source(brokers: &str, topic: &str, format: &str) -> anyhow::Result<(u6
 fn run_pipeline(file: &std::path::Path, output: Option<&std::path::Path>) -> anyhow::Result<f64> {
     let pipeline = Arc::new(riffle_pipelines::load(file, output)?);
     let started = Instant::now();
-    riffle_pipelines::run(
-        pipeline,
-        riffle_pipelines::RunOptions {
-            cluster: ClusterConfig::single_process(2),
-            metrics: Metrics::new()?,
-        },
-    )?;
+    riffle_pipelines::run::execute(pipeline, &ClusterConfig::single_process(2), Metrics::new()?)?;
     Ok(started.elapsed().as_secs_f64())
 }

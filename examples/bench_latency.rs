@@ -240,12 +240,10 @@ fn load_pipeline(yaml: &str) -> anyhow::Result<Pipeline> {
 
 fn run(repo: &Path, args: &Args, load: Load) -> anyhow::Result<Summary> {
     let pipeline = load_pipeline(&yaml(repo, args, load))?;
-    let report = riffle_pipelines::run(
+    let report = riffle_pipelines::run::execute(
         Arc::new(pipeline),
-        riffle_pipelines::RunOptions {
-            cluster: ClusterConfig::single_process(WORKERS),
-            metrics: Metrics::new()?,
-        },
+        &ClusterConfig::single_process(WORKERS),
+        Metrics::new()?,
     )?;
     let expected = FRAMES * load.repeat;
     if report.summary.results as usize != expected {

@@ -157,12 +157,10 @@ fn run(file: &Path, out: &Path, checkpoint: Option<&Path>) -> anyhow::Result<f64
         interval_ms: 0,
     });
     let started = Instant::now();
-    riffle_pipelines::run(
+    riffle_pipelines::run::execute(
         Arc::new(pipeline),
-        riffle_pipelines::RunOptions {
-            cluster: ClusterConfig::single_process(2),
-            metrics: Metrics::new()?,
-        },
+        &ClusterConfig::single_process(2),
+        Metrics::new()?,
     )?;
     Ok(started.elapsed().as_secs_f64())
 }

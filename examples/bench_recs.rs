@@ -70,12 +70,10 @@ fn main() -> Result<()> {
         let merged = merge(&ready, 8192)?;
         batched.push(events / ort_alone(&model, &merged, 2)?.as_secs_f64());
         for (i, pipeline) in pipelines.iter().enumerate() {
-            let report = riffle_pipelines::run(
+            let report = riffle_pipelines::run::execute(
                 pipeline.clone(),
-                riffle_pipelines::RunOptions {
-                    cluster: ClusterConfig::single_process(2),
-                    metrics: Metrics::new()?,
-                },
+                &ClusterConfig::single_process(2),
+                Metrics::new()?,
             )?;
             let s = report.summary;
             // The first click has no candidates yet, hence no result.

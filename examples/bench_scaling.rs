@@ -69,12 +69,10 @@ fn main() -> anyhow::Result<()> {
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); WORKERS.len()];
     for round in 0..rounds {
         for (i, &workers) in WORKERS.iter().enumerate() {
-            let report = riffle_pipelines::run(
+            let report = riffle_pipelines::run::execute(
                 pipeline.clone(),
-                riffle_pipelines::RunOptions {
-                    cluster: ClusterConfig::single_process(workers),
-                    metrics: Metrics::new()?,
-                },
+                &ClusterConfig::single_process(workers),
+                Metrics::new()?,
             )?;
             let s = report.summary;
             if (s.results as f64) < frames {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::RunContext;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -77,12 +78,13 @@ fn main() -> anyhow::Result<()> {
 /// Frames per second of one run of `file`, with the view served and watched or not.
 fn run(file: &Path, output: &Path, view: bool) -> anyhow::Result<f64> {
     let pipeline = Arc::new(riffle_pipelines::load(file, Some(output))?);
-    let metrics = Metrics::new()?;
+    // The view puts its live tap in the context the run is handed.
+    let mut context = RunContext::from(Metrics::new()?);
     let mut browser: Option<Killed> = None;
     let server = if view {
         let server = riffle_ui::serve(
             "127.0.0.1:0",
-            metrics.clone(),
+            &mut context,
             riffle_ui::ViewConfig {
                 pipeline: pipeline.name().to_string(),
                 processes: 1,
@@ -126,13 +128,8 @@ fn run(file: &Path, output: &Path, view: bool) -> anyhow::Result<f64> {
         None
     };
     let started = Instant::now();
-    let report = riffle_pipelines::run(
-        pipeline,
-        riffle_pipelines::RunOptions {
-            cluster: ClusterConfig::single_process(2),
-            metrics,
-        },
-    )?;
+    let report =
+        riffle_pipelines::run::execute(pipeline, &ClusterConfig::single_process(2), context)?;
     let elapsed = started.elapsed().as_secs_f64();
     if let Some(server) = &server {
         if server.viewers() == 0 {

@@ -21,7 +21,7 @@ use riffle_dataflow::metrics::Metrics;
 use riffle_dataflow::Stage;
 use riffle_pipelines::plan::build_stage;
 use riffle_pipelines::spec::{RuntimeConfig, StageSpec};
-use riffle_pipelines::{run, Pipeline, RunOptions};
+use riffle_pipelines::Pipeline;
 
 use crate::cli::BenchArgs;
 
@@ -54,12 +54,10 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
         // Interleaved so that machine noise hits every variant alike. Every variant's clock
         // starts after its sessions exist and have run once: the pipeline's from its first
         // record read (model stages warm up when built) to its last result written.
-        let report = run(
+        let report = riffle_pipelines::run::execute(
             pipeline.clone(),
-            RunOptions {
-                cluster: ClusterConfig::single_process(workers),
-                metrics: Metrics::new()?,
-            },
+            &ClusterConfig::single_process(workers),
+            Metrics::new()?,
         )?;
         if report.summary.results == 0 {
             bail!("the pipeline wrote no results for {records} records");

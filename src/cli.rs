@@ -1,9 +1,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use riffle_dataflow::cluster::ClusterConfig;
+use riffle_pipelines::run::{ClusterSpec, Workers};
 
 /// Riffle: declarative stream-processing inference on timely dataflow.
 #[derive(Parser, Debug)]
@@ -201,78 +200,14 @@ pub struct ClusterArgs {
 }
 
 impl ClusterArgs {
-    pub fn to_config(
-        &self,
-        default_workers: usize,
-        intra_op_threads: usize,
-        gpu_models: bool,
-    ) -> Result<ClusterConfig> {
-        let threads = match self.workers {
-            Some(Workers::Count(n)) => n,
-            Some(Workers::Auto) => {
-                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                // With --hostfile each host runs one process; locally they share the cores.
-                let here = if self.hostfile.is_some() {
-                    1
-                } else {
-                    self.processes
-                };
-                let gpus = if gpu_models {
-                    riffle_gpu::discover().map_or(0, |g| g.len())
-                } else {
-                    0
-                };
-                riffle_pipelines::plan::auto_workers(cores, here, intra_op_threads, gpus)
-            }
-            None => default_workers,
-        };
-        if threads == 0 {
-            bail!("--workers must be at least 1");
-        }
-        let process = self.process.unwrap_or(0);
-        let cluster = match &self.hostfile {
-            Some(hostfile) => ClusterConfig::from_hostfile(threads, process, hostfile)?,
-            None if self.processes > 1 => {
-                ClusterConfig::local_processes(threads, self.processes, process, self.base_port)?
-            }
-            None => ClusterConfig::single_process(threads),
-        };
-        Ok(match std::env::var(crate::launch::CLUSTER_TOKEN) {
-            Ok(token) => cluster.with_token(
-                token
-                    .parse()
-                    .with_context(|| format!("{}={token}", crate::launch::CLUSTER_TOKEN))?,
-            ),
-            Err(_) => cluster,
-        })
-    }
-}
-
-/// `--workers N` or `--workers auto`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Workers {
-    Auto,
-    Count(usize),
-}
-
-impl std::str::FromStr for Workers {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Workers::Auto),
-            n => n
-                .parse()
-                .map(Workers::Count)
-                .map_err(|_| format!("expected a number or `auto`, found `{n}`")),
-        }
-    }
-}
-
-impl std::fmt::Display for Workers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Workers::Auto => f.write_str("auto"),
-            Workers::Count(n) => write!(f, "{n}"),
+    /// The cluster of the run (or of `riffle plan`), as the library takes it.
+    pub fn spec(&self) -> ClusterSpec {
+        ClusterSpec {
+            workers: self.workers,
+            processes: self.processes,
+            process: self.process,
+            hostfile: self.hostfile.clone(),
+            base_port: self.base_port,
         }
     }
 }

@@ -1,4 +1,4 @@
-//! `riffle gpu-check`: prints what `riffle_operators::gpu_check::run` measures on a GPU host —
+//! `riffle gpu-check`: prints what `riffle_operators::inference::gpu_check::run` measures on a GPU host —
 //! every GPU path against its CPU counterpart on the same inputs, with the largest difference
 //! and the throughput of each. Exits non-zero when a GPU result differs by more than the
 //! stated bound or no GPU can be used.
@@ -6,10 +6,10 @@
 use std::path::Path;
 
 use anyhow::{bail, Result};
-use riffle_operators::gpu_check::GpuCheckReport;
+use riffle_operators::inference::gpu_check::GpuCheckReport;
 
 pub fn gpu_check_command(model: &Path, frames: &Path, pairs: usize, ordinal: usize) -> Result<()> {
-    let report = riffle_operators::gpu_check::run(model, frames, pairs, ordinal)?;
+    let report = riffle_operators::inference::gpu_check::run(model, frames, pairs, ordinal)?;
     print_report(&report, frames);
     if !report.failed.is_empty() {
         bail!(

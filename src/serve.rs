@@ -1,12 +1,8 @@
-//! A run's HTTP endpoints (metrics and health, the live view) and how it stops on a signal.
-
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
+//! A run's HTTP endpoints: metrics and health, the live view.
 
 use anyhow::{anyhow, Context, Result};
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::RunContext;
 use riffle_ui::{PeerReporter, ViewConfig, ViewServer};
 
 use crate::cli::RunArgs;
@@ -21,12 +17,13 @@ pub struct Endpoints {
 impl Endpoints {
     /// `--ui` on process 0: the view; on other processes: a reporter to process 0's view.
     /// `--metrics-addr`: this process's metrics and health (port + process index in a local
-    /// cluster, so every process of a host serves its own).
+    /// cluster, so every process of a host serves its own). The view (or the reporter) puts its
+    /// live tap in `context`, which the run is then handed.
     pub fn start(
         args: &RunArgs,
         pipeline: &riffle_pipelines::Pipeline,
         cluster: &ClusterConfig,
-        metrics: &Arc<Metrics>,
+        context: &mut RunContext,
     ) -> Result<Self> {
         let config = ViewConfig {
             pipeline: pipeline.name().to_string(),
@@ -47,7 +44,7 @@ impl Endpoints {
             } else {
                 addr.clone()
             };
-            let server = riffle_ui::serve(&addr, metrics.clone(), config.clone())?;
+            let server = riffle_ui::serve(&addr, context, config.clone())?;
             tracing::info!(
                 "serving Prometheus metrics on http://{}/metrics (and /healthz, /readyz)",
                 server.addr()
@@ -58,7 +55,7 @@ impl Endpoints {
             (Some(addr), 0) => {
                 let view = riffle_ui::serve(
                     addr,
-                    metrics.clone(),
+                    context,
                     ViewConfig {
                         page: true,
                         ..config
@@ -69,12 +66,7 @@ impl Endpoints {
             }
             (Some(addr), process) => {
                 let at = view_of_process_zero(addr, cluster, args.cluster.hostfile.is_some())?;
-                endpoints.peer = Some(PeerReporter::start(
-                    &at,
-                    metrics.clone(),
-                    process,
-                    cluster.threads,
-                )?);
+                endpoints.peer = Some(PeerReporter::start(&at, context, process, cluster.threads)?);
             }
             (None, _) => {}
         }
@@ -124,54 +116,6 @@ fn view_of_process_zero(ui: &str, cluster: &ClusterConfig, hostfile: bool) -> Re
         None => host,
     };
     Ok(format!("{host}:{port}"))
-}
-
-/// SIGTERM and SIGINT: the first asks the run to stop at the end of its open epochs (they
-/// complete, are written and checkpointed, and the process exits 0); a second one ends the
-/// process at once.
-pub struct StopSignals {
-    received: Arc<AtomicBool>,
-    rx: Receiver<()>,
-}
-
-impl StopSignals {
-    pub fn install() -> Result<Self> {
-        let mut signals = signal_hook::iterator::Signals::new([
-            signal_hook::consts::SIGTERM,
-            signal_hook::consts::SIGINT,
-        ])
-        .context("installing the SIGTERM/SIGINT handler")?;
-        let received = Arc::new(AtomicBool::new(false));
-        let (tx, rx): (Sender<()>, Receiver<()>) = std::sync::mpsc::channel();
-        let flag = received.clone();
-        std::thread::Builder::new()
-            .name("riffle-signals".into())
-            .spawn(move || {
-                for signal in signals.forever() {
-                    if flag.swap(true, Ordering::SeqCst) {
-                        eprintln!("riffle: second signal ({signal}): stopping now");
-                        std::process::exit(128 + signal);
-                    }
-                    tracing::info!("signal {signal}: finishing the open epochs, then stopping");
-                    riffle_dataflow::runtime::request_stop();
-                    let _ = tx.send(());
-                }
-            })
-            .context("starting the signal thread")?;
-        Ok(StopSignals { received, rx })
-    }
-
-    /// A stop signal came.
-    pub fn received(&self) -> bool {
-        self.received.load(Ordering::SeqCst)
-    }
-
-    /// Blocks until a stop signal comes (at once if one came already).
-    pub fn wait(&self) {
-        if !self.received() {
-            let _ = self.rx.recv();
-        }
-    }
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ mod common;
 use common::*;
 use ort::session::Session;
 use ort::value::TensorRef;
-use riffle_operators::dense::{DenseGraph, Tensor};
+use riffle_operators::inference::dense::{DenseGraph, Tensor};
 
 #[test]
 fn the_ctr_graph_matches_onnx_runtime() {
@@ -33,7 +33,7 @@ fn the_ctr_graph_matches_onnx_runtime() {
         ])
         .unwrap();
     let ours = ours[0].as_f32().unwrap();
-    let env = riffle_operators::onnx::environment().unwrap();
+    let env = riffle_operators::inference::onnx::environment().unwrap();
     let mut session = Session::builder(&env)
         .unwrap()
         .commit_from_file(&path)
@@ -105,7 +105,7 @@ fn embedding_tables_split_by_row_range_give_the_same_scores() {
 fn the_model_stage_runs_the_dense_executor_like_onnx_runtime() {
     use arrow_array::{Array, Float32Array, Int64Array, RecordBatch};
     use riffle_dataflow::Stage;
-    use riffle_operators::model::{Engine, Model};
+    use riffle_operators::inference::model::{Engine, Model};
     use std::sync::Arc;
     require_onnx_runtime();
     let stage = |executor: &str| {

@@ -14,8 +14,8 @@ use common::*;
 use ort::session::Session;
 use ort::value::TensorRef;
 use riffle_dataflow::stage::Stage;
-use riffle_operators::decode::{Decode, DecodeConfig};
-use riffle_operators::resize::{Layout, Resize, ResizeConfig, TensorDtype};
+use riffle_operators::vision::decode::{Decode, DecodeConfig};
+use riffle_operators::vision::resize::{Layout, Resize, ResizeConfig, TensorDtype};
 
 const FRAMES: [usize; 4] = [0, 57, 130, 249];
 
@@ -95,7 +95,7 @@ fn input_tensor() -> Vec<f32> {
 }
 
 fn session(path: PathBuf) -> Session {
-    let env = riffle_operators::onnx::environment().unwrap();
+    let env = riffle_operators::inference::onnx::environment().unwrap();
     Session::builder(&env)
         .unwrap()
         .commit_from_file(&path)

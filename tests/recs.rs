@@ -274,7 +274,7 @@ fn top_k_of_the_candidates(executor: &str, before_model: &str) {
     }
     .candidates_by_click();
 
-    let env = riffle_operators::onnx::environment().unwrap();
+    let env = riffle_operators::inference::onnx::environment().unwrap();
     let mut session = Session::builder(&env)
         .unwrap()
         .commit_from_file(model("ml100k_ncf_ctr.onnx"))

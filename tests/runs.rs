@@ -64,7 +64,7 @@ runtime: {{ workers: 2 }}
     );
     riffle_ok(&["run", "-q", pipeline.to_str().unwrap()]);
 
-    let env = riffle_operators::onnx::environment().unwrap();
+    let env = riffle_operators::inference::onnx::environment().unwrap();
     let mut session = Session::builder(&env)
         .unwrap()
         .commit_from_file(model("ssdlite_person.onnx"))

@@ -116,7 +116,7 @@ impl Rng {
 
 #[test]
 fn track_ids_agree_with_supervision_bytetrack_on_a_dense_synthetic_scene() {
-    use riffle_operators::track::{CameraTracks, Detection, TrackConfig};
+    use riffle_operators::vision::track::{CameraTracks, Detection, TrackConfig};
 
     let python = reference_python();
     let params = serde_json::from_str::<TrackConfig>("{}")

@@ -22,7 +22,7 @@ pub struct Checkpoint {
     pub epoch: Epoch,
     /// Workers of the run that wrote it (a restart may use another number).
     pub workers: usize,
-    /// Per source (e.g. `kafka:cameras`): partition → next offset to read.
+    /// Per source (its `checkpoint_id`, e.g. `log:cameras`): partition → next offset to read.
     pub sources: BTreeMap<String, BTreeMap<i32, i64>>,
     /// Operator state by operator name, serialised by the operator.
     #[serde(default)]
@@ -188,7 +188,7 @@ mod tests {
             epoch,
             workers: 2,
             sources: BTreeMap::from([(
-                "kafka:t".to_string(),
+                "log:t".to_string(),
                 BTreeMap::from([(0, offset), (1, offset + 1)]),
             )]),
             state: BTreeMap::new(),

@@ -6,10 +6,13 @@
 //! - [`stage`], [`source`], [`sink`]: the three traits operators and connectors implement.
 //! - [`operators`]: timely extension traits that run those traits on sharded workers.
 //! - [`cluster`]: how many workers, threads and processes, turned into a timely configuration.
-//! - [`metrics`]: per-stage counters and latency histograms, exported to Prometheus.
+//! - [`observe`]: what a run reports to, handed to the runtime as a
+//!   [`observe::RunContext`]: the Prometheus registry with per-stage counters and latency
+//!   histograms, readiness, dead-letter reasons, the summary, and the live tap a viewer drains
+//!   ([`metrics`] keeps the registry's older paths).
 //! - [`runtime`]: the run loop: a [`runtime::Job`] on workers, with epochs, flow control,
 //!   checkpoints and liveness.
-//! - [`live`]: a bounded side channel of sampled frames and latest results for a live view.
+//! - [`state`]: operator state as checkpoints keep it: typed records in a versioned envelope.
 //! - [`range`]: the allowed range of a configuration number, declared beside its key.
 //! - [`dead_letter`]: how a bad record is described on its way to the dead-letter sink.
 //! - [`tensor`]: conventions for tensors stored in Arrow columns.
@@ -27,14 +30,15 @@ pub mod cluster;
 pub mod compression;
 pub mod dead_letter;
 pub mod error;
-pub mod live;
 pub mod metrics;
+pub mod observe;
 pub mod operators;
 pub mod range;
 pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod stage;
+pub mod state;
 pub mod tensor;
 
 pub use batch::{Batch, BatchKind};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use arrow_array::RecordBatch;
 
 use crate::error::DataflowResult;
-use crate::metrics::Metrics;
+use crate::observe::registry::Metrics;
 use crate::Epoch;
 
 /// A destination for result (or dead-letter) batches.
@@ -21,7 +21,7 @@ pub trait Sink: Send {
         None
     }
 
-    /// For sinks that make writes durable asynchronously (a Kafka producer): the position up
+    /// For sinks that make writes durable asynchronously (a topic producer): the position up
     /// to which everything is durable, updated as acknowledgements arrive. A checkpoint only
     /// covers an epoch once this has reached the epoch's position.
     fn durable(&self) -> Option<Arc<AtomicU64>> {
@@ -48,7 +48,8 @@ pub trait SinkFactory: Send + Sync {
         self.open()
     }
 
-    /// Registers the sink's own metrics (bytes, produce errors) once per process.
+    /// Registers the sink's own metrics (bytes, produce errors) with the process's registry
+    /// ([`Metrics::register`]); called by the runtime before every run.
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())
     }
@@ -85,7 +86,7 @@ pub enum Recovery {
 /// committed by then is void (it will be produced again). A committed reader releases a result
 /// when its commit arrives and drops those a fence voids.
 ///
-/// A transactional committer (Kafka transactions) instead commits exactly what was written up
+/// A transactional committer (topic transactions) instead commits exactly what was written up
 /// to a cut: the checkpointer first [`seal`](Committer::seal)s the open transaction at the
 /// newest epoch the sink has written (later epochs wait outside it), writes the checkpoint for
 /// that epoch, then commits; the commit itself records the checkpoint's epoch, so a restart

@@ -4,7 +4,7 @@ use arrow_schema::SchemaRef;
 
 use crate::dead_letter::DeadLetter;
 use crate::error::DataflowResult;
-use crate::metrics::Metrics;
+use crate::observe::registry::Metrics;
 use arrow_array::RecordBatch;
 
 /// One batch read by a source, with the inputs it could not read.
@@ -12,7 +12,7 @@ use arrow_array::RecordBatch;
 pub struct SourceBatch {
     pub records: RecordBatch,
     pub rejected: Vec<DeadLetter>,
-    /// The input positions this batch covers (Kafka partition offsets), for checkpoints.
+    /// The input positions this batch covers (a partitioned log's offsets), for checkpoints.
     pub positions: Vec<SourcePosition>,
 }
 
@@ -76,7 +76,8 @@ pub trait SourceFactory: Send + Sync {
         Ok(None)
     }
 
-    /// Registers the source's own metrics (lag, bytes) once per process.
+    /// Registers the source's own metrics (lag, bytes) with the process's registry
+    /// ([`Metrics::register`]); called by the runtime before every run.
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())
     }

@@ -16,7 +16,7 @@ use riffle_connectors::formats::{json, Decoder, Framing, TextFormat};
 use riffle_dataflow::checkpoint::CheckpointStore;
 use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::Stage;
-use riffle_operators::decode::{Decode, DecodeConfig};
+use riffle_operators::vision::decode::{Decode, DecodeConfig};
 
 fn budget() -> Duration {
     let seconds = std::env::var("RIFFLE_FUZZ_SECONDS")

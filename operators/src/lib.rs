@@ -5,14 +5,22 @@
 //! type implementing [`riffle_dataflow::Stage`] (`process_batch`). Stages read and write named
 //! Arrow columns, so they compose in any order the schemas allow; `output_schema` checks that
 //! at validation. Errors about a config key are located at it ([`DataflowError::at`]), for
-//! validation to point at the field. Adding a kind: its module here, plus one line in
+//! validation to point at the field. Adding a kind: its module in its family, plus one line in
 //! `riffle_pipelines::spec`.
 //!
+//! The stages come in three families, one folder each:
+//! - [`inference`]: the `model` stage and its engines (ONNX Runtime, the dense executor), the
+//!   ONNX signature reader, [`inference::gpu_check`] (`riffle gpu-check`'s library side);
+//! - [`vision`]: `decode`, `resize`, `detections`, `crop`, `track` and the track analytics;
+//! - [`tabular`]: `cast`, `tensor`, `filter`, `select`, `topk`, `rank` and recommendation
+//!   candidates (`recs`).
+//!
 //! The model and resize stages also have their schema rules as functions
-//! ([`model::output_schema`] over a [`model::Signature`] read from the ONNX file,
-//! [`resize::output_schema`]), which load no engine, library or GPU. GPUs themselves (discovery,
-//! placement, the device abstraction, the CUDA kernels) are the `riffle-gpu` crate;
-//! [`gpu_check`] is `riffle gpu-check`'s library side.
+//! ([`inference::model::output_schema`] over a [`inference::model::Signature`] read from the
+//! ONNX file, [`vision::resize::output_schema`]), which load no engine, library or GPU. GPUs
+//! themselves (discovery, placement, the device abstraction, the CUDA kernels) are the
+//! `riffle-gpu` crate. Stateful stages keep their state through `riffle_dataflow`'s operators
+//! ([`riffle_dataflow::operators::Keyed`] for state per key).
 
 // No panic on data or configuration in library code (its unit tests may unwrap).
 #![cfg_attr(
@@ -20,25 +28,10 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
 
-pub mod analytics;
-pub mod cast;
-pub mod crop;
-pub mod decode;
-pub mod dense;
-pub mod detections;
-pub mod filter;
-pub mod gpu_check;
-pub mod keyed;
+pub mod inference;
 pub mod kind;
-pub mod model;
-pub mod onnx;
-pub mod rank;
-pub mod recs;
-pub mod resize;
-pub mod select;
-pub mod tensor_stage;
-pub mod topk;
-pub mod track;
+pub mod tabular;
+pub mod vision;
 
 pub use kind::{ConfigFile, FileKind, StageContext, StageKind};
 

@@ -21,7 +21,7 @@ use riffle_dataflow::runtime::{
 };
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowResult, Sink, Source, SourceBatch, SourceFactory, SourcePosition};
-use riffle_operators::track::{TrackConfig, TRACK_ID};
+use riffle_operators::vision::track::{TrackConfig, TRACK_ID};
 use riffle_operators::{StageContext, StageKind};
 
 /// A run that has not ended by then is hung (a guard only; runs take milliseconds).

@@ -11,9 +11,12 @@
 //!   column types through every stage), each error naming the file, line and field.
 //! - [`plan`]: the runtime's [`riffle_dataflow::runtime::Job`] made of a validated pipeline
 //!   (each stage kind builds itself per worker), and the plan `riffle plan` prints.
+//! - [`exchange`]: `exchange:` blocks: checks, the route they become, their description.
 //! - [`ranges`]: the allowed range of every number in a pipeline file.
 //! - [`lock`]: one run at a time per checkpoint directory and output file.
-//! - [`run()`]: a thin adapter: plan, then the runtime's run loop.
+//! - [`run`](mod@run): the run lifecycle of `riffle run` for any program: overrides, locks,
+//!   stop signals, local multi-process launch and its supervisor's restarts, the exit-code
+//!   policy ([`run()`], [`RunOptions`], [`RunOutcome`]).
 //!
 //! No stage kind is listed here except in [`spec`]'s one registration line per kind.
 
@@ -26,6 +29,7 @@
 
 pub mod env;
 pub mod error;
+pub mod exchange;
 mod locate;
 pub mod lock;
 pub mod plan;
@@ -36,6 +40,6 @@ pub mod validate;
 
 pub use error::PipelineError;
 pub use lock::{LockError, RunLock};
-pub use run::{run, RunOptions, RunReport};
+pub use run::{run, RunError, RunOptions, RunOutcome, RunReport};
 pub use spec::PipelineSpec;
 pub use validate::{load, Pipeline};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use riffle_dataflow::runtime::{
     BuildStep, CheckpointPolicy, EpochPolicy, Job, JobStep, Route, SlowWorker, Step, StepKind,
 };
-use riffle_dataflow::{Compression, DataflowError, DataflowResult, Stage};
+use riffle_dataflow::{DataflowError, DataflowResult, Stage};
 use riffle_operators::{StageContext, StageKind};
 
 use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec};
@@ -86,26 +86,11 @@ impl BuildStep for WorkerBuild {
     }
 }
 
-/// Where an exchange sends rows.
+/// Where an exchange sends rows ([`ExchangeConfig::route`]).
 pub fn route(exchange: &ExchangeConfig, runtime: &RuntimeConfig) -> DataflowResult<Route> {
-    let placed = placed_on(exchange, runtime)?;
-    Ok(match (&exchange.key, placed) {
-        (Some(key), _) => Route::Key(key.clone()),
-        (None, None) if exchange.spread => Route::Spread(exchange.together.clone()),
-        (None, placed) if exchange.balance => {
-            Route::Balance(placed.unwrap_or_default(), exchange.ordered_by.clone())
-        }
-        (None, Some(list)) => Route::Workers(list),
-        (None, None) => Route::All,
-    })
-}
-
-/// The workers an exchange places the following stages on, if it does.
-pub fn placed_on(
-    exchange: &ExchangeConfig,
-    runtime: &RuntimeConfig,
-) -> DataflowResult<Option<Vec<usize>>> {
-    exchange.placed_on(runtime).map_err(DataflowError::Config)
+    exchange
+        .route(&runtime.placement)
+        .map_err(|(key, message)| DataflowError::Config(message).at(key))
 }
 
 /// The stage a spec describes as `worker` builds it, or `None` for steps that are not
@@ -226,7 +211,7 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
         .enumerate()
     {
         let detail = match (&stage.value, stage.value.stage()) {
-            (StageSpec::Exchange(e), _) => describe_exchange(e, runtime),
+            (StageSpec::Exchange(e), _) => e.describe(&runtime.placement),
             (_, Some(kind)) => {
                 let mut detail = kind.describe(&context);
                 if let Some(b) = kind.batching() {
@@ -251,31 +236,6 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
         ));
     }
     pipeline.redactions.redact(&out)
-}
-
-fn describe_exchange(e: &ExchangeConfig, runtime: &RuntimeConfig) -> String {
-    let route = match (&e.key, placed_on(e, runtime).ok().flatten()) {
-        (Some(key), _) => format!("re-shard by `{key}`"),
-        (None, None) if e.spread => format!(
-            "every batch cut into one slice per worker{}",
-            e.together
-                .as_ref()
-                .map_or(String::new(), |k| format!(", runs of `{k}` kept whole"))
-        ),
-        (None, placed) if e.balance => format!(
-            "balance by measured delay over worker(s) {}{}",
-            placed.map_or("all".into(), |l| format!("{l:?}")),
-            e.ordered_by
-                .as_ref()
-                .map_or(String::new(), |k| format!(", `{k}` kept in order"))
-        ),
-        (None, Some(list)) => format!("place the next stages on worker(s) {list:?}"),
-        (None, None) => "rebalance round-robin".into(),
-    };
-    match e.compression {
-        Compression::None => route,
-        c => format!("{route}, {c:?} between processes"),
-    }
 }
 
 #[cfg(test)]

@@ -2,19 +2,19 @@
 //! (docs/pipeline-spec.md describes the same).
 
 use riffle_connectors::{SinkConfig, SourceConfig};
-use riffle_operators::analytics::{LineCountConfig, ZoneConfig};
-use riffle_operators::cast::CastConfig;
-use riffle_operators::crop::CropConfig;
-use riffle_operators::decode::DecodeConfig;
-use riffle_operators::detections::DetectionsConfig;
-use riffle_operators::filter::FilterConfig;
-use riffle_operators::model::ModelConfig;
-use riffle_operators::rank::RankConfig;
-use riffle_operators::recs::CandidatesConfig;
-use riffle_operators::resize::ResizeConfig;
-use riffle_operators::select::SelectConfig;
-use riffle_operators::topk::TopKConfig;
-use riffle_operators::track::TrackConfig;
+use riffle_operators::inference::model::ModelConfig;
+use riffle_operators::tabular::cast::CastConfig;
+use riffle_operators::tabular::filter::FilterConfig;
+use riffle_operators::tabular::rank::RankConfig;
+use riffle_operators::tabular::recs::CandidatesConfig;
+use riffle_operators::tabular::select::SelectConfig;
+use riffle_operators::tabular::topk::TopKConfig;
+use riffle_operators::vision::analytics::{LineCountConfig, ZoneConfig};
+use riffle_operators::vision::crop::CropConfig;
+use riffle_operators::vision::decode::DecodeConfig;
+use riffle_operators::vision::detections::DetectionsConfig;
+use riffle_operators::vision::resize::ResizeConfig;
+use riffle_operators::vision::track::TrackConfig;
 use riffle_operators::StageKind;
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
@@ -97,7 +97,7 @@ stage_kinds! {
     /// One row per detected object with its pixel crop, for a second model.
     Crop(CropConfig),
     /// One `[k]` tensor column per row from k numeric columns or a list column.
-    Tensor(riffle_operators::tensor_stage::TensorConfig),
+    Tensor(riffle_operators::tabular::tensor_stage::TensorConfig),
     /// Columns cast to other element types (tensors element-wise, keeping their shape).
     Cast(CastConfig),
 }
@@ -109,71 +109,7 @@ impl StageSpec {
     }
 }
 
-/// `exchange:` — route each row to the worker owning its key, or, without a key, deal whole
-/// batches round-robin to all workers (rebalancing a skewed source) or to the listed `workers`
-/// (placing the stages that follow on them).
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExchangeConfig {
-    /// A string or integer column.
-    #[serde(default)]
-    pub key: Option<String>,
-    /// Only these workers run the stages after this exchange (up to the next one): global
-    /// worker indices, or a name from `runtime.placement`.
-    #[serde(default)]
-    pub workers: Option<Workers>,
-    /// How batches travel between processes: `none`, `fp16` (f32 tensors as f16) or `sparse`
-    /// (mostly-zero tensors as index/value pairs). Batches between threads are never encoded.
-    #[serde(default)]
-    pub compression: riffle_dataflow::Compression,
-    /// Route batches to the workers with the least measured delay (fed back through the
-    /// dataflow from the end of the stages that follow) instead of round-robin.
-    #[serde(default)]
-    pub balance: bool,
-    /// With `balance`: keep each key's rows of an epoch on one worker, so they stay in order.
-    #[serde(default)]
-    pub ordered_by: Option<String>,
-    /// Cut every batch into one slice per worker and send one to each, so every worker gets
-    /// its share of every batch however skewed the keys before were.
-    #[serde(default)]
-    pub spread: bool,
-    /// With `spread`: runs of equal adjacent values in this column (a click's candidates) are
-    /// never cut.
-    #[serde(default)]
-    pub together: Option<String>,
-}
-
-impl ExchangeConfig {
-    /// The workers this exchange places the following stages on, if it does; a name must be
-    /// a `runtime.placement` group.
-    pub fn placed_on(&self, runtime: &RuntimeConfig) -> Result<Option<Vec<usize>>, String> {
-        Ok(match &self.workers {
-            None => None,
-            Some(Workers::List(list)) => Some(list.clone()),
-            Some(Workers::Named(name)) => {
-                Some(runtime.placement.get(name).cloned().ok_or_else(|| {
-                    format!(
-                        "no placement `{name}` in runtime.placement (it has: {})",
-                        runtime
-                            .placement
-                            .keys()
-                            .cloned()
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })?)
-            }
-        })
-    }
-}
-
-/// Workers by index, or by the name of a `runtime.placement` group.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(untagged)]
-pub enum Workers {
-    List(Vec<usize>),
-    Named(String),
-}
+pub use crate::exchange::{ExchangeConfig, Workers};
 
 /// `runtime:` — how the pipeline runs. Command-line flags override these.
 #[derive(Clone, Debug, Deserialize, PartialEq)]

@@ -15,8 +15,9 @@ use riffle_operators::{FileKind, StageContext};
 
 use crate::env::{substitute, Redactions};
 use crate::error::PipelineError;
+use crate::exchange::column_list;
 use crate::locate::{parser_message, Locator};
-use crate::spec::{ExchangeConfig, PipelineSpec, RuntimeConfig, StageSpec};
+use crate::spec::{PipelineSpec, RuntimeConfig, StageSpec};
 
 /// A validated pipeline, ready to run.
 pub struct Pipeline {
@@ -274,8 +275,8 @@ fn validate(
             .unwrap_or_else(|| Arc::new(arrow_schema::Schema::empty()));
         let next = match &mut stage.value {
             StageSpec::Exchange(e) => {
-                placed = e.key.is_none() && e.workers.is_some();
-                check_exchange(e, &runtime, &previous)
+                placed = e.places();
+                e.check(&runtime.placement, &previous)
                     .map_err(|(key, message)| at.error(line, Some(key), field(key), message))?;
                 previous.clone()
             }
@@ -499,15 +500,6 @@ fn check_writable(path: &Path) -> Result<(), String> {
     }
 }
 
-fn column_list(schema: &SchemaRef) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| format!("{} ({})", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 fn with_columns(e: DataflowError, schema: &SchemaRef) -> DataflowError {
     match e {
         DataflowError::At { key, source } => DataflowError::At {
@@ -542,75 +534,4 @@ fn stage_error(
         }
         _ => at.error(line, None, field(""), e.to_string()),
     }
-}
-
-/// An exchange's settings against each other, the placement groups and the columns here:
-/// the offending key and what was expected.
-fn check_exchange(
-    e: &ExchangeConfig,
-    runtime: &RuntimeConfig,
-    schema: &SchemaRef,
-) -> Result<(), (&'static str, String)> {
-    if e.key.is_some() && e.workers.is_some() {
-        return Err((
-            "workers",
-            "give `key` (re-shard rows) or `workers` (place the next stages), not both".into(),
-        ));
-    }
-    if e.key.is_some() && e.balance {
-        return Err((
-            "balance",
-            "`key` routes every row by hash; `balance` cannot apply (use `ordered_by` to keep a \
-             key's rows in order)"
-                .into(),
-        ));
-    }
-    if e.spread && (e.key.is_some() || e.balance || e.workers.is_some()) {
-        return Err((
-            "spread",
-            "`spread` shares every batch among all workers; it cannot be combined with `key`, \
-             `balance` or `workers`"
-                .into(),
-        ));
-    }
-    if e.together.is_some() && !e.spread {
-        return Err((
-            "together",
-            "`together` keeps runs whole when a batch is cut: it needs `spread: true`".into(),
-        ));
-    }
-    for (key, column) in [("together", &e.together), ("ordered_by", &e.ordered_by)] {
-        if let Some(k) = column
-            .as_ref()
-            .filter(|k| schema.field_with_name(k).is_err())
-        {
-            return Err((
-                key,
-                format!("no column `{k}` here; columns are: {}", column_list(schema)),
-            ));
-        }
-    }
-    e.placed_on(runtime)
-        .map_err(|message| ("workers", message))?;
-    if let Some(key) = &e.key {
-        match schema.field_with_name(key).map(|f| f.data_type().clone()) {
-            Ok(t) if riffle_dataflow::operators::is_key_type(&t) => {}
-            Ok(t) => {
-                return Err((
-                    "key",
-                    format!("column `{key}` is {t}; expected a string or integer column"),
-                ))
-            }
-            Err(_) => {
-                return Err((
-                    "key",
-                    format!(
-                        "no column `{key}` here; columns are: {}",
-                        column_list(schema)
-                    ),
-                ))
-            }
-        }
-    }
-    Ok(())
 }

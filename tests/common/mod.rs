@@ -39,7 +39,7 @@ pub fn model(name: &str) -> PathBuf {
 
 /// Fails (never skips) when ONNX Runtime's library is missing, saying how to get it.
 pub fn require_onnx_runtime() {
-    let lib = riffle_operators::onnx::library_path();
+    let lib = riffle_operators::inference::onnx::library_path();
     assert!(
         lib.is_file(),
         "ONNX Runtime library not found at {}: run `scripts/setup.sh` (or set RIFFLE_ORT_LIB)",

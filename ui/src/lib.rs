@@ -10,23 +10,31 @@
 //!   the snapshot's boxes belong to) and `POST /api/report` (the other processes of a
 //!   cluster send their [`Report`]s here).
 //!
-//! The view is fed from the side of the dataflow ([`riffle_dataflow::live::LiveTap`]): frames
-//! are sampled at the source at a bounded rate per camera, results and dead letters are copied
-//! as they reach the sink; nothing waits for the page. Other processes run a [`PeerReporter`]
-//! that sends their stages' counters and sampled frames to process 0.
+//! The view is fed from the side of the dataflow: frames are sampled at the source at a bounded
+//! rate per camera, results and dead letters are copied as they reach the sink; nothing waits
+//! for the page. Other processes run a [`PeerReporter`] that sends their stages' counters and
+//! sampled frames to process 0.
+//!
+//! Where the feed comes from, in one hop: [`serve`] (with the page on) and
+//! [`PeerReporter::start`] put a [`LiveTap`] (`riffle_dataflow::observe::live`) in the
+//! [`RunContext`]'s `live` field (`riffle_dataflow::observe`, where both are defined). The
+//! caller hands that context to the run (`riffle_dataflow::runtime::run`), which feeds the tap
+//! from the source step (`dataflow/src/runtime/worker.rs`) and the sink operator
+//! (`dataflow/src/operators/write_to_sink.rs`). `/metrics` and `/readyz` read the same
+//! context's registry and readiness.
 //!
 //! ```no_run
-//! use riffle_dataflow::metrics::Metrics;
+//! use riffle_dataflow::observe::RunContext;
 //! use riffle_ui::{serve, ViewConfig};
 //!
-//! let metrics = Metrics::new()?;
-//! let view = serve("127.0.0.1:8080", metrics, ViewConfig {
+//! let mut context = RunContext::new()?;
+//! let view = serve("127.0.0.1:8080", &mut context, ViewConfig {
 //!     pipeline: "demo".into(),
 //!     page: true,
 //!     ..ViewConfig::default()
 //! })?;
 //! println!("open http://{}/", view.addr());
-//! // ... run the pipeline with the same `Metrics`, then:
+//! // ... run the pipeline with this `context` (it now holds the view's tap), then:
 //! view.finish();
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -52,8 +60,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use riffle_dataflow::live::LiveTap;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::live::LiveTap;
+use riffle_dataflow::observe::RunContext;
 use serde::Deserialize;
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::StreamExt;
@@ -89,7 +97,7 @@ pub struct ViewConfig {
 }
 
 struct Shared {
-    metrics: Arc<Metrics>,
+    context: RunContext,
     config: ViewConfig,
     hub: Mutex<Hub>,
     updates: tokio::sync::watch::Sender<Arc<str>>,
@@ -105,9 +113,14 @@ pub struct ViewServer {
 }
 
 /// Serves `/metrics`, `/healthz`, `/readyz` and, with `config.page`, the live view, on `addr`
-/// (port 0: any free port, see [`ViewServer::addr`]), from threads of its own. With the page
-/// on, a [`LiveTap`] is attached to `metrics`, so a run with these metrics feeds the view.
-pub fn serve(addr: &str, metrics: Arc<Metrics>, config: ViewConfig) -> Result<ViewServer, UiError> {
+/// (port 0: any free port, see [`ViewServer::addr`]), from threads of its own, reading
+/// `context`'s registry and readiness. With the page on, the view's [`LiveTap`] is put in
+/// `context.live` (or the tap already there is used), so the run handed `context` feeds it.
+pub fn serve(
+    addr: &str,
+    context: &mut RunContext,
+    config: ViewConfig,
+) -> Result<ViewServer, UiError> {
     let listener = std::net::TcpListener::bind(addr)
         .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|cause| UiError::Bind {
@@ -118,11 +131,7 @@ pub fn serve(addr: &str, metrics: Arc<Metrics>, config: ViewConfig) -> Result<Vi
         addr: addr.to_string(),
         cause,
     })?;
-    let tap = config.page.then(|| {
-        let tap = Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN));
-        metrics.attach_live(tap.clone());
-        tap
-    });
+    let tap = config.page.then(|| live_tap(context));
     let (updates, _) = tokio::sync::watch::channel(Arc::<str>::from("{}"));
     let shared = Arc::new(Shared {
         hub: Mutex::new(Hub::new(About {
@@ -130,7 +139,7 @@ pub fn serve(addr: &str, metrics: Arc<Metrics>, config: ViewConfig) -> Result<Vi
             plan: config.plan.clone(),
             processes: config.processes.max(1),
         })),
-        metrics,
+        context: context.clone(),
         config,
         updates,
     });
@@ -222,7 +231,7 @@ fn tick(shared: &Shared, tap: &LiveTap, reporter: &mut Reporter, last: bool) {
     let frames = std::mem::take(&mut drained.frames);
     let mut report = reporter.report(
         shared.config.process,
-        &shared.metrics,
+        &shared.context,
         shared.config.workers,
         frames,
     );
@@ -235,6 +244,15 @@ fn tick(shared: &Shared, tap: &LiveTap, reporter: &mut Reporter, last: bool) {
         hub.snapshot()
     };
     shared.updates.send_replace(Arc::from(snapshot.to_string()));
+}
+
+/// The tap in `context.live`, put there first if there is none: the run handed `context`
+/// feeds it.
+fn live_tap(context: &mut RunContext) -> Arc<LiveTap> {
+    context
+        .live
+        .get_or_insert_with(|| Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN)))
+        .clone()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -281,14 +299,14 @@ async fn asset(content_type: &'static str, body: &'static str) -> Response {
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    match shared.metrics.render_prometheus() {
+    match shared.context.metrics.render_prometheus() {
         Ok(body) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
 
 async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
-    let ready = shared.metrics.ready_workers();
+    let ready = shared.context.readiness.ready_workers();
     let want = shared.config.workers.max(1);
     if ready >= want {
         (
@@ -355,16 +373,16 @@ pub struct PeerReporter {
 }
 
 impl PeerReporter {
-    /// Attaches a tap to `metrics` and sends a report to `view` (`host:port` of process 0's
-    /// view) every [`TICK`] until [`PeerReporter::finish`].
+    /// Puts a tap in `context.live` (as [`serve`] does) and sends a report of `context` to
+    /// `view` (`host:port` of process 0's view) every [`TICK`] until [`PeerReporter::finish`].
     pub fn start(
         view: &str,
-        metrics: Arc<Metrics>,
+        context: &mut RunContext,
         process: usize,
         workers: usize,
     ) -> Result<Self, UiError> {
-        let tap = Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN));
-        metrics.attach_live(tap.clone());
+        let tap = live_tap(context);
+        let context = context.clone();
         let url = format!("http://{view}/api/report");
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -380,7 +398,7 @@ impl PeerReporter {
                 loop {
                     let last = flag.load(Ordering::SeqCst);
                     let mut report =
-                        reporter.report(process, &metrics, workers, tap.drain().frames);
+                        reporter.report(process, &context, workers, tap.drain().frames);
                     report.finished = last;
                     if let Err(e) = agent.post(&url).send_json(&report) {
                         // The view may not be up yet, or gone: the run goes on regardless.

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use hdrhistogram::Histogram;
-use riffle_dataflow::live::{Frame, FrameImage};
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::live::{Frame, FrameImage};
+use riffle_dataflow::observe::RunContext;
 use serde::{Deserialize, Serialize};
 
 /// One process's report.
@@ -18,7 +18,7 @@ pub struct Report {
     /// The process's run is over (its last report).
     pub finished: bool,
     pub stages: Vec<StageReport>,
-    /// Connector counters (`riffle_kafka_*`, `riffle_video_*`) by name and labels.
+    /// The counters and gauges sources and sinks registered (Kafka, video), by name and labels.
     pub connectors: Vec<(String, f64)>,
     pub frames: Vec<ReportFrame>,
     /// Resident memory of the process, bytes (0 where unknown).
@@ -75,11 +75,12 @@ impl Reporter {
     pub fn report(
         &mut self,
         process: usize,
-        metrics: &Metrics,
+        context: &RunContext,
         expected_workers: usize,
         frames: Vec<Frame>,
     ) -> Report {
-        let stages = metrics
+        let stages = context
+            .metrics
             .stages()
             .iter()
             .map(|stage| {
@@ -114,10 +115,10 @@ impl Reporter {
             .collect();
         Report {
             process,
-            ready: metrics.ready_workers() >= expected_workers,
+            ready: context.readiness.ready_workers() >= expected_workers,
             finished: false,
             stages,
-            connectors: metrics.connector_values(),
+            connectors: context.metrics.registered_values(),
             frames: frames.into_iter().filter_map(jpeg_frame).collect(),
             rss_bytes: rss_bytes(),
         }

@@ -1,5 +1,5 @@
 //! Commit and fence markers in a results topic, for brokers without transactions: the sink
-//! writes them ([`MarkerWriter`]), an exactly-once reader ([`super::committed`]) applies them.
+//! writes them (`MarkerWriter`), an exactly-once reader ([`super::committed`]) applies them.
 
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use prometheus::core::Collector;
 use prometheus::{IntCounterVec, IntGaugeVec, Opts};
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 /// Every Kafka metric, shared by all sources and sinks of the process.
@@ -73,18 +73,12 @@ pub(crate) fn kafka_metrics() -> DataflowResult<&'static KafkaMetrics> {
         .map_err(|e| DataflowError::Config(format!("kafka metrics: {e}")))
 }
 
-/// Registers the Kafka metrics with `metrics`; registering again (a source and a sink, or two
-/// sources) is not an error.
+/// Registers the Kafka metrics with the process's registry (from the factories'
+/// `attach_metrics`): served on `/metrics` and listed in the end-of-run summary. Registering
+/// again (a source and a sink, or two sources) is not an error.
 pub(crate) fn attach(metrics: &Metrics) -> DataflowResult<()> {
-    // `Metrics::register` reports errors as text; the duplicate case is recognised by the
-    // prometheus message it ends with.
-    let duplicate = prometheus::Error::AlreadyReg.to_string();
     for collector in kafka_metrics()?.collectors() {
-        match metrics.register(collector) {
-            Ok(()) => {}
-            Err(DataflowError::Config(message)) if message.ends_with(&duplicate) => {}
-            Err(e) => return Err(e),
-        }
+        metrics.register(collector)?;
     }
     Ok(())
 }
@@ -107,6 +101,14 @@ mod tests {
         assert!(
             text.contains("riffle_kafka_records_in_total{topic=\"metrics-test\"} 3"),
             "{text}"
+        );
+        let listed = metrics.summary(std::time::Duration::ZERO).connectors;
+        assert!(
+            listed.contains(&(
+                "riffle_kafka_records_in_total{topic=metrics-test}".to_string(),
+                3.0
+            )),
+            "{listed:?}"
         );
     }
 }

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use prometheus::core::Collector;
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 pub(crate) struct VideoMetrics {
@@ -93,17 +93,37 @@ pub(crate) fn video_metrics() -> DataflowResult<&'static VideoMetrics> {
         .map_err(|e| DataflowError::Config(format!("video metrics: {e}")))
 }
 
-/// Registers the video metrics with `metrics`; registering again is not an error.
+/// Registers the video metrics with the process's registry (from the factories'
+/// `attach_metrics`): served on `/metrics` and listed in the end-of-run summary. Registering
+/// again (two sources) is not an error.
 pub(crate) fn attach(metrics: &Metrics) -> DataflowResult<()> {
-    // `Metrics::register` reports errors as text; the duplicate case is recognised by the
-    // prometheus message it ends with.
-    let duplicate = prometheus::Error::AlreadyReg.to_string();
     for collector in video_metrics()?.collectors() {
-        match metrics.register(collector) {
-            Ok(()) => {}
-            Err(DataflowError::Config(message)) if message.ends_with(&duplicate) => {}
-            Err(e) => return Err(e),
-        }
+        metrics.register(collector)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_is_idempotent_and_the_summary_lists_them() {
+        let metrics = Metrics::new().unwrap();
+        attach(&metrics).unwrap();
+        attach(&metrics).unwrap();
+        video_metrics()
+            .unwrap()
+            .camera("metrics-test")
+            .dropped
+            .inc_by(2);
+        let listed = metrics.registered_values();
+        assert!(
+            listed.contains(&(
+                "riffle_video_frames_dropped_total{camera=metrics-test}".to_string(),
+                2.0
+            )),
+            "{listed:?}"
+        );
+    }
 }

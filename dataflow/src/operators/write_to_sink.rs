@@ -11,7 +11,7 @@ use timely::dataflow::ProbeHandle;
 use super::BatchStream;
 use crate::batch::now_ns;
 use crate::error::DataflowError;
-use crate::metrics::Metrics;
+use crate::observe::RunContext;
 use crate::sink::Sink;
 use crate::{Batch, BatchKind, Epoch};
 
@@ -41,13 +41,15 @@ pub trait WriteToSink<'scope> {
     /// complete, in epoch order, so that the sink's contents after epoch `e` are exactly the
     /// results of epochs ≤ `e` (what a checkpoint of `e` must match). Dead letters are written
     /// as they come. Returns a probe that passes an epoch once its results are written.
+    /// Reports to `context`: the sink's and dead letters' metrics, end-to-end latencies,
+    /// dead-letter reasons, and every result and dead letter to its live tap, if any.
     ///
     /// # Examples
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use arrow_array::{Int64Array, RecordBatch};
     /// use riffle_dataflow::{Batch, DataflowResult, Sink};
-    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::observe::RunContext;
     /// use riffle_dataflow::operators::{SinkOptions, WriteToSink};
     /// use timely::dataflow::operators::ToStream;
     ///
@@ -65,15 +67,15 @@ pub trait WriteToSink<'scope> {
     ///     vec![Batch::records(data, 0)]
     ///         .to_stream(scope)
     ///         .container::<Vec<_>>()
-    ///         .write_to_sink(options, Metrics::new().unwrap());
+    ///         .write_to_sink(options, RunContext::new().unwrap());
     /// });
     /// assert_eq!(*rows.lock().unwrap(), 2);
     /// ```
-    fn write_to_sink(self, options: SinkOptions, metrics: Arc<Metrics>) -> ProbeHandle<Epoch>;
+    fn write_to_sink(self, options: SinkOptions, context: RunContext) -> ProbeHandle<Epoch>;
 }
 
 impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
-    fn write_to_sink(self, options: SinkOptions, metrics: Arc<Metrics>) -> ProbeHandle<Epoch> {
+    fn write_to_sink(self, options: SinkOptions, context: RunContext) -> ProbeHandle<Epoch> {
         let SinkOptions {
             mut results,
             mut dead_letters,
@@ -84,6 +86,12 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
             mut live,
         } = options;
         let mut live_failed = false;
+        let RunContext {
+            metrics,
+            dead_letters: reasons,
+            live: tap,
+            ..
+        } = context;
         let sink_metrics = metrics.stage("sink");
         let dead_metrics = metrics.stage("dead-letters");
         let mut failed = false;
@@ -123,10 +131,10 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                     }
                                 }
                                 // A live view sees results as they arrive, before they commit.
-                                if let Some(live) = metrics.live() {
+                                if let Some(tap) = &tap {
                                     match batch.kind {
-                                        BatchKind::Records => live.results(&batch.data),
-                                        BatchKind::DeadLetters => live.dead_letters(&batch.data),
+                                        BatchKind::Records => tap.results(&batch.data),
+                                        BatchKind::DeadLetters => tap.dead_letters(&batch.data),
                                     }
                                 }
                                 match batch.kind {
@@ -139,7 +147,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                         pending.entry(epoch).or_default().push(batch)
                                     }
                                     BatchKind::DeadLetters if !failed => {
-                                        metrics.record_dead_letters(&batch.data);
+                                        reasons.record(&batch.data);
                                         let started = Instant::now();
                                         let Some(sink) = dead_letters.as_mut() else {
                                             continue;

@@ -10,11 +10,12 @@ use timely::dataflow::operators::{ConnectLoop, Feedback, Operator};
 
 use super::step::{Instrumented, JobStep, Route, Step, StepKind};
 use super::SlowWorker;
-use crate::metrics::Metrics;
+use crate::observe::registry::Metrics;
 use crate::operators::{
     ApplyStage, Balance, BatchStream, DynamicBatch, ExchangeByKey, Place, Rebalance, ServiceCell,
     Spread, StateUpdates,
 };
+use crate::state::SavedState;
 use crate::{Compression, DataflowError, DataflowResult, Epoch};
 
 /// One step as this worker runs it.
@@ -26,7 +27,10 @@ pub(crate) enum WorkerStep {
 }
 
 /// Checkpointed operator state by step name: the records and their counts.
-pub type Restored = BTreeMap<String, Vec<(String, isize)>>;
+pub type Restored = BTreeMap<String, SavedState>;
+
+/// A stateful step's state updates: its name, its records' kind and the updates.
+pub(crate) type StepState<'scope> = (String, &'static str, StateUpdates<'scope>);
 
 /// The steps worker `worker` (of `peers`) runs: its own stage instances, except for stages
 /// placed on other workers.
@@ -98,7 +102,7 @@ pub(crate) fn build_chain<'scope>(
     metrics: &Arc<Metrics>,
     restored: &Restored,
     first_epoch: Epoch,
-) -> DataflowResult<(BatchStream<'scope>, Vec<(String, StateUpdates<'scope>)>)> {
+) -> DataflowResult<(BatchStream<'scope>, Vec<StepState<'scope>>)> {
     let mut states = Vec::new();
     // A balanced exchange learns each worker's delay from the end of the stages after it.
     let mut feedback: Option<(LoadLoop<'scope>, ServiceCell)> = None;
@@ -126,10 +130,12 @@ pub(crate) fn build_chain<'scope>(
                 stream.dynamic_batch(stage, policy, metrics.stage(&name)?)
             }
             WorkerStep::Run(Step::Stateful(stage)) => {
-                let state = restored.get(&name).map_or(&[][..], Vec::as_slice);
+                let none = SavedState::default();
+                let state = restored.get(&name).unwrap_or(&none);
+                let kind = stage.state_kind();
                 let (out, updates) =
                     stage.attach(stream, metrics.stage(&name)?, state, first_epoch);
-                states.push((name, updates));
+                states.push((name, kind, updates));
                 out
             }
             WorkerStep::Exchange(route, compression) => {

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::checkpoint::{Checkpoint, CheckpointStore};
-use crate::operators::StateUpdates;
 use crate::sink::Recovery;
+use crate::state::{Envelope, SavedState};
 use crate::{Committer, DataflowError, DataflowResult, Epoch, SourceFactory};
 use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::Exchange;
@@ -24,7 +24,7 @@ use timely::dataflow::operators::vec::Map;
 use timely::dataflow::operators::{Concatenate, Operator, Probe};
 use timely::dataflow::{InputHandle, ProbeHandle, Scope};
 
-use super::chain::Restored;
+use super::chain::{Restored, StepState};
 use super::Job;
 
 /// Partition → next offset.
@@ -73,7 +73,7 @@ pub fn start(job: &Job, leader: bool) -> DataflowResult<Start> {
     };
     let Some(id) = job.source.checkpoint_id() else {
         return Err(DataflowError::Config(format!(
-            "{}: runtime.checkpoint needs a source that can resume from offsets (kafka)",
+            "{}: runtime.checkpoint needs a source that can resume from offsets",
             job.name
         )));
     };
@@ -163,12 +163,9 @@ fn restored_state(state: &BTreeMap<String, String>) -> DataflowResult<Restored> 
         let Some(stage) = key.strip_prefix(OPERATOR_PREFIX) else {
             continue;
         };
-        let records: Vec<(String, isize)> = serde_json::from_str(value).map_err(|e| {
-            DataflowError::Config(format!(
-                "checkpointed state of `{stage}` is unreadable: {e}"
-            ))
-        })?;
-        restored.insert(stage.to_string(), records);
+        let saved = SavedState::parse(value)
+            .map_err(|e| DataflowError::Config(format!("checkpointed state of `{stage}`: {e}")))?;
+        restored.insert(stage.to_string(), saved);
     }
     Ok(restored)
 }
@@ -183,19 +180,25 @@ pub struct OperatorState {
     received: Rc<RefCell<StateByEpoch>>,
     /// Stage → record → count, for the epochs folded in so far.
     current: BTreeMap<String, HashMap<String, isize>>,
+    /// Stage → its records' kind.
+    kinds: BTreeMap<String, &'static str>,
 }
 
 impl OperatorState {
     /// Gathers `streams` on worker 0.
     pub fn build<'scope>(
         scope: Scope<'scope, Epoch>,
-        streams: Vec<(String, StateUpdates<'scope>)>,
+        streams: Vec<StepState<'scope>>,
     ) -> OperatorState {
         let received: Rc<RefCell<StateByEpoch>> = Rc::default();
         let sink = received.clone();
-        let tagged = streams
-            .into_iter()
-            .map(|(name, updates)| updates.map(move |(record, diff)| (name.clone(), record, diff)));
+        let kinds = streams
+            .iter()
+            .map(|(name, kind, _)| (name.clone(), *kind))
+            .collect();
+        let tagged = streams.into_iter().map(|(name, _, updates)| {
+            updates.map(move |(record, diff)| (name.clone(), record, diff))
+        });
         let (probe, _) = scope
             .concatenate(tagged)
             .unary_frontier::<CapacityContainerBuilder<Vec<()>>, _, _, _>(
@@ -216,6 +219,7 @@ impl OperatorState {
             probe,
             received,
             current: BTreeMap::new(),
+            kinds,
         }
     }
 
@@ -243,15 +247,16 @@ impl OperatorState {
         }
     }
 
-    /// The state map entries for a checkpoint.
+    /// The state map entries for a checkpoint: each stage's records in the versioned envelope
+    /// ([`crate::state::Envelope`]).
     fn serialise(&self) -> DataflowResult<BTreeMap<String, String>> {
         let mut out = BTreeMap::new();
         for (stage, records) in &self.current {
-            let mut records: Vec<(&String, &isize)> = records.iter().collect();
-            records.sort();
-            let text = serde_json::to_string(&records).map_err(|e| {
-                DataflowError::Config(format!("serialising the state of `{stage}`: {e}"))
-            })?;
+            let kind = self.kinds.get(stage).copied().unwrap_or_default();
+            let records = records.iter().map(|(r, n)| (r.as_str(), *n));
+            let text = Envelope::new(kind, records)
+                .and_then(|e| e.to_text())
+                .map_err(|e| DataflowError::Config(format!("the state of `{stage}`: {e}")))?;
             out.insert(format!("{OPERATOR_PREFIX}{stage}"), text);
         }
         Ok(out)

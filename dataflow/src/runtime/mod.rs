@@ -33,7 +33,8 @@ pub use chain::Restored;
 pub use step::{BuildStep, JobStep, Route, StatefulStep, Step, StepKind};
 
 use crate::cluster::ClusterConfig;
-use crate::metrics::{Metrics, Summary};
+use crate::observe::summary::Summary;
+use crate::observe::RunContext;
 use crate::sink::SinkFactory;
 use crate::{DataflowError, SourceFactory};
 
@@ -109,7 +110,8 @@ pub fn stop_requested() -> bool {
 
 /// Runs the job to the end of its sources. Worker errors (a sink that cannot write, a source
 /// that fails) end the run and are returned; bad records never do: they go to the dead-letter
-/// sink.
+/// sink. The run reports to `context` (an `Arc<Metrics>` converts into one without a live tap):
+/// stage metrics, readiness, dead-letter reasons, and the live tap when a viewer put one there.
 ///
 /// # Examples
 /// The numbers 0..100 over two worker threads, doubled by one stage, collected by a sink
@@ -118,7 +120,7 @@ pub fn stop_requested() -> bool {
 /// # use std::sync::{Arc, Mutex};
 /// # use arrow_array::{cast::AsArray, types::Int64Type, ArrayRef, Int64Array, RecordBatch};
 /// # use arrow_schema::{DataType, Field, Schema, SchemaRef};
-/// # use riffle_dataflow::{cluster::ClusterConfig, metrics::Metrics, sink::SinkFactory};
+/// # use riffle_dataflow::{cluster::ClusterConfig, observe::RunContext, sink::SinkFactory};
 /// # use riffle_dataflow::{DataflowResult, Sink, Source, SourceBatch, SourceFactory, Stage, StageOutput};
 /// use riffle_dataflow::runtime::{run, EpochPolicy, Job, JobStep, Step, StepKind};
 /// # fn numbers(v: Vec<i64>) -> RecordBatch {
@@ -180,7 +182,7 @@ pub fn stop_requested() -> bool {
 ///     peer_timeout: std::time::Duration::from_secs(30),
 ///     slow_worker: None,
 /// };
-/// let report = run(Arc::new(job), &ClusterConfig::single_process(2), Metrics::new()?)?;
+/// let report = run(Arc::new(job), &ClusterConfig::single_process(2), RunContext::new()?)?;
 /// assert_eq!(report.workers, 2);
 /// let mut doubled = results.0.lock().unwrap().clone();
 /// doubled.sort();
@@ -200,9 +202,11 @@ pub(crate) struct StartGate {
 pub fn run(
     job: Arc<Job>,
     cluster: &ClusterConfig,
-    metrics: Arc<Metrics>,
+    context: impl Into<RunContext>,
 ) -> Result<RunReport, DataflowError> {
     let started = Instant::now();
+    let context: RunContext = context.into();
+    let metrics = &context.metrics;
     // Registered up front so the summary lists stages in pipeline order.
     metrics.stage("source")?;
     for step in &job.steps {
@@ -213,15 +217,16 @@ pub fn run(
     }
     metrics.stage("sink")?;
     metrics.stage("dead-letters")?;
-    job.source.attach_metrics(&metrics)?;
-    job.sink.attach_metrics(&metrics)?;
-    job.dead_letter.attach_metrics(&metrics)?;
+    // Sources and sinks register their own metrics with the registry.
+    job.source.attach_metrics(metrics)?;
+    job.sink.attach_metrics(metrics)?;
+    job.dead_letter.attach_metrics(metrics)?;
     // Worker 0, which opens the sink, lives in process 0.
     let start = Arc::new(checkpointing::start(&job, cluster.process == 0)?);
     let (builders, communication) = cluster.build().map_err(DataflowError::Cluster)?;
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();
-    let worker_metrics = metrics.clone();
+    let worker_context = context.clone();
     let gate = StartGate {
         ready: Arc::default(),
         workers: cluster.threads,
@@ -233,7 +238,7 @@ pub fn run(
         timely::WorkerConfig::default(),
         move |worker| {
             let result =
-                worker::run_worker(worker, &job, &start, &worker_metrics, &worker_errors, &gate);
+                worker::run_worker(worker, &job, &start, &worker_context, &worker_errors, &gate);
             if let Err(e) = result {
                 tracing::error!(worker = worker.index(), "{e}");
                 if let Ok(mut errs) = worker_errors.lock() {
@@ -284,7 +289,7 @@ pub fn run(
         return Err(e);
     }
     Ok(RunReport {
-        summary: metrics.summary(started.elapsed()),
+        summary: context.summary(started.elapsed()),
         workers: cluster.total_workers(),
     })
 }

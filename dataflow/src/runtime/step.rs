@@ -6,8 +6,12 @@ use std::time::{Duration, Instant};
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
-use crate::metrics::StageMetrics;
-use crate::operators::{service, BatchPolicy, BatchStream, ServiceCell, StateUpdates};
+use crate::observe::registry::StageMetrics;
+use crate::operators::{
+    service, BatchPolicy, BatchStream, Keyed, KeyedLogic, KeyedRecord, KeyedState, ServiceCell,
+    StateUpdates,
+};
+use crate::state::{SavedState, StateRecord};
 use crate::{Compression, DataflowResult, Epoch, Stage, StageOutput};
 
 /// One step of a job, as declared: a stage every worker builds for itself, or a move of
@@ -55,9 +59,13 @@ pub enum Step {
 
 /// A stage that keeps state across batches (features over a sliding window, tracks). The
 /// runtime checkpoints its state with every checkpoint and restores it, with any worker count,
-/// on resume. State is a multiset of records, reported as changes (`+1` in, `-1` out) at the
-/// epoch they happen; the runtime consolidates them up to each checkpointed epoch.
+/// on resume. State is a multiset of typed records ([`StateRecord`]), reported as changes
+/// (`+1` in, `-1` out) at the epoch they happen; the runtime consolidates them up to each
+/// checkpointed epoch and writes them in [`crate::state`]'s versioned envelope.
 pub trait StatefulStep: Send {
+    /// The [`StateRecord::KIND`] of its records, written with them.
+    fn state_kind(&self) -> &'static str;
+
     /// Attaches the operator to `stream`. `state` holds every record of the checkpoint resumed
     /// from (all workers' state: each worker keeps the records it owns), to be in place before
     /// `first_epoch`; empty on a fresh start. Returns the output and the state's changes.
@@ -69,9 +77,27 @@ pub trait StatefulStep: Send {
         self: Box<Self>,
         stream: BatchStream<'scope>,
         metrics: Arc<StageMetrics>,
-        state: &[(String, isize)],
+        state: &SavedState,
         first_epoch: Epoch,
     ) -> (BatchStream<'scope>, StateUpdates<'scope>);
+}
+
+/// State per key: [`KeyedState::keyed`] as a step.
+impl<L: KeyedLogic> StatefulStep for Keyed<L> {
+    fn state_kind(&self) -> &'static str {
+        KeyedRecord::<L::State>::KIND
+    }
+
+    fn attach<'scope>(
+        self: Box<Self>,
+        stream: BatchStream<'scope>,
+        metrics: Arc<StageMetrics>,
+        state: &SavedState,
+        first_epoch: Epoch,
+    ) -> (BatchStream<'scope>, StateUpdates<'scope>) {
+        let Keyed { logic, key } = *self;
+        stream.keyed(&key, logic, metrics, state, first_epoch)
+    }
 }
 
 /// Where an exchange sends rows.

@@ -16,8 +16,9 @@ use super::checkpointing::{Offsets, OPERATOR_PREFIX};
 use super::*;
 use crate::checkpoint::CheckpointStore;
 use crate::operators::worker_for;
+use crate::state::SavedState;
 use crate::{Compression, DataflowResult};
-use doubles::{key_of, Collect, CountPerKey, Failing, Numbers, Tag, Transactional, KEYS};
+use doubles::{key_of, Collect, CountPerKey, Failing, KeyCount, Numbers, Tag, Transactional, KEYS};
 
 /// A run that has not ended by then is hung: the test fails instead of blocking the suite.
 /// (A guard only; runs here take milliseconds.)
@@ -91,8 +92,8 @@ fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc
 fn run_on(job: Arc<Job>, workers: usize) -> DataflowResult<RunReport> {
     let (done, result) = mpsc::channel();
     std::thread::spawn(move || {
-        let metrics = Metrics::new().expect("metrics");
-        let _ = done.send(run(job, &ClusterConfig::single_process(workers), metrics));
+        let context = RunContext::new().expect("metrics");
+        let _ = done.send(run(job, &ClusterConfig::single_process(workers), context));
     });
     result
         .recv_timeout(HUNG)
@@ -122,8 +123,15 @@ fn latest(dir: &Path) -> (Offsets, Vec<(String, isize)>) {
     let state = checkpoint
         .state
         .get(&format!("{OPERATOR_PREFIX}count"))
-        .map(|s| serde_json::from_str(s).expect("state records"))
+        .map(|s| SavedState::parse(s).expect("state records"))
         .unwrap_or_default();
+    // As `key,count` texts, sorted.
+    let mut state: Vec<(String, isize)> = state
+        .records::<KeyCount>("count")
+        .into_iter()
+        .map(|(r, n)| (format!("{},{}", r.key, r.count), n))
+        .collect();
+    state.sort();
     (offsets, state)
 }
 

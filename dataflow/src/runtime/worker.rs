@@ -15,7 +15,7 @@ use super::liveness::Liveness;
 use super::Job;
 use crate::batch::now_ns;
 use crate::dead_letter;
-use crate::metrics::Metrics;
+use crate::observe::RunContext;
 use crate::operators::{SinkOptions, WriteToSink};
 use crate::{Batch, DataflowError, Epoch};
 
@@ -26,12 +26,13 @@ pub(crate) fn run_worker(
     worker: &mut timely::worker::Worker,
     job: &Job,
     start: &Start,
-    metrics: &Arc<Metrics>,
+    context: &RunContext,
     errors: &Arc<Mutex<Vec<DataflowError>>>,
     gate: &super::StartGate,
 ) -> Result<(), DataflowError> {
     let index = worker.index();
     let peers = worker.peers();
+    let metrics = &context.metrics;
     // Built first, and by every worker, so the dataflows match across the cluster.
     let mut liveness = Liveness::build(worker, job.peer_timeout);
     let steps = worker_steps(&job.steps, index, peers, job.slow_worker.as_ref())?;
@@ -97,7 +98,7 @@ pub(crate) fn run_worker(
         if !states.is_empty() && checkpointed {
             state = Some(OperatorState::build(scope, states));
         }
-        Ok::<_, DataflowError>(stream.write_to_sink(options, metrics.clone()))
+        Ok::<_, DataflowError>(stream.write_to_sink(options, context.clone()))
     })?;
 
     let mut positions =
@@ -122,7 +123,7 @@ pub(crate) fn run_worker(
     };
     let source_metrics = metrics.stage("source")?;
     let mut source = start.source.partition(index, peers)?;
-    metrics.worker_ready();
+    context.readiness.worker_ready();
     gate.ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     while gate.ready.load(std::sync::atomic::Ordering::SeqCst) < gate.workers && healthy(errors) {
         worker.step_or_park(Some(Duration::from_millis(1)));
@@ -177,7 +178,7 @@ pub(crate) fn run_worker(
             break;
         };
         let rows = batch.records.num_rows();
-        if let Some(live) = metrics.live() {
+        if let Some(live) = &context.live {
             live.sample_frames(&batch.records);
         }
         source_metrics.record_batch(rows, rows, batch.rejected.len(), read_started.elapsed());

@@ -13,11 +13,12 @@ use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::vec::Map;
 use timely::dataflow::operators::{Capability, Operator};
 
-use crate::metrics::StageMetrics;
+use crate::observe::registry::StageMetrics;
 use crate::operators::{worker_for, BatchStream, ExchangeByKey, StateUpdates};
 use crate::runtime::checkpointing::Offsets;
 use crate::runtime::StatefulStep;
 use crate::sink::SinkFactory;
+use crate::state::{encode, SavedState, StateRecord};
 use crate::{
     Batch, BatchKind, DataflowResult, Epoch, Sink, Source, SourceBatch, SourceFactory,
     SourcePosition, Stage, StageOutput,
@@ -289,23 +290,53 @@ enum Out {
     State(String, isize),
 }
 
+/// One key's count, as [`CountPerKey`] checkpoints it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyCount {
+    pub key: String,
+    pub count: i64,
+}
+
+impl StateRecord for KeyCount {
+    const KIND: &'static str = "count_per_key";
+
+    /// Format 1: `key,count`.
+    fn from_v1(text: &str) -> Option<Self> {
+        let (key, count) = text.split_once(',')?;
+        Some(KeyCount {
+            key: key.to_string(),
+            count: count.parse().ok()?,
+        })
+    }
+}
+
+/// A key's count as its state record's text.
+fn record(key: &str, count: i64) -> String {
+    let key = key.to_string();
+    encode(&KeyCount { key, count }).expect("a record")
+}
+
 impl StatefulStep for CountPerKey {
+    fn state_kind(&self) -> &'static str {
+        KeyCount::KIND
+    }
+
     fn attach<'scope>(
         self: Box<Self>,
         stream: BatchStream<'scope>,
         metrics: Arc<StageMetrics>,
-        state: &[(String, isize)],
+        state: &SavedState,
         first_epoch: Epoch,
     ) -> (BatchStream<'scope>, StateUpdates<'scope>) {
         let (index, peers) = (stream.scope().index(), stream.scope().peers());
         let owned: Vec<(String, i64)> = state
-            .iter()
+            .records::<KeyCount>("count")
+            .into_iter()
             .filter_map(|(record, multiplicity)| {
-                assert_eq!(*multiplicity, 1, "one record per key: {record}");
-                let (key, count) = record.split_once(',').expect("key,count");
-                let keys = StringArray::from(vec![key]);
+                assert_eq!(multiplicity, 1, "one record per key: {record:?}");
+                let keys = StringArray::from(vec![record.key.as_str()]);
                 let mine = worker_for(&keys, 0, peers).expect("a key") == index;
-                mine.then(|| (key.to_string(), count.parse().expect("a count")))
+                mine.then_some((record.key, record.count))
             })
             .collect();
         let out = stream
@@ -323,7 +354,7 @@ impl StatefulStep for CountPerKey {
                             let at = initial.delayed(&first_epoch.saturating_sub(1));
                             let mut session = output.session(&at);
                             for (key, count) in owned {
-                                session.give(Out::State(format!("{key},{count}"), 1));
+                                session.give(Out::State(record(&key, count), 1));
                                 counts.insert(key, count);
                             }
                         }
@@ -348,10 +379,10 @@ impl StatefulStep for CountPerKey {
                                 for key in keys.as_string::<i32>().iter().flatten() {
                                     let count = counts.entry(key.to_string()).or_default();
                                     if *count > 0 {
-                                        session.give(Out::State(format!("{key},{count}"), -1));
+                                        session.give(Out::State(record(key, *count), -1));
                                     }
                                     *count += 1;
-                                    session.give(Out::State(format!("{key},{count}"), 1));
+                                    session.give(Out::State(record(key, *count), 1));
                                     running.push(*count);
                                 }
                                 let counted = with_column(
@@ -380,7 +411,7 @@ impl StatefulStep for CountPerKey {
     }
 }
 
-/// A transactional destination, as Kafka's: rows go into an open transaction; a commit makes
+/// A transactional destination, as a broker's: rows go into an open transaction; a commit makes
 /// them final and records its checkpoint's epoch; `recover` (a restart) aborts whatever was
 /// open and answers with the last commit. Each commit checks the two-phase invariant: the
 /// rows committed so far are exactly those the checkpoint of its epoch covers.

@@ -1,0 +1,96 @@
+//! Observation of a run: what it measures and shows while it computes, kept apart from the
+//! computing. A [`RunContext`] is made before the run, handed to [`crate::runtime::run`], and
+//! the runtime reports into it:
+//!
+//! - [`registry`]: the process's Prometheus registry ([`Metrics`]): per-stage counters and
+//!   latency histograms, and the collectors sources and sinks register themselves
+//!   ([`Metrics::register`], called from their factories' `attach_metrics`);
+//! - [`readiness`]: the workers that have built their dataflow (`/readyz`);
+//! - [`dead_letters`]: dead letters counted by stage and reason;
+//! - [`summary`]: the end-of-run figures and the table `riffle run` prints;
+//! - [`live`]: the live tap, a bounded side channel of sampled frames and latest results that
+//!   a viewer puts in [`RunContext::live`].
+
+pub mod dead_letters;
+pub mod live;
+pub mod readiness;
+pub mod registry;
+pub mod summary;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use self::dead_letters::DeadLetterReasons;
+use self::live::LiveTap;
+use self::readiness::Readiness;
+use self::registry::Metrics;
+use self::summary::Summary;
+use crate::DataflowResult;
+
+/// Where a run reports: handed to [`crate::runtime::run`] (and from there to every worker and
+/// the sink operator), shared with whoever serves or shows it (`/metrics`, `/readyz`, a live
+/// view). Cloning shares the same parts.
+///
+/// # Examples
+/// ```
+/// use std::sync::Arc;
+/// use riffle_dataflow::observe::live::LiveTap;
+/// use riffle_dataflow::observe::RunContext;
+///
+/// // A viewer's tap goes into the context; `runtime::run(job, &cluster, context.clone())`
+/// // then samples frames into it at the source and copies results into it at the sink.
+/// let context = RunContext::new()?.with_live(Arc::new(LiveTap::new(2.0, 50)));
+/// let drained = context.live.as_ref().map(|tap| tap.drain());
+/// assert!(drained.is_some_and(|d| d.frames.is_empty()));
+/// assert_eq!(context.readiness.ready_workers(), 0);
+/// # Ok::<(), riffle_dataflow::DataflowError>(())
+/// ```
+#[derive(Clone)]
+pub struct RunContext {
+    /// Counters and histograms per stage, and sources' and sinks' own metrics.
+    pub metrics: Arc<Metrics>,
+    /// Workers of this process ready to read.
+    pub readiness: Arc<Readiness>,
+    /// Dead letters by stage and reason.
+    pub dead_letters: Arc<DeadLetterReasons>,
+    /// A viewer's tap, fed by the source step and the sink operator; `None`: nothing is
+    /// sampled or copied for a viewer.
+    pub live: Option<Arc<LiveTap>>,
+}
+
+impl RunContext {
+    /// A context with a registry of its own and no live tap.
+    pub fn new() -> DataflowResult<Self> {
+        Ok(Metrics::new()?.into())
+    }
+
+    /// The same context, feeding `tap`.
+    pub fn with_live(mut self, tap: Arc<LiveTap>) -> Self {
+        self.live = Some(tap);
+        self
+    }
+
+    /// The end-of-run figures: the registry's, with the dead-letter reasons.
+    pub fn summary(&self, elapsed: Duration) -> Summary {
+        let mut summary = self.metrics.summary(elapsed);
+        summary.dead_letter_reasons = self.dead_letters.commonest();
+        summary
+    }
+}
+
+/// A context reporting to `metrics`, with no live tap.
+impl From<Arc<Metrics>> for RunContext {
+    fn from(metrics: Arc<Metrics>) -> Self {
+        RunContext {
+            metrics,
+            readiness: Arc::default(),
+            dead_letters: Arc::default(),
+            live: None,
+        }
+    }
+}
+
+// A poisoned lock only means another worker panicked mid-update; the counts are still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,617 @@
+//! The dense-graph executor on a CUDA GPU: matrix products with cuBLAS, the other ops as NVRTC
+//! kernels compiled at start, weights uploaded once. Outputs must match
+//! [`crate::inference::dense::DenseGraph::run_cpu`] (and so ONNX Runtime on CPU) within 1e-4; `riffle
+//! gpu-check` compares them on a GPU host. Needs the CUDA driver, NVRTC and cuBLAS libraries
+//! (loaded at run time; [`riffle_gpu::discover`] says whether there is a GPU at all).
+//!
+//! The executor (`Dense`) walks the graph and builds every launch's grid and arguments over
+//! [`riffle_gpu::GpuDevice`]: [`riffle_gpu::CudaDevice`] maps it onto cudarc, and the tests
+//! run the same code on the CPU kernel emulator (`riffle_gpu::emulated`, feature `emulator`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{sys::cublasOperation_t, GemmConfig};
+use cudarc::driver::LaunchConfig;
+use riffle_dataflow::DataflowResult;
+use riffle_gpu::{check_gpu, Arg, CudaDevice, GpuDevice, Kernels, Stream};
+
+use crate::gpu_error;
+use crate::inference::dense::{
+    attr, attr_f, attr_i, axes, err, gather_rows_of, scatter_rows, shapes, Data, DenseGraph,
+    RowShards, Tensor,
+};
+
+/// The executor's kernels (`gpu/kernels/dense.cu`), compiled and loaded on each of its GPUs.
+const KERNEL_SET: Kernels = riffle_gpu::kernels::DENSE;
+
+enum DData<D: GpuDevice> {
+    F32(Arc<D::Buf<f32>>),
+    I64(Arc<D::Buf<i64>>),
+}
+
+// By hand: derived, they would ask for `D: Clone`.
+impl<D: GpuDevice> Clone for DData<D> {
+    fn clone(&self) -> Self {
+        match self {
+            DData::F32(s) => DData::F32(s.clone()),
+            DData::I64(s) => DData::I64(s.clone()),
+        }
+    }
+}
+
+/// A tensor on a device.
+struct DTensor<D: GpuDevice> {
+    shape: Vec<usize>,
+    data: DData<D>,
+}
+
+impl<D: GpuDevice> Clone for DTensor<D> {
+    fn clone(&self) -> Self {
+        DTensor {
+            shape: self.shape.clone(),
+            data: self.data.clone(),
+        }
+    }
+}
+
+impl<D: GpuDevice> DTensor<D> {
+    fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn f32(&self) -> DataflowResult<&D::Buf<f32>> {
+        match &self.data {
+            DData::F32(s) => Ok(s),
+            DData::I64(_) => Err(err("expected a float tensor on the GPU, found int64")),
+        }
+    }
+
+    fn with_f32(shape: Vec<usize>, buf: D::Buf<f32>) -> DTensor<D> {
+        DTensor {
+            shape,
+            data: DData::F32(Arc::new(buf)),
+        }
+    }
+}
+
+/// A dense graph loaded onto one GPU, its embedding tables optionally spread over several.
+pub struct CudaDense {
+    dense: Dense<CudaDevice>,
+}
+
+/// The executor over any [`GpuDevice`]: the graph, its weights on `device`, and its embedding
+/// tables when they are split over devices.
+struct Dense<D: GpuDevice> {
+    graph: DenseGraph,
+    device: D,
+    weights: HashMap<String, DTensor<D>>,
+    tables: HashMap<String, DeviceTable<D>>,
+}
+
+/// An embedding table split by row range, part `k` on its own device.
+struct DeviceTable<D: GpuDevice> {
+    rows: RowShards,
+    /// Values per row and the shape of a row.
+    width: usize,
+    row_shape: Vec<usize>,
+    parts: Vec<TablePart<D>>,
+}
+
+struct TablePart<D: GpuDevice> {
+    device: Arc<D>,
+    values: D::Buf<f32>,
+}
+
+impl CudaDense {
+    /// Compiles the kernels and uploads the weights to GPU `ordinal`.
+    pub fn new(graph: DenseGraph, ordinal: usize) -> DataflowResult<CudaDense> {
+        Self::with_tables_on(graph, ordinal, &[])
+    }
+
+    /// As [`CudaDense::new`], with the embedding tables split by row range over
+    /// `table_devices` (one part per GPU) when it names more than one: tables larger than one
+    /// GPU's memory, or kept off the GPU that runs the dense layers.
+    pub fn with_tables_on(
+        graph: DenseGraph,
+        ordinal: usize,
+        table_devices: &[usize],
+    ) -> DataflowResult<CudaDense> {
+        // Every GPU asked for exists before any is touched.
+        check_gpu(KERNEL_SET.stage, ordinal).map_err(gpu_error)?;
+        for d in table_devices {
+            check_gpu(KERNEL_SET.stage, *d).map_err(gpu_error)?;
+        }
+        let kernels = KERNEL_SET.compile(ordinal).map_err(gpu_error)?;
+        let device = CudaDevice::open(ordinal, &kernels, Stream::Default)
+            .map_err(gpu_error)?
+            .with_blas()
+            .map_err(gpu_error)?;
+        let parts = if table_devices.len() > 1 {
+            table_devices
+                .iter()
+                .map(|d| CudaDevice::open(*d, &kernels, Stream::Default).map_err(gpu_error))
+                .collect::<DataflowResult<_>>()?
+        } else {
+            Vec::new()
+        };
+        Ok(CudaDense {
+            dense: Dense::new(graph, device, parts)?,
+        })
+    }
+
+    /// The graph's output names, in the order [`CudaDense::run`] returns them.
+    pub fn output_names(&self) -> &[String] {
+        &self.dense.graph.outputs
+    }
+
+    /// Runs the graph on the GPU: inputs from host memory, outputs back to it.
+    pub fn run(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
+        self.dense.run(inputs)
+    }
+}
+
+/// Rows `local` (each within `table`, `width` values a row) gathered into a new buffer.
+fn gather_rows<D: GpuDevice>(
+    device: &D,
+    table: &D::Buf<f32>,
+    local: &[i64],
+    width: usize,
+) -> DataflowResult<D::Buf<f32>> {
+    let total = local.len() * width;
+    let idx = device.upload(local).map_err(gpu_error)?;
+    let out = device.alloc_zeros::<f32>(total).map_err(gpu_error)?;
+    let args = [
+        Arg::F32(table),
+        Arg::I64(&idx),
+        Arg::F32(&out),
+        Arg::Int(width as i32),
+        Arg::Int(total as i32),
+    ];
+    // SAFETY: the kernel checks its thread index against `total`; `out` holds `total` values,
+    // `idx` one per row of them, and the callers give only rows of `table` (indices checked and
+    // wrapped, or routed to their part, on the host).
+    unsafe {
+        device.launch(
+            "gather_f32",
+            LaunchConfig::for_num_elems(total as u32),
+            &args,
+        )
+    }
+    .map_err(gpu_error)?;
+    Ok(out)
+}
+
+impl<D: GpuDevice> Dense<D> {
+    /// Uploads the weights to `device`. With more than one of `table_devices`, the embedding
+    /// tables are split by row range into as many parts, part `k` uploaded to
+    /// `table_devices[k]`, and the host copies dropped (these tables can be large).
+    fn new(mut graph: DenseGraph, device: D, table_devices: Vec<D>) -> DataflowResult<Dense<D>> {
+        if table_devices.len() > 1 {
+            graph.split_tables(table_devices.len())?;
+        }
+        let mut weights = HashMap::new();
+        for (name, t) in &graph.weights {
+            weights.insert(name.clone(), upload(&device, t)?);
+        }
+        let table_devices: Vec<Arc<D>> = table_devices.into_iter().map(Arc::new).collect();
+        let mut tables = HashMap::new();
+        for (name, split) in std::mem::take(&mut graph.split) {
+            let row_shape = split
+                .parts
+                .first()
+                .and_then(|p| p.shape.get(1..))
+                .map(<[usize]>::to_vec)
+                .unwrap_or_default();
+            let mut parts = Vec::with_capacity(split.parts.len());
+            for (k, part) in split.parts.iter().enumerate() {
+                let device = table_devices
+                    .get(k)
+                    .ok_or_else(|| err(format!("table `{name}`: no device for part {k}")))?;
+                parts.push(TablePart {
+                    values: device.upload(part.as_f32()?).map_err(gpu_error)?,
+                    device: device.clone(),
+                });
+            }
+            tables.insert(
+                name,
+                DeviceTable {
+                    rows: split.rows,
+                    width: row_shape.iter().product(),
+                    row_shape,
+                    parts,
+                },
+            );
+        }
+        Ok(Dense {
+            graph,
+            device,
+            weights,
+            tables,
+        })
+    }
+
+    /// A Gather from a table split over devices: each part's device gathers its rows, which
+    /// come back through the host into one tensor on the main device. (Peer-to-peer copies
+    /// would skip the host; the rows are few next to the tables.)
+    fn gather_split(&self, table: &DeviceTable<D>, indices: &Tensor) -> DataflowResult<DTensor<D>> {
+        let routes = table.rows.route(indices.as_i64()?)?;
+        let width = table.width;
+        let mut host = vec![0f32; indices.len() * width];
+        for (part, route) in table.parts.iter().zip(&routes) {
+            if route.local.is_empty() || width == 0 {
+                continue;
+            }
+            let device = part.device.as_ref();
+            let total = route.local.len() * width;
+            let out = gather_rows(device, &part.values, &route.local, width)?;
+            let rows = device.download(&out, total).map_err(gpu_error)?;
+            scatter_rows(&mut host, width, &route.positions, &rows)?;
+        }
+        let mut shape = indices.shape.clone();
+        shape.extend_from_slice(&table.row_shape);
+        upload(&self.device, &Tensor::f32(shape, host))
+    }
+
+    /// Runs the graph: inputs from host memory, outputs back to it.
+    fn run(&self, inputs: &[(&str, Tensor)]) -> DataflowResult<Vec<Tensor>> {
+        // Small integer tensors (axes) are also kept on the host, where the ops read them.
+        let mut host: HashMap<String, Tensor> = self
+            .graph
+            .weights
+            .iter()
+            .filter(|(_, t)| matches!(t.data, Data::I64(_)))
+            .map(|(n, t)| (n.clone(), t.clone()))
+            .collect();
+        let mut values: HashMap<String, DTensor<D>> = HashMap::new();
+        for (name, t) in inputs {
+            values.insert(name.to_string(), upload(&self.device, t)?);
+            host.insert(name.to_string(), t.clone());
+        }
+        for node in &self.graph.nodes {
+            let out_name = node
+                .output
+                .first()
+                .ok_or_else(|| err(format!("{} has no output", node.op_type)))?
+                .clone();
+            if node.op_type == "Constant" {
+                let t = attr(node, "value")
+                    .and_then(|a| a.t.as_ref())
+                    .ok_or_else(|| err("Constant without a tensor `value`"))?;
+                let t = Tensor::from_proto(t)?;
+                values.insert(out_name.clone(), upload(&self.device, &t)?);
+                host.insert(out_name, t);
+                continue;
+            }
+            let get = |i: usize| -> DataflowResult<&DTensor<D>> {
+                let name = node
+                    .input
+                    .get(i)
+                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
+                values
+                    .get(name)
+                    .or_else(|| self.weights.get(name))
+                    .ok_or_else(|| err(format!("{}: no value `{name}`", node.op_type)))
+            };
+            let host_get = |i: usize| -> DataflowResult<&Tensor> {
+                let name = node
+                    .input
+                    .get(i)
+                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
+                host.get(name)
+                    .ok_or_else(|| err(format!("{}: `{name}` must be a constant", node.op_type)))
+            };
+            let split = node
+                .input
+                .first()
+                .and_then(|n| self.tables.get(n))
+                .filter(|_| node.op_type == "Gather");
+            let out = match split {
+                Some(table) => {
+                    let indices = match host_get(1) {
+                        Ok(t) => t.clone(),
+                        Err(_) => download(&self.device, get(1)?)?,
+                    };
+                    self.gather_split(table, &indices)?
+                }
+                None => self.run_node(node, &get, &host_get)?,
+            };
+            values.insert(out_name, out);
+        }
+        self.graph
+            .outputs
+            .iter()
+            .map(|o| {
+                let t = values
+                    .get(o)
+                    .ok_or_else(|| err(format!("output `{o}` was not computed")))?;
+                download(&self.device, t)
+            })
+            .collect()
+    }
+
+    fn run_node<'a>(
+        &self,
+        node: &crate::inference::dense::proto::NodeProto,
+        get: &dyn Fn(usize) -> DataflowResult<&'a DTensor<D>>,
+        host_get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
+    ) -> DataflowResult<DTensor<D>> {
+        let op = node.op_type.as_str();
+        let device = &self.device;
+        let reshape = |x: &DTensor<D>, shape: Vec<usize>| DTensor {
+            shape,
+            data: x.data.clone(),
+        };
+        Ok(match op {
+            "Identity" => get(0)?.clone(),
+            "Gather" => {
+                let (data, indices) = (get(0)?, get(1)?);
+                // Indices are checked and negative ones wrapped on the host: the kernel must
+                // never read outside the table. They are graph inputs, so already there, except
+                // when the graph computes them.
+                let host_idx = match host_get(1) {
+                    Ok(t) => t.clone(),
+                    Err(_) => download(device, indices)?,
+                };
+                let local: Vec<i64> = gather_rows_of(node, &data.shape, host_idx.as_i64()?)?
+                    .into_iter()
+                    .map(|r| r as i64)
+                    .collect();
+                let row_shape = data
+                    .shape
+                    .get(1..)
+                    .ok_or_else(|| err("Gather of a scalar"))?;
+                let width: usize = row_shape.iter().product();
+                let total = indices.len() * width;
+                let out = if total > 0 {
+                    gather_rows(device, data.f32()?, &local, width)?
+                } else {
+                    device.alloc_zeros::<f32>(1).map_err(gpu_error)?
+                };
+                let mut shape = indices.shape.clone();
+                shape.extend_from_slice(row_shape);
+                DTensor::with_f32(shape, out)
+            }
+            "Add" | "Sub" | "Mul" | "Div" => {
+                let code = ["Add", "Sub", "Mul", "Div"]
+                    .iter()
+                    .position(|o| *o == op)
+                    .unwrap_or(0) as i32;
+                self.binary(get(0)?, get(1)?, code)?
+            }
+            "Relu" | "Sigmoid" => {
+                let x = get(0)?;
+                let n = x.len();
+                let out = device.alloc_zeros::<f32>(n.max(1)).map_err(gpu_error)?;
+                let args = [
+                    Arg::F32(x.f32()?),
+                    Arg::F32(&out),
+                    Arg::Int(i32::from(op == "Sigmoid")),
+                    Arg::Int(n as i32),
+                ];
+                // SAFETY: the kernel checks its thread index against `n`, and both buffers
+                // hold `n` values.
+                unsafe {
+                    device.launch(
+                        "unary_f32",
+                        LaunchConfig::for_num_elems(n.max(1) as u32),
+                        &args,
+                    )
+                }
+                .map_err(gpu_error)?;
+                DTensor::with_f32(x.shape.clone(), out)
+            }
+            "ReduceSum" => {
+                let x = get(0)?;
+                let rank = x.shape.len();
+                let host_axes = |i: usize| host_get(i);
+                let mut reduce = axes(node, &host_axes, rank)?;
+                if reduce.is_empty() {
+                    reduce = (0..rank).collect();
+                }
+                reduce.sort_unstable();
+                // A scalar has no axes (`reduce` is empty): it is its own sum.
+                let first = reduce.first().copied().unwrap_or(rank);
+                if reduce != (first..rank).collect::<Vec<_>>() {
+                    return Err(err("ReduceSum on the GPU: only trailing axes"));
+                }
+                let (kept, reduced) = x
+                    .shape
+                    .split_at_checked(first)
+                    .ok_or_else(|| err("ReduceSum: axis out of range"))?;
+                let outer: usize = kept.iter().product();
+                let inner: usize = reduced.iter().product();
+                let out = device.alloc_zeros::<f32>(outer.max(1)).map_err(gpu_error)?;
+                let args = [
+                    Arg::F32(x.f32()?),
+                    Arg::F32(&out),
+                    Arg::Int(outer as i32),
+                    Arg::Int(inner as i32),
+                ];
+                // SAFETY: the kernel checks its thread index against `outer`; `out` holds
+                // `outer` values and `x` `outer * inner`.
+                unsafe {
+                    device.launch(
+                        "reduce_inner_f32",
+                        LaunchConfig::for_num_elems(outer.max(1) as u32),
+                        &args,
+                    )
+                }
+                .map_err(gpu_error)?;
+                let mut shape = kept.to_vec();
+                if attr_i(node, "keepdims", 1) != 0 {
+                    shape.extend(std::iter::repeat_n(1, rank - first));
+                }
+                DTensor::with_f32(shape, out)
+            }
+            "Squeeze" | "Unsqueeze" | "Flatten" => {
+                let x = get(0)?;
+                let rank = x.shape.len();
+                let host_axes = |i: usize| host_get(i);
+                let shape = match op {
+                    "Squeeze" => shapes::squeeze(&x.shape, &axes(node, &host_axes, rank)?),
+                    "Unsqueeze" => shapes::unsqueeze(&x.shape, axes(node, &host_axes, rank + 1)?),
+                    _ => shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
+                };
+                reshape(x, shape)
+            }
+            "Concat" => {
+                let parts: Vec<&DTensor<D>> = (0..node.input.len())
+                    .map(get)
+                    .collect::<DataflowResult<_>>()?;
+                let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
+                let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
+                // `concat` checked that every part has the axis.
+                let dst_chunk: usize = shape.get(axis..).unwrap_or_default().iter().product();
+                let out = device
+                    .alloc_zeros::<f32>((outer * dst_chunk).max(1))
+                    .map_err(gpu_error)?;
+                let mut offset = 0usize;
+                for p in &parts {
+                    let chunk: usize = p.shape.get(axis..).unwrap_or_default().iter().product();
+                    let args = [
+                        Arg::F32(p.f32()?),
+                        Arg::F32(&out),
+                        Arg::Int(outer as i32),
+                        Arg::Int(chunk as i32),
+                        Arg::Int(dst_chunk as i32),
+                        Arg::Int(offset as i32),
+                    ];
+                    // SAFETY: the kernel checks its thread index against `outer * chunk`, the
+                    // part's size; it writes row `o` at `o * dst_chunk + offset` and on, up to
+                    // `offset + chunk <= dst_chunk`, within `out`'s `outer * dst_chunk`.
+                    unsafe {
+                        device.launch(
+                            "copy_block_f32",
+                            LaunchConfig::for_num_elems((outer * chunk).max(1) as u32),
+                            &args,
+                        )
+                    }
+                    .map_err(gpu_error)?;
+                    offset += chunk;
+                }
+                DTensor::with_f32(shape, out)
+            }
+            "Gemm" | "MatMul" => {
+                let (a, b) = (get(0)?, get(1)?);
+                let gemm = op == "Gemm";
+                let ta = gemm && attr_i(node, "transA", 0) != 0;
+                let tb = gemm && attr_i(node, "transB", 0) != 0;
+                let alpha = if gemm {
+                    attr_f(node, "alpha", 1.0)
+                } else {
+                    1.0
+                };
+                if gemm && attr_f(node, "beta", 1.0) != 1.0 {
+                    return Err(err("Gemm on the GPU: beta must be 1"));
+                }
+                let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
+                let mut out = device
+                    .alloc_zeros::<f32>((m * n).max(1))
+                    .map_err(gpu_error)?;
+                let cfg = row_major_gemm(m, k, n, ta, tb, alpha);
+                // SAFETY: the dimensions and leading dimensions above describe the buffers.
+                unsafe { device.gemm(cfg, b.f32()?, a.f32()?, &mut out) }.map_err(gpu_error)?;
+                let product = DTensor::with_f32(vec![m, n], out);
+                if gemm && node.input.get(2).is_some_and(|name| !name.is_empty()) {
+                    self.binary(&product, get(2)?, 0)?
+                } else {
+                    product
+                }
+            }
+            other => return Err(err(format!("op `{other}` is not supported on the GPU"))),
+        })
+    }
+
+    /// Elementwise op `code` (0 add, 1 sub, 2 mul, 3 div) with broadcasting, up to 4-D.
+    fn binary(&self, a: &DTensor<D>, b: &DTensor<D>, code: i32) -> DataflowResult<DTensor<D>> {
+        let rank = a.shape.len().max(b.shape.len());
+        if rank > 4 {
+            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
+        }
+        let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
+        // Padded to rank 4, and the output's `rank` axes the last of them.
+        let (&[_, d1, d2, d3], Some(out_shape)) = (shape.as_slice(), shape.get(4 - rank..)) else {
+            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
+        };
+        let total: usize = shape.iter().product();
+        let out = self
+            .device
+            .alloc_zeros::<f32>(total.max(1))
+            .map_err(gpu_error)?;
+        let mut args = vec![
+            Arg::F32(a.f32()?),
+            Arg::F32(b.f32()?),
+            Arg::F32(&out),
+            Arg::Int(code),
+            Arg::Int(total as i32),
+            Arg::Int(d1 as i32),
+            Arg::Int(d2 as i32),
+            Arg::Int(d3 as i32),
+        ];
+        args.extend(sa.iter().chain(&sb).map(|s| Arg::Int(*s as i32)));
+        // SAFETY: the kernel checks its thread index against `total`, `out`'s size; the
+        // broadcast strides (0 along broadcast axes) keep the reads within `a` and `b`.
+        unsafe {
+            self.device.launch(
+                "binary_f32",
+                LaunchConfig::for_num_elems(total.max(1) as u32),
+                &args,
+            )
+        }
+        .map_err(gpu_error)?;
+        Ok(DTensor::with_f32(out_shape.to_vec(), out))
+    }
+}
+
+/// cuBLAS is column-major. Row-major C = op(A)·op(B) (m×k times k×n) is column-major
+/// Cᵀ = op(B)ᵀ·op(A)ᵀ: the same buffers, passed with B first.
+fn row_major_gemm(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32) -> GemmConfig<f32> {
+    let op = |t: bool| {
+        if t {
+            cublasOperation_t::CUBLAS_OP_T
+        } else {
+            cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    GemmConfig {
+        transa: op(tb),
+        transb: op(ta),
+        m: n as i32,
+        n: m as i32,
+        k: k as i32,
+        alpha,
+        lda: if tb { k as i32 } else { n as i32 },
+        ldb: if ta { m as i32 } else { k as i32 },
+        beta: 0.0f32,
+        ldc: n as i32,
+    }
+}
+
+fn upload<D: GpuDevice>(device: &D, t: &Tensor) -> DataflowResult<DTensor<D>> {
+    let data = match &t.data {
+        Data::F32(v) => DData::F32(Arc::new(device.upload(v).map_err(gpu_error)?)),
+        Data::I64(v) => DData::I64(Arc::new(device.upload(v).map_err(gpu_error)?)),
+    };
+    Ok(DTensor {
+        shape: t.shape.clone(),
+        data,
+    })
+}
+
+/// `t` in host memory (its buffer may be longer: empty tensors get one element).
+fn download<D: GpuDevice>(device: &D, t: &DTensor<D>) -> DataflowResult<Tensor> {
+    Ok(match &t.data {
+        DData::F32(s) => Tensor::f32(
+            t.shape.clone(),
+            device.download(s, t.len()).map_err(gpu_error)?,
+        ),
+        DData::I64(s) => Tensor::i64(
+            t.shape.clone(),
+            device.download(s, t.len()).map_err(gpu_error)?,
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests;
