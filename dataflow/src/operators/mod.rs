@@ -12,6 +12,7 @@ mod exchange_by_key;
 mod keyed;
 mod place;
 mod rebalance;
+mod sliding_window;
 mod spread;
 mod write_to_sink;
 
@@ -27,6 +28,7 @@ pub use exchange_by_key::{
 pub use keyed::{Keyed, KeyedLogic, KeyedRecord, KeyedState, StateKey};
 pub use place::Place;
 pub use rebalance::Rebalance;
+pub use sliding_window::{EventTime, SlidingWindow, WindowStart, WindowUpdates};
 pub use spread::Spread;
 pub use write_to_sink::{SinkOptions, WriteToSink};
 

@@ -261,8 +261,8 @@ fn restore(
         };
         into.extend(std::iter::repeat_n(click, count.max(0) as usize));
     }
-    let restore = |clicks| Restore {
-        clicks,
+    let restore = |records| Restore {
+        records,
         watermark,
         at,
     };

@@ -12,7 +12,8 @@ mod step;
 mod window;
 
 pub use candidates::{Candidates, CandidatesConfig, Window, WindowClick};
-pub use window::{Restore, SlidingWindow, WindowUpdates};
+pub use riffle_dataflow::operators::{SlidingWindow, WindowUpdates};
+pub use window::Restore;
 
 use serde::{Deserialize, Serialize};
 
