@@ -5,14 +5,15 @@
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch, UInt64Array};
-use arrow_cast::cast::{can_cast_types, cast_with_options, CastOptions};
-use arrow_cast::display::array_value_to_string;
+use arrow_array::{Array, ArrayRef, BooleanArray, FixedSizeListArray, RecordBatch};
+use arrow_cast::cast::{cast_with_options, CastOptions};
 use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::tensor::tensor_field;
 use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
 use serde_inline_default::serde_inline_default;
+
+use values::{convertible, gather, unconverted};
 
 const NAME: &str = "tensor";
 
@@ -144,11 +145,6 @@ struct Plan {
     /// The tensor's element field.
     item: FieldRef,
     schema: SchemaRef,
-}
-
-/// Whether values of `from` convert to numbers of `to` (numbers, booleans, text).
-fn convertible(from: &DataType, to: &DataType) -> bool {
-    !from.is_nested() && can_cast_types(from, to)
 }
 
 impl Tensor {
@@ -399,15 +395,6 @@ impl Tensor {
     }
 }
 
-/// Why element `i` of `source` did not convert: it is null, or not a number of `dtype`.
-fn unconverted(source: &dyn Array, i: usize, what: &str, dtype: &str) -> String {
-    if source.is_null(i) {
-        return format!("{what} is null");
-    }
-    let value = array_value_to_string(source, i).unwrap_or_else(|_| "the value".to_string());
-    format!("{what}: {value:?} is not a valid {dtype}")
-}
-
 impl Tensor {
     /// The tensor's values for every row, row-major (`rows × k`, in input row order), and a
     /// reason for each row that cannot be a tensor row (its values there are null).
@@ -498,41 +485,6 @@ impl Tensor {
     }
 }
 
-/// The values of each row of a variable-length list, `k` per row (nulls for rows that are null
-/// or hold another number of values, which get their reason).
-fn gather(
-    values: &ArrayRef,
-    list: &dyn Array,
-    offsets: impl Iterator<Item = i64>,
-    k: usize,
-    name: &str,
-    reasons: &mut [Option<String>],
-) -> DataflowResult<ArrayRef> {
-    let mut indices: Vec<Option<u64>> = Vec::with_capacity(reasons.len() * k);
-    let mut offsets = offsets;
-    let mut start = offsets.next().unwrap_or(0);
-    for (r, reason) in reasons.iter_mut().enumerate() {
-        let end = offsets.next().unwrap_or(start);
-        let len = usize::try_from(end - start).unwrap_or(0);
-        if list.is_null(r) {
-            *reason = Some(format!("column `{name}` is null"));
-        } else if len != k {
-            *reason = Some(format!("column `{name}` has {len} values, expected {k}"));
-        }
-        if reason.is_some() {
-            indices.extend(std::iter::repeat_n(None, k));
-        } else {
-            indices.extend((0..k).map(|j| u64::try_from(start).ok().map(|s| s + j as u64)));
-        }
-        start = end;
-    }
-    Ok(arrow_select::take::take(
-        values.as_ref(),
-        &UInt64Array::from(indices),
-        None,
-    )?)
-}
-
 impl crate::StageKind for TensorConfig {
     fn kind(&self) -> &'static str {
         NAME
@@ -607,3 +559,4 @@ impl Stage for Tensor {
 
 #[cfg(test)]
 mod tests;
+mod values;

@@ -22,58 +22,10 @@ use crate::inference::dense::{
     RowShards, Tensor,
 };
 
+use tensor::{download, upload, DTensor};
+
 /// The executor's kernels (`gpu/kernels/dense.cu`), compiled and loaded on each of its GPUs.
 const KERNEL_SET: Kernels = riffle_gpu::kernels::DENSE;
-
-enum DData<D: GpuDevice> {
-    F32(Arc<D::Buf<f32>>),
-    I64(Arc<D::Buf<i64>>),
-}
-
-// By hand: derived, they would ask for `D: Clone`.
-impl<D: GpuDevice> Clone for DData<D> {
-    fn clone(&self) -> Self {
-        match self {
-            DData::F32(s) => DData::F32(s.clone()),
-            DData::I64(s) => DData::I64(s.clone()),
-        }
-    }
-}
-
-/// A tensor on a device.
-struct DTensor<D: GpuDevice> {
-    shape: Vec<usize>,
-    data: DData<D>,
-}
-
-impl<D: GpuDevice> Clone for DTensor<D> {
-    fn clone(&self) -> Self {
-        DTensor {
-            shape: self.shape.clone(),
-            data: self.data.clone(),
-        }
-    }
-}
-
-impl<D: GpuDevice> DTensor<D> {
-    fn len(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    fn f32(&self) -> DataflowResult<&D::Buf<f32>> {
-        match &self.data {
-            DData::F32(s) => Ok(s),
-            DData::I64(_) => Err(err("expected a float tensor on the GPU, found int64")),
-        }
-    }
-
-    fn with_f32(shape: Vec<usize>, buf: D::Buf<f32>) -> DTensor<D> {
-        DTensor {
-            shape,
-            data: DData::F32(Arc::new(buf)),
-        }
-    }
-}
 
 /// A dense graph loaded onto one GPU, its embedding tables optionally spread over several.
 pub struct CudaDense {
@@ -588,30 +540,6 @@ fn row_major_gemm(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32) 
     }
 }
 
-fn upload<D: GpuDevice>(device: &D, t: &Tensor) -> DataflowResult<DTensor<D>> {
-    let data = match &t.data {
-        Data::F32(v) => DData::F32(Arc::new(device.upload(v).map_err(gpu_error)?)),
-        Data::I64(v) => DData::I64(Arc::new(device.upload(v).map_err(gpu_error)?)),
-    };
-    Ok(DTensor {
-        shape: t.shape.clone(),
-        data,
-    })
-}
-
-/// `t` in host memory (its buffer may be longer: empty tensors get one element).
-fn download<D: GpuDevice>(device: &D, t: &DTensor<D>) -> DataflowResult<Tensor> {
-    Ok(match &t.data {
-        DData::F32(s) => Tensor::f32(
-            t.shape.clone(),
-            device.download(s, t.len()).map_err(gpu_error)?,
-        ),
-        DData::I64(s) => Tensor::i64(
-            t.shape.clone(),
-            device.download(s, t.len()).map_err(gpu_error)?,
-        ),
-    })
-}
-
+mod tensor;
 #[cfg(test)]
 mod tests;
