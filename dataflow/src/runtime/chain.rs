@@ -112,7 +112,10 @@ pub(crate) fn build_chain<'scope>(
                 stream.clone().report_delays(service).connect_loop(handle);
             }
         }
-        // Stages after a balanced exchange time their work for its load reports.
+        // Stages after a balanced exchange time their work for its load reports. Stateful
+        // steps are not timed: they route rows to each key's owner themselves, so a balanced
+        // exchange's choice of worker cannot move their work (and `slow_worker` stands for a
+        // slower model host: it delays batched steps only).
         if let Some((_, service)) = &feedback {
             step = match step {
                 WorkerStep::Run(Step::Apply(stage)) => {
