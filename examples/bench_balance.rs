@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::{fmt_duration, Metrics};
+use riffle_dataflow::observe::registry::Metrics;
+use riffle_dataflow::observe::summary::fmt_duration;
 
 fn main() -> Result<()> {
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

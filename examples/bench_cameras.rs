@@ -24,7 +24,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{BooleanArray, RecordBatch};
 use clap::Parser;
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::operators::KeyedLogic;
 use riffle_dataflow::sink::{Sink, SinkFactory};
 use riffle_dataflow::{DataflowResult, SourceFactory, Stage};

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 
 const WORKERS: usize = 2;
 

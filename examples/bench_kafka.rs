@@ -25,7 +25,7 @@ use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use riffle_connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
 use riffle_connectors::{CsvSourceConfig, ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::SourceFactory;
 
 /// Replays of the 2,000-click sample and of the 250 frames in the ingest topics: enough that

@@ -24,7 +24,8 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use common::spread;
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::{Metrics, Summary};
+use riffle_dataflow::observe::registry::Metrics;
+use riffle_dataflow::observe::summary::Summary;
 use riffle_pipelines::Pipeline;
 
 const FPS: f64 = 25.0;

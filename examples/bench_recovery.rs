@@ -18,7 +18,7 @@ use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
 use riffle_connectors::{ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::checkpoint::{Checkpoint, CheckpointStore};
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 
 fn main() -> anyhow::Result<()> {
     let brokers = std::env::args()

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use common::spread;
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::Stage;
 use riffle_pipelines::plan::build_stage;
 use riffle_pipelines::spec::StageSpec;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use arrow_array::RecordBatch;
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::Stage;
 use riffle_pipelines::plan::build_stage;
 use riffle_pipelines::spec::{RuntimeConfig, StageSpec};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressStyle};
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_pipelines::run::{ProcessRun, Run, RunOptions, RunOutcome};
 
 use crate::cli::{LogFormat, RunArgs};

@@ -16,7 +16,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use riffle_connectors::kafka::{
     KafkaSinkConfig, KafkaSinkFactory, KafkaSourceConfig, KafkaSourceFactory,
 };
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{SourceBatch, SourceFactory};
 use serde_json::{json, Value};

@@ -8,8 +8,7 @@
 //! - [`cluster`]: how many workers, threads and processes, turned into a timely configuration.
 //! - [`observe`]: what a run reports to, handed to the runtime as a
 //!   [`observe::RunContext`]: the Prometheus registry with per-stage counters and latency
-//!   histograms, readiness, dead-letter reasons, the summary, and the live tap a viewer drains
-//!   ([`metrics`] keeps the registry's older paths).
+//!   histograms, readiness, dead-letter reasons, the summary, and the live tap a viewer drains.
 //! - [`runtime`]: the run loop: a [`runtime::Job`] on workers, with epochs, flow control,
 //!   checkpoints and liveness.
 //! - [`state`]: operator state as checkpoints keep it: typed records in a versioned envelope.
@@ -30,7 +29,6 @@ pub mod cluster;
 pub mod compression;
 pub mod dead_letter;
 pub mod error;
-pub mod metrics;
 pub mod observe;
 pub mod operators;
 pub mod range;

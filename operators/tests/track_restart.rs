@@ -14,7 +14,7 @@ use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::runtime::checkpointing::Offsets;
 use riffle_dataflow::runtime::{
     run, CheckpointPolicy, EpochPolicy, Job, JobStep, RunReport, StepKind,

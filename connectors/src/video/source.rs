@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow_schema::SchemaRef;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::source::{SourceBatch, SourcePosition};
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 

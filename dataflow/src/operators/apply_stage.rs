@@ -7,7 +7,7 @@ use timely::dataflow::operators::Operator;
 use super::BatchStream;
 use crate::dead_letter::{self, DeadLetter};
 use crate::error::DataflowError;
-use crate::metrics::StageMetrics;
+use crate::observe::registry::StageMetrics;
 use crate::stage::Stage;
 use crate::{Batch, BatchKind};
 
@@ -22,7 +22,7 @@ pub trait ApplyStage<'scope> {
     /// use arrow_array::{Int64Array, RecordBatch};
     /// use arrow_schema::SchemaRef;
     /// use riffle_dataflow::{Batch, DataflowResult, Stage, StageOutput};
-    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::observe::registry::Metrics;
     /// use riffle_dataflow::operators::ApplyStage;
     /// use timely::dataflow::operators::{Inspect, ToStream};
     ///
@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_batch_too_large_is_split_until_it_fits_and_no_row_fails() {
-        let metrics = crate::metrics::Metrics::new()
+        let metrics = crate::observe::registry::Metrics::new()
             .unwrap()
             .stage("at_most")
             .unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::batch::now_ns;
-use crate::metrics::StageMetrics;
+use crate::observe::registry::StageMetrics;
 use crate::operators::{run_stage, BatchStream};
 use crate::{Batch, BatchKind, Epoch, Stage};
 use arrow_select::concat::concat_batches;
@@ -38,7 +38,7 @@ pub trait DynamicBatch<'scope> {
     /// use arrow_array::{Int64Array, RecordBatch};
     /// use arrow_schema::SchemaRef;
     /// use riffle_dataflow::{Batch, DataflowResult, Stage, StageOutput};
-    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::observe::registry::Metrics;
     /// use riffle_dataflow::operators::{BatchPolicy, DynamicBatch};
     /// use timely::dataflow::operators::{Inspect, ToStream};
     ///

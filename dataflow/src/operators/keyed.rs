@@ -26,7 +26,7 @@ use timely::dataflow::operators::{Capability, Operator};
 
 use super::{take_rows, worker_for, BatchStream, ExchangeByKey, StateUpdates};
 use crate::dead_letter::{self, DeadLetter};
-use crate::metrics::StageMetrics;
+use crate::observe::registry::StageMetrics;
 use crate::state::{SavedState, StateRecord};
 use crate::{Batch, BatchKind, DataflowError, DataflowResult, Epoch, StageOutput};
 
@@ -127,7 +127,7 @@ pub trait KeyedState<'scope> {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use arrow_array::{RecordBatch, StringArray};
-    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::observe::registry::Metrics;
     /// use riffle_dataflow::operators::{KeyedLogic, KeyedState};
     /// use riffle_dataflow::state::SavedState;
     /// use riffle_dataflow::{Batch, DataflowResult, StageOutput};

@@ -3,7 +3,7 @@
 //! `runtime.max_dead_letter_ratio` allows, which a supervisor does not restart (bad input, not
 //! a crash: running again would end the same way).
 
-use riffle_dataflow::metrics::Summary;
+use riffle_dataflow::observe::summary::Summary;
 use thiserror::Error;
 
 /// The run ended well (or stopped on request).

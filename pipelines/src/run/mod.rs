@@ -87,7 +87,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::observe::RunContext;
 use riffle_dataflow::DataflowError;
 

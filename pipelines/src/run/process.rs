@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::observe::RunContext;
 
 use super::error::chain;

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use arrow_schema::SchemaRef;
 use rdkafka::consumer::BaseConsumer;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 
 use super::client::{client_config, Diagnosed, Role};

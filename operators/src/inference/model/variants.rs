@@ -22,7 +22,7 @@ use std::time::Instant;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray, UInt32Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use riffle_dataflow::metrics::StageMetrics;
+use riffle_dataflow::observe::registry::StageMetrics;
 use riffle_dataflow::operators::{
     no_state_updates, BatchPolicy, BatchStream, DynamicBatch, StateUpdates,
 };

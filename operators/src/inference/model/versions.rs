@@ -22,7 +22,7 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use riffle_dataflow::metrics::StageMetrics;
+use riffle_dataflow::observe::registry::StageMetrics;
 use riffle_dataflow::operators::{
     Announce, BatchPolicy, BatchStream, BySchedule, DynamicBatch, StateUpdates, Switch,
 };

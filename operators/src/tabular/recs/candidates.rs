@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use differential_dataflow::AsCollection;
 use foldhash::{HashMap, HashSet, HashSetExt};
 use riffle_dataflow::dead_letter::{self, DeadLetter};
-use riffle_dataflow::metrics::StageMetrics;
+use riffle_dataflow::observe::registry::StageMetrics;
 use riffle_dataflow::operators::{
     worker_for_int, AnswerFrom, BatchStream, ExchangeByKey, StateUpdates,
 };
@@ -129,7 +129,7 @@ pub trait Candidates<'scope>: Sized {
     /// ```
     /// use std::sync::{Arc, Mutex};
     /// use arrow_array::{Array, Int64Array, RecordBatch};
-    /// use riffle_dataflow::metrics::Metrics;
+    /// use riffle_dataflow::observe::registry::Metrics;
     /// use riffle_dataflow::Batch;
     /// use riffle_operators::tabular::recs::{Candidates, CandidatesConfig};
     /// use timely::dataflow::operators::{Inspect, ToStream};

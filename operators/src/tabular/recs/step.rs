@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
-use riffle_dataflow::metrics::StageMetrics;
+use riffle_dataflow::observe::registry::StageMetrics;
 use riffle_dataflow::operators::{BatchStream, StateUpdates};
 use riffle_dataflow::state::SavedState;
 use riffle_dataflow::{DataflowResult, Epoch};

@@ -12,7 +12,7 @@ use arrow_array::{RecordBatch, StringArray};
 use arrow_schema::SchemaRef;
 use riffle_dataflow::checkpoint::CheckpointStore;
 use riffle_dataflow::cluster::ClusterConfig;
-use riffle_dataflow::metrics::Metrics;
+use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::operators::KeyedRecord;
 use riffle_dataflow::runtime::checkpointing::{Offsets, OPERATOR_PREFIX};
 use riffle_dataflow::runtime::{
