@@ -250,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn every_kind_declares_ranges_only_for_its_own_keys_once() {
+    fn every_kind_declares_each_range_once() {
         for ranges in SOURCE_RANGES.iter().chain(SINK_RANGES) {
             let mut keys: Vec<&str> = ranges.iter().map(|r| r.key).collect();
             keys.sort_unstable();

@@ -235,6 +235,28 @@ mod tests {
     }
 
     #[test]
+    fn a_connectors_own_ranges_bound_its_block_in_a_loaded_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("p.yaml");
+        std::fs::write(
+            &file,
+            "source:\n  jsonl:\n    path: in.jsonl\n    max_line_bytes: 0\nsink: { stdout: {} }\n",
+        )
+        .unwrap();
+        let Err(e) = crate::load(&file, None) else {
+            panic!("max_line_bytes: 0 is out of the jsonl source's range");
+        };
+        assert_eq!(e.field, "source.jsonl.max_line_bytes");
+        assert_eq!(e.line, Some(4));
+        assert_eq!(
+            e.message,
+            "expected an integer from 1 to 268435456, found 0"
+        );
+        // The same key under no connector is only a number that fits 32 bits.
+        assert!(check(&doc("stages: [ { x: { max_line_bytes: 0 } } ]")).is_ok());
+    }
+
+    #[test]
     fn every_range_is_in_the_spec_reference() {
         let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/pipeline-spec.md");
         let doc = std::fs::read_to_string(doc).unwrap();
