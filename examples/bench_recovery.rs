@@ -152,9 +152,8 @@ fn ms(d: Duration) -> f64 {
 fn run(file: &Path, out: &Path, checkpoint: Option<&Path>) -> anyhow::Result<f64> {
     let mut pipeline = riffle_pipelines::load(file, Some(out))?;
     pipeline.runtime.checkpoint = checkpoint.map(|dir| riffle_pipelines::spec::CheckpointConfig {
-        dir: dir.to_path_buf(),
-        keep: 3,
-        interval_ms: 0,
+        dir: Some(dir.to_path_buf()),
+        ..Default::default()
     });
     let started = Instant::now();
     riffle_pipelines::run::execute(

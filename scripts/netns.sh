@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Three "hosts" on this machine for multi-host tests: network namespaces rf-h0..rf-h2 with their
-# own addresses 10.77.0.10..12, joined by a bridge rfbr0 (10.77.0.1, where the test's broker
+# Four "hosts" on this machine for multi-host tests: network namespaces rf-h0..rf-h3 with their
+# own addresses 10.77.0.10..13, joined by a bridge rfbr0 (10.77.0.1, where the test's broker
 # listens). Needs root (CAP_NET_ADMIN) and a kernel that allows network namespaces.
 #
 #   scripts/netns.sh check        # exit 0 if namespaces can be created here
@@ -9,7 +9,7 @@
 #   scripts/netns.sh heal N       # and back
 set -euo pipefail
 
-hosts=3
+hosts=4
 bridge=rfbr0
 
 up() {

@@ -168,8 +168,14 @@ pub struct RunArgs {
     #[arg(long)]
     pub output: Option<PathBuf>,
     /// Checkpoint into this directory and resume from it (overrides `runtime.checkpoint.dir`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "checkpoint_url")]
     pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint under this object-store prefix (s3://bucket/prefix) and resume from it
+    /// (overrides `runtime.checkpoint.url`); connection settings come from the file's
+    /// `runtime.checkpoint`, else AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    /// AWS_REGION.
+    #[arg(long, value_name = "URL")]
+    pub checkpoint_url: Option<String>,
     /// No progress display and no summary.
     #[arg(long, short)]
     pub quiet: bool,

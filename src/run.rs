@@ -46,6 +46,9 @@ fn options(args: &RunArgs, log_format: LogFormat) -> RunOptions {
     if let Some(dir) = &args.checkpoint_dir {
         options = options.checkpoint_dir(dir);
     }
+    if let Some(url) = &args.checkpoint_url {
+        options = options.checkpoint_url(url);
+    }
     let (metrics_addr, ui, quiet) = (args.metrics_addr.clone(), args.ui.clone(), args.quiet);
     options.process_args(move |process| {
         let mut extra: Vec<OsString> = Vec::new();

@@ -140,6 +140,9 @@ sink_kinds! {
     Kafka(Box<kafka::KafkaSinkConfig>),
     /// Pictures of the results drawn on their frames, one file a frame.
     Annotate(annotate::AnnotateSinkConfig),
+    Postgres(crate::postgres::PostgresSinkConfig),
+    Redis(crate::redis::RedisSinkConfig),
+    Parquet(crate::parquet::ParquetSinkConfig),
 }
 
 impl SourceConfig {
@@ -215,6 +218,9 @@ mod tests {
             json!({"ipc": {"path": "f"}}),
             json!({"kafka": {"brokers": "b", "topic": "t"}}),
             json!({"annotate": {"dir": "d"}}),
+            json!({"parquet": {"path": "d"}}),
+            json!({"redis": {"url": "redis://h", "key": "k"}}),
+            json!({"postgres": {"url": "postgres://h/db", "table": "t"}}),
         ];
         for sink in sinks {
             let key = sink.as_object().unwrap().keys().next().unwrap().clone();

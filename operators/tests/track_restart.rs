@@ -270,11 +270,7 @@ fn track(cameras: i32, end: i64, workers: usize, checkpoints: &Path) -> (Ids, us
             max_duration: None,
             max_in_flight: 2,
         },
-        checkpoint: Some(CheckpointPolicy {
-            dir: checkpoints.to_path_buf(),
-            keep: 3,
-            interval: Duration::ZERO,
-        }),
+        checkpoint: Some(CheckpointPolicy::dir(checkpoints)),
         latency_column: None,
         peer_timeout: Duration::from_secs(60),
         slow_worker: None,

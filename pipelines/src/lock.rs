@@ -126,11 +126,17 @@ pub fn lock_paths(pipeline: &Pipeline) -> Vec<PathBuf> {
 
 fn guards(pipeline: &Pipeline) -> Vec<Guard> {
     let mut guards: Vec<Guard> = Vec::new();
-    if let Some(checkpoint) = &pipeline.runtime.checkpoint {
+    // An object store's prefix has its lease instead (riffle_dataflow::checkpoint::lease).
+    if let Some(dir) = pipeline
+        .runtime
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.dir.as_ref())
+    {
         guards.push(Guard {
             what: "checkpoint directory",
-            guarded: checkpoint.dir.clone(),
-            lock: checkpoint.dir.join("riffle.lock"),
+            guarded: dir.clone(),
+            lock: dir.join("riffle.lock"),
         });
     }
     for output in pipeline

@@ -51,9 +51,14 @@ pub fn job(pipeline: &Pipeline) -> DataflowResult<Job> {
             max_in_flight: runtime.max_epochs_in_flight,
         },
         checkpoint: runtime.checkpoint.as_ref().map(|c| CheckpointPolicy {
-            dir: c.dir.clone(),
             keep: c.keep,
             interval: Duration::from_millis(c.interval_ms),
+            give_up: Duration::from_secs(c.give_up_s),
+            lease_timeout: Duration::from_secs(c.lease_s),
+            ..match (&c.dir, &c.url) {
+                (None, Some(url)) => CheckpointPolicy::store(url, c.store_options()),
+                (dir, _) => CheckpointPolicy::dir(dir.clone().unwrap_or_default()),
+            }
         }),
         latency_column: runtime.latency_column.clone(),
         peer_timeout: Duration::from_millis(runtime.peer_timeout_ms),
@@ -231,7 +236,7 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
     if let Some(c) = &runtime.checkpoint {
         out.push_str(&format!(
             "checkpoints: {} (keep {})\n",
-            c.dir.display(),
+            c.describe(),
             c.keep
         ));
     }

@@ -154,13 +154,37 @@ pub struct SlowWorker {
     pub delay_ms: u64,
 }
 
-/// `runtime.checkpoint:` — where checkpoints go.
+/// `runtime.checkpoint:` — where checkpoints go: a directory (`dir`) or an object store's
+/// prefix (`url: s3://bucket/prefix`, with the connection keys beside it), exactly one.
 #[serde_inline_default]
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointConfig {
     /// A local directory, or any shared path (NFS/EFS) for many hosts.
-    pub dir: std::path::PathBuf,
+    #[serde(default)]
+    pub dir: Option<std::path::PathBuf>,
+    /// An S3-compatible object store's prefix, `s3://bucket/prefix`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// The object store's address (`http://127.0.0.1:9000`; default: AWS, or
+    /// `AWS_ENDPOINT_URL`).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Default: `AWS_REGION`, else `us-east-1`.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Default: `AWS_ACCESS_KEY_ID` (and the other usual AWS sources).
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// Default: `AWS_SECRET_ACCESS_KEY`. Write it as `${VAR}` to keep it out of the file.
+    #[serde(default)]
+    pub secret_access_key: Option<String>,
+    /// Default: `AWS_SESSION_TOKEN`.
+    #[serde(default)]
+    pub session_token: Option<String>,
+    /// One request to the object store (its retries included) gives up after this long.
+    #[serde(default)]
+    pub timeout_s: Option<u64>,
     /// Checkpoints kept (older ones are deleted); at least 2.
     #[serde_inline_default(3)]
     pub keep: usize,
@@ -169,6 +193,98 @@ pub struct CheckpointConfig {
     /// the epochs since the last one.
     #[serde(default)]
     pub interval_ms: u64,
+    /// An object store that keeps failing for this long fails the run; until then its
+    /// checkpoints are only delayed. A directory's failure fails the run at once.
+    #[serde_inline_default(300)]
+    pub give_up_s: u64,
+    /// An object store's lease on the prefix (one cluster per prefix): renewed every third of
+    /// this; a lease not renewed for this long is taken over by the next run.
+    #[serde_inline_default(30)]
+    pub lease_s: u64,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        CheckpointConfig {
+            dir: None,
+            url: None,
+            endpoint: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            timeout_s: None,
+            keep: 3,
+            interval_ms: 0,
+            give_up_s: 300,
+            lease_s: 30,
+        }
+    }
+}
+
+/// What `runtime.checkpoint` needs of `dir` and `url`.
+const ONE_OF: &str = "expected exactly one of `dir` (a directory) and `url` (s3://bucket/prefix)";
+
+impl CheckpointConfig {
+    /// The object store's connection settings.
+    pub fn store_options(&self) -> riffle_storage::StoreOptions {
+        riffle_storage::StoreOptions {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            access_key_id: self.access_key_id.clone(),
+            secret_access_key: self.secret_access_key.clone(),
+            session_token: self.session_token.clone(),
+            timeout_s: self.timeout_s,
+        }
+    }
+
+    /// `runtime.checkpoint`'s own rules: exactly one of `dir` and `url`, an `s3://` URL, and the
+    /// store's keys only beside a URL. The key at fault and the message.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let url = match (&self.dir, &self.url) {
+            (Some(_), Some(_)) => return Err(("url", format!("{ONE_OF}, found both"))),
+            (None, None) => return Err(("checkpoint", ONE_OF.to_string())),
+            (Some(_), None) => None,
+            (None, Some(url)) => Some(url),
+        };
+        let Some(url) = url else {
+            let store_keys = [
+                ("endpoint", self.endpoint.is_some()),
+                ("region", self.region.is_some()),
+                ("access_key_id", self.access_key_id.is_some()),
+                ("secret_access_key", self.secret_access_key.is_some()),
+                ("session_token", self.session_token.is_some()),
+                ("timeout_s", self.timeout_s.is_some()),
+            ];
+            if let Some((key, _)) = store_keys.iter().find(|(_, set)| *set) {
+                return Err((
+                    key,
+                    format!("`{key}` is an object store's setting: it goes with `url`, not `dir`"),
+                ));
+            }
+            return Ok(());
+        };
+        let bucket = url.strip_prefix("s3://").map(|rest| rest.split('/').next());
+        match bucket {
+            Some(Some(bucket)) if !bucket.is_empty() => Ok(()),
+            _ => Err((
+                "url",
+                format!(
+                    "`{url}`: expected s3://bucket/prefix (an S3-compatible object store; a local \
+                     directory goes in `dir`)"
+                ),
+            )),
+        }
+    }
+
+    /// Where the checkpoints go, for messages: the directory or the URL.
+    pub fn describe(&self) -> String {
+        match (&self.dir, &self.url) {
+            (Some(dir), _) => dir.display().to_string(),
+            (None, Some(url)) => url.clone(),
+            (None, None) => String::new(),
+        }
+    }
 }
 
 impl Default for RuntimeConfig {

@@ -47,20 +47,28 @@ impl Pipeline {
         })
     }
 
-    /// Checkpoints from the command line (`--checkpoint-dir`), checked as the file's are.
+    /// Checkpoints from the command line (`--checkpoint-dir` or `--checkpoint-url`), checked
+    /// as the file's are.
     pub fn set_checkpoint(
         &mut self,
         checkpoint: crate::spec::CheckpointConfig,
     ) -> Result<(), PipelineError> {
+        let flag = if checkpoint.url.is_some() {
+            "--checkpoint-url"
+        } else {
+            "--checkpoint-dir"
+        };
+        let error = |message| PipelineError {
+            file: self.file.clone(),
+            line: None,
+            field: flag.into(),
+            message,
+        };
+        checkpoint.check().map_err(|(_, message)| error(message))?;
         let source = &self.spec.source.value;
         source
             .check_resumable(self.source.as_ref())
-            .map_err(|message| PipelineError {
-                file: self.file.clone(),
-                line: None,
-                field: "--checkpoint-dir".into(),
-                message,
-            })?;
+            .map_err(error)?;
         self.runtime.checkpoint = Some(checkpoint);
         Ok(())
     }
@@ -203,7 +211,16 @@ fn validate(
         .unwrap_or_default();
     let runtime_line = spec.runtime.as_ref().and_then(line_of);
     if let Some(checkpoint) = runtime.checkpoint.as_mut() {
-        resolve(&mut checkpoint.dir);
+        checkpoint.check().map_err(|(key, message)| {
+            let field = match key {
+                "checkpoint" => "runtime.checkpoint".to_string(),
+                key => format!("runtime.checkpoint.{key}"),
+            };
+            at.error(runtime_line, Some(key), field, message)
+        })?;
+        if let Some(dir) = checkpoint.dir.as_mut() {
+            resolve(dir);
+        }
     }
     // Zero workers, epochs of zero records and the like are out of range (crate::ranges).
 

@@ -4,7 +4,11 @@
 //! Riffle's writers run on timely worker threads, not in an async runtime, so each
 //! [`Location`] owns a small current-thread Tokio runtime and blocks on it. Every error names
 //! the URL and the operation, so an operator can tell a refused credential from a missing
-//! bucket from a store that is down.
+//! bucket from a store that is down. On S3 every request is signed, bounded by
+//! [`StoreOptions::timeout_s`] (retries included), and conditional writes map to
+//! `If-None-Match: *` ([`Location::put_new`]) and `If-Match` ([`Location::put_if_match`], with
+//! the [`Version`] read or written before): what checkpoints and their lease rely on.
+//! `memory://name/prefix` is an in-process store with the same semantics, for tests.
 //!
 //! ```
 //! let dir = tempfile::tempdir().unwrap();
@@ -22,11 +26,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    BackoffConfig, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, RetryConfig,
+    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
+    RetryConfig, UpdateVersion,
 };
 use serde::Deserialize;
 
@@ -73,7 +79,29 @@ pub struct StoreOptions {
     pub timeout_s: Option<u64>,
 }
 
-/// A folder in a store: `s3://bucket/prefix`, `file:///dir` or a plain path.
+/// Which write of an object a conditional update must find there (its ETag): see
+/// [`Location::get_versioned`] and [`Location::put_if_match`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Version {
+    e_tag: Option<String>,
+    version: Option<String>,
+}
+
+impl Version {
+    fn of(e_tag: Option<String>, version: Option<String>) -> Version {
+        Version { e_tag, version }
+    }
+
+    fn update(&self) -> UpdateVersion {
+        UpdateVersion {
+            e_tag: self.e_tag.clone(),
+            version: self.version.clone(),
+        }
+    }
+}
+
+/// A folder in a store: `s3://bucket/prefix`, `file:///dir`, a plain path, or (tests)
+/// `memory://name/prefix`.
 #[derive(Clone)]
 pub struct Location {
     store: Arc<dyn ObjectStore>,
@@ -81,6 +109,11 @@ pub struct Location {
     url: String,
     runtime: Arc<tokio::runtime::Runtime>,
 }
+
+// A panic during a request leaves nothing half-changed that a later call could see: each
+// operation is one request (or a read of one), and the clients keep no state between them.
+impl std::panic::UnwindSafe for Location {}
+impl std::panic::RefUnwindSafe for Location {}
 
 impl fmt::Debug for Location {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -110,61 +143,29 @@ impl Location {
             .enable_all()
             .build()
             .map_err(StorageError::Runtime)?;
-        let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) =
-            if let Some(rest) = url.strip_prefix("s3://") {
-                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-                if bucket.is_empty() {
-                    return Err(config("no bucket (expected s3://bucket/prefix)".into()));
-                }
-                let mut builder = AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_conditional_put(S3ConditionalPut::ETagMatch);
-                let endpoint = options
-                    .endpoint
-                    .clone()
-                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
-                if let Some(endpoint) = endpoint {
-                    builder = builder
-                        .with_allow_http(endpoint.starts_with("http://"))
-                        .with_endpoint(endpoint);
-                }
-                if let Some(v) = &options.region {
-                    builder = builder.with_region(v);
-                } else if std::env::var("AWS_REGION").is_err()
-                    && std::env::var("AWS_DEFAULT_REGION").is_err()
-                {
-                    builder = builder.with_region("us-east-1");
-                }
-                if let Some(v) = &options.access_key_id {
-                    builder = builder.with_access_key_id(v);
-                }
-                if let Some(v) = &options.secret_access_key {
-                    builder = builder.with_secret_access_key(v);
-                }
-                if let Some(v) = &options.session_token {
-                    builder = builder.with_token(v);
-                }
-                let timeout = Duration::from_secs(options.timeout_s.unwrap_or(30));
-                builder = builder.with_retry(RetryConfig {
-                    backoff: BackoffConfig::default(),
-                    max_retries: 4,
-                    retry_timeout: timeout,
-                });
-                let store = builder.build().map_err(|e| config(e.to_string()))?;
-                (Arc::new(store), ObjectPath::from(prefix))
-            } else if is_url(url) && !url.starts_with("file://") {
-                return Err(config(
-                    "unsupported scheme (expected s3://bucket/prefix, file:///dir or a path)"
-                        .into(),
-                ));
-            } else {
-                let dir = url.strip_prefix("file://").unwrap_or(url);
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| config(format!("creating the directory: {e}")))?;
-                let store =
-                    LocalFileSystem::new_with_prefix(dir).map_err(|e| config(e.to_string()))?;
-                (Arc::new(store), ObjectPath::default())
-            };
+        let (store, prefix): (Arc<dyn ObjectStore>, ObjectPath) = if let Some(rest) =
+            url.strip_prefix("s3://")
+        {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(config("no bucket (expected s3://bucket/prefix)".into()));
+            }
+            let store = s3(bucket, options).map_err(|e| config(e.to_string()))?;
+            (Arc::new(store), ObjectPath::from(prefix))
+        } else if let Some(rest) = url.strip_prefix("memory://") {
+            let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            (in_memory(name), ObjectPath::from(prefix))
+        } else if is_url(url) && !url.starts_with("file://") {
+            return Err(config(
+                "unsupported scheme (expected s3://bucket/prefix, file:///dir or a path)".into(),
+            ));
+        } else {
+            let dir = url.strip_prefix("file://").unwrap_or(url);
+            std::fs::create_dir_all(dir)
+                .map_err(|e| config(format!("creating the directory: {e}")))?;
+            let store = LocalFileSystem::new_with_prefix(dir).map_err(|e| config(e.to_string()))?;
+            (Arc::new(store), ObjectPath::default())
+        };
         Ok(Location {
             store,
             prefix,
@@ -178,16 +179,17 @@ impl Location {
         &self.url
     }
 
-    /// Whether this is a local directory (renames are atomic there).
+    /// Whether this is a local directory (renames are atomic there; `memory://` is not local:
+    /// it stands in for an object store).
     pub fn is_local(&self) -> bool {
-        !self.url.starts_with("s3://")
+        !self.url.starts_with("s3://") && !self.url.starts_with("memory://")
     }
 
     /// The same store, one folder down.
     pub fn child(&self, name: &str) -> Location {
         let mut prefix = self.prefix.clone();
         for part in name.split('/').filter(|p| !p.is_empty()) {
-            prefix = prefix.child(part);
+            prefix = prefix.join(part);
         }
         Location {
             store: self.store.clone(),
@@ -200,12 +202,17 @@ impl Location {
     fn path(&self, name: &str) -> ObjectPath {
         let mut path = self.prefix.clone();
         for part in name.split('/').filter(|p| !p.is_empty()) {
-            path = path.child(part);
+            path = path.join(part);
         }
         path
     }
 
-    fn error(&self, operation: &'static str, name: &str, source: object_store::Error) -> StorageError {
+    fn error(
+        &self,
+        operation: &'static str,
+        name: &str,
+        source: object_store::Error,
+    ) -> StorageError {
         StorageError::Store {
             operation,
             url: format!("{}/{name}", self.url),
@@ -223,7 +230,15 @@ impl Location {
     }
 
     /// Writes `name` only if nothing is there (a conditional put): `false` when it exists.
+    ///
+    /// A request whose answer was lost (a timeout) may still have been applied: a caller that
+    /// tries again and gets `false` should read the object to tell its own write from another.
     pub fn put_new(&self, name: &str, bytes: Vec<u8>) -> StorageResult<bool> {
+        self.put_new_versioned(name, bytes).map(|v| v.is_some())
+    }
+
+    /// [`Self::put_new`], with the version written (`None` when something was there).
+    pub fn put_new_versioned(&self, name: &str, bytes: Vec<u8>) -> StorageResult<Option<Version>> {
         let path = self.path(name);
         let options = PutOptions {
             mode: PutMode::Create,
@@ -233,11 +248,52 @@ impl Location {
             .runtime
             .block_on(self.store.put_opts(&path, PutPayload::from(bytes), options))
         {
-            Ok(_) => Ok(true),
+            Ok(done) => Ok(Some(Version::of(done.e_tag, done.version))),
             Err(object_store::Error::AlreadyExists { .. })
-            | Err(object_store::Error::Precondition { .. }) => Ok(false),
+            | Err(object_store::Error::Precondition { .. }) => Ok(None),
             Err(e) => Err(self.error("writing (if absent)", name, e)),
         }
+    }
+
+    /// Replaces `name` only if it is still the write `expected` (`If-Match`): the new
+    /// version, or `None` when another write replaced it or it is gone. Needs a store with
+    /// conditional updates (S3 since 2024, MinIO, S3Proxy); a local directory has none.
+    pub fn put_if_match(
+        &self,
+        name: &str,
+        bytes: Vec<u8>,
+        expected: &Version,
+    ) -> StorageResult<Option<Version>> {
+        let path = self.path(name);
+        let options = PutOptions {
+            mode: PutMode::Update(expected.update()),
+            ..PutOptions::default()
+        };
+        match self
+            .runtime
+            .block_on(self.store.put_opts(&path, PutPayload::from(bytes), options))
+        {
+            Ok(done) => Ok(Some(Version::of(done.e_tag, done.version))),
+            Err(object_store::Error::Precondition { .. })
+            | Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("writing (if unchanged)", name, e)),
+        }
+    }
+
+    /// Reads `name` with its version; `None` when absent.
+    pub fn get_versioned(&self, name: &str) -> StorageResult<Option<(Bytes, Version)>> {
+        let path = self.path(name);
+        let result = self.runtime.block_on(async {
+            match self.store.get(&path).await {
+                Ok(found) => {
+                    let version = Version::of(found.meta.e_tag.clone(), found.meta.version.clone());
+                    found.bytes().await.map(|b| Some((b, version)))
+                }
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        result.map_err(|e| self.error("reading", name, e))
     }
 
     /// Reads `name`; `None` when absent.
@@ -312,6 +368,71 @@ impl Location {
     }
 }
 
+/// The in-memory store `memory://name` of this process (one per name, shared by every
+/// [`Location`] opened on it): tests of code that writes to object stores, where conditional
+/// puts behave as on S3.
+fn in_memory(name: &str) -> Arc<dyn ObjectStore> {
+    static STORES: std::sync::OnceLock<std::sync::Mutex<BTreeMap<String, Arc<InMemory>>>> =
+        std::sync::OnceLock::new();
+    let stores = STORES.get_or_init(Default::default);
+    // A poisoned lock only means another test panicked while holding it: the map is intact.
+    let mut stores = stores.lock().unwrap_or_else(|e| e.into_inner());
+    stores.entry(name.to_string()).or_default().clone()
+}
+
+/// An S3 client for `bucket`: `options` first, then the usual AWS variables.
+fn s3(bucket: &str, options: &StoreOptions) -> object_store::Result<object_store::aws::AmazonS3> {
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_conditional_put(S3ConditionalPut::ETagMatch);
+    let endpoint = options
+        .endpoint
+        .clone()
+        .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok());
+    if let Some(endpoint) = endpoint {
+        builder = builder
+            .with_allow_http(endpoint.starts_with("http://"))
+            .with_endpoint(endpoint);
+    }
+    if let Some(v) = &options.region {
+        builder = builder.with_region(v);
+    } else if std::env::var("AWS_REGION").is_err() && std::env::var("AWS_DEFAULT_REGION").is_err() {
+        builder = builder.with_region("us-east-1");
+    }
+    if let Some(v) = &options.access_key_id {
+        builder = builder.with_access_key_id(v);
+    }
+    if let Some(v) = &options.secret_access_key {
+        builder = builder.with_secret_access_key(v);
+    }
+    if let Some(v) = &options.session_token {
+        builder = builder.with_token(v);
+    }
+    let timeout = Duration::from_secs(options.timeout_s.unwrap_or(30).max(1));
+    builder = builder.with_retry(RetryConfig {
+        backoff: BackoffConfig::default(),
+        max_retries: 4,
+        retry_timeout: timeout,
+    });
+    // One request never outlasts the whole budget (a hung server, not a refused
+    // connection, would otherwise hold each try for the client's default 30 s).
+    // Some servers (S3Proxy) refuse a PUT without a content type.
+    builder = builder
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::Timeout),
+            format!("{}s", timeout.as_secs()),
+        )
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::ConnectTimeout),
+            format!("{}s", timeout.as_secs().min(5)),
+        )
+        .with_config(
+            AmazonS3ConfigKey::Client(ClientConfigKey::DefaultContentType),
+            "application/octet-stream",
+        );
+    builder.build()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -340,9 +461,47 @@ mod tests {
     }
 
     #[test]
+    fn conditional_updates_need_the_version_still_there() {
+        let at = Location::parse("memory://conditional/p", &StoreOptions::default()).unwrap();
+        assert!(!at.is_local());
+        let first = at
+            .put_new_versioned("lease", b"a".to_vec())
+            .unwrap()
+            .unwrap();
+        assert_eq!(at.put_new_versioned("lease", b"b".to_vec()).unwrap(), None);
+        let (bytes, seen) = at.get_versioned("lease").unwrap().unwrap();
+        assert_eq!((&bytes[..], &seen), (&b"a"[..], &first));
+        let second = at
+            .put_if_match("lease", b"c".to_vec(), &first)
+            .unwrap()
+            .unwrap();
+        assert_ne!(second, first);
+        // A stale version loses: two takers of one lease cannot both win.
+        assert_eq!(
+            at.put_if_match("lease", b"d".to_vec(), &first).unwrap(),
+            None
+        );
+        assert_eq!(at.get("lease").unwrap().as_deref(), Some(&b"c"[..]));
+        at.delete("lease").unwrap();
+        assert_eq!(
+            at.put_if_match("lease", b"e".to_vec(), &second).unwrap(),
+            None
+        );
+        assert_eq!(at.get_versioned("lease").unwrap(), None);
+        // The same name is the same store, and prefixes keep apart.
+        let again = Location::parse("memory://conditional", &StoreOptions::default()).unwrap();
+        again.put("p/x", b"1".to_vec()).unwrap();
+        assert_eq!(at.get("x").unwrap().as_deref(), Some(&b"1"[..]));
+        assert_eq!(at.url(), "memory://conditional/p");
+    }
+
+    #[test]
     fn a_bad_url_names_itself() {
         let e = Location::parse("gs://b/p", &StoreOptions::default()).unwrap_err();
-        assert!(e.to_string().starts_with("gs://b/p: unsupported scheme"), "{e}");
+        assert!(
+            e.to_string().starts_with("gs://b/p: unsupported scheme"),
+            "{e}"
+        );
         let e = Location::parse("s3:///p", &StoreOptions::default()).unwrap_err();
         assert!(e.to_string().contains("no bucket"), "{e}");
     }

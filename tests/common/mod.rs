@@ -3,6 +3,9 @@
 #![allow(dead_code)]
 
 pub mod kafka;
+pub mod postgres;
+pub mod redis;
+pub mod s3;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -74,11 +74,61 @@ pub struct EpochPolicy {
 /// Where checkpoints go and how often.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointPolicy {
-    pub dir: PathBuf,
+    pub at: CheckpointTarget,
     /// Checkpoints kept (older ones are deleted).
     pub keep: usize,
     /// At most one checkpoint per interval (zero: at every completed epoch).
     pub interval: Duration,
+    /// An object store failing for this long fails the run; until then its checkpoints are
+    /// only delayed (retried). A local directory's failure fails the run at once.
+    pub give_up: Duration,
+    /// An object store's lease ([`crate::checkpoint::lease`]): a holder that has not renewed
+    /// it for this long is taken over.
+    pub lease_timeout: Duration,
+}
+
+/// A local (or shared) directory, or an object store's prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckpointTarget {
+    Dir(PathBuf),
+    /// `s3://bucket/prefix` with its connection settings.
+    Store {
+        url: String,
+        options: riffle_storage::StoreOptions,
+    },
+}
+
+impl CheckpointPolicy {
+    /// Checkpoints in `dir`, at every completed epoch, keeping 3.
+    pub fn dir(dir: impl Into<PathBuf>) -> Self {
+        Self::at(CheckpointTarget::Dir(dir.into()))
+    }
+
+    /// Checkpoints under an object store's `url`, at every completed epoch, keeping 3.
+    pub fn store(url: impl Into<String>, options: riffle_storage::StoreOptions) -> Self {
+        Self::at(CheckpointTarget::Store {
+            url: url.into(),
+            options,
+        })
+    }
+
+    fn at(at: CheckpointTarget) -> Self {
+        CheckpointPolicy {
+            at,
+            keep: 3,
+            interval: Duration::ZERO,
+            give_up: Duration::from_secs(300),
+            lease_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// The directory or the URL, for messages.
+    pub fn describe(&self) -> String {
+        match &self.at {
+            CheckpointTarget::Dir(dir) => dir.display().to_string(),
+            CheckpointTarget::Store { url, .. } => url.clone(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -76,11 +76,7 @@ fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc
             max_duration: None,
             max_in_flight: 2,
         },
-        checkpoint: checkpoints.map(|dir| CheckpointPolicy {
-            dir: dir.to_path_buf(),
-            keep: 3,
-            interval: Duration::ZERO,
-        }),
+        checkpoint: checkpoints.map(CheckpointPolicy::dir),
         latency_column: None,
         peer_timeout: Duration::from_secs(60),
         slow_worker: None,

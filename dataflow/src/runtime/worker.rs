@@ -118,6 +118,9 @@ pub(crate) fn run_worker(
             job.checkpoint
                 .as_ref()
                 .map_or(Duration::ZERO, |c| c.interval),
+            job.checkpoint
+                .as_ref()
+                .map_or(Duration::ZERO, |c| c.give_up),
         )),
         _ => None,
     };
@@ -241,11 +244,16 @@ pub(crate) fn run_worker(
     }
     // Only a run that wrote all its results may record that it got this far. A transactional
     // sink may need two commits here: the one sealed before the input ended, then the rest
-    // (each poll does at most one).
-    if healthy(errors) {
-        for _ in 0..2 {
-            checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+    // (each poll does at most one). An object store's last checkpoint may still be on its
+    // way, or failing: the run ends once it is written (or the store has failed too long).
+    let mut polls = 0;
+    while healthy(errors) && (polls < 2 || checkpointer.as_ref().is_some_and(|c| c.busy())) {
+        if polls >= 2 {
+            // No heartbeat check here: peers that are done have stopped beating.
+            worker.step_or_park(Some(Duration::from_millis(10)));
         }
+        checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
+        polls += 1;
     }
     liveness.close();
     Ok(())

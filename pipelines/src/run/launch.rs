@@ -50,6 +50,9 @@ pub(super) fn process_args(options: &RunOptions, process: usize) -> Vec<OsString
     if let Some(dir) = &options.checkpoint_dir {
         args.extend(["--checkpoint-dir".into(), dir.clone().into()]);
     }
+    if let Some(url) = &options.checkpoint_url {
+        args.extend(["--checkpoint-url".into(), url.into()]);
+    }
     if let Some(extra) = &options.process_args {
         args.extend(extra(process));
     }

@@ -1,5 +1,5 @@
 //! The run lifecycle, as `riffle run` has it, for any program: load and validate the pipeline
-//! with the run's overrides (`output`, `checkpoint_dir`), take the run locks, stop on SIGTERM
+//! with the run's overrides (`output`, `checkpoint_dir` or `checkpoint_url`), take the run locks, stop on SIGTERM
 //! or SIGINT at the end of the open epochs, run the workers (or start and supervise a cluster
 //! of processes on this host, restarting it from its checkpoints after a crash), and pick the
 //! exit code (too many dead letters: [`exit::DEAD_LETTERS`]).
@@ -116,6 +116,7 @@ pub struct RunOptions {
     file: PathBuf,
     output: Option<PathBuf>,
     checkpoint_dir: Option<PathBuf>,
+    checkpoint_url: Option<String>,
     cluster: ClusterSpec,
     max_restarts: usize,
     stop_on_signals: bool,
@@ -130,6 +131,7 @@ impl std::fmt::Debug for RunOptions {
             .field("file", &self.file)
             .field("output", &self.output)
             .field("checkpoint_dir", &self.checkpoint_dir)
+            .field("checkpoint_url", &self.checkpoint_url)
             .field("cluster", &self.cluster)
             .field("max_restarts", &self.max_restarts)
             .field("stop_on_signals", &self.stop_on_signals)
@@ -145,6 +147,7 @@ impl RunOptions {
             file: file.into(),
             output: None,
             checkpoint_dir: None,
+            checkpoint_url: None,
             cluster: ClusterSpec::default(),
             max_restarts: 10,
             stop_on_signals: true,
@@ -164,6 +167,16 @@ impl RunOptions {
     /// `runtime.checkpoint.dir` (`--checkpoint-dir`); the source must be able to resume.
     pub fn checkpoint_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.checkpoint_dir = Some(dir.into());
+        self.checkpoint_url = None;
+        self
+    }
+
+    /// Checkpoints under this object-store prefix (`s3://bucket/prefix`) and resumes from it,
+    /// overriding `runtime.checkpoint`'s `dir` or `url` (`--checkpoint-url`); the connection
+    /// settings are the file's `runtime.checkpoint` keys, else the usual AWS variables.
+    pub fn checkpoint_url(mut self, url: impl Into<String>) -> Self {
+        self.checkpoint_url = Some(url.into());
+        self.checkpoint_dir = None;
         self
     }
 
@@ -201,7 +214,7 @@ impl RunOptions {
 
     /// The program a supervisor starts for each process of a local cluster (default: this
     /// one). It is given `riffle run`'s arguments: `run FILE --processes N --process I
-    /// --base-port P [--workers W] [--output O] [--checkpoint-dir D]`, then
+    /// --base-port P [--workers W] [--output O] [--checkpoint-dir D | --checkpoint-url U]`, then
     /// [`Self::process_args`]'s.
     pub fn program(mut self, program: impl Into<PathBuf>) -> Self {
         self.program = Some(program.into());
@@ -302,19 +315,28 @@ pub fn execute(
     riffle_dataflow::runtime::run(Arc::new(job), cluster, context)
 }
 
-/// The pipeline of the run, with its `output` and `checkpoint_dir`.
+/// The pipeline of the run, with its `output` and `checkpoint_dir` or `checkpoint_url`.
 fn load(options: &RunOptions) -> Result<Pipeline, RunError> {
     let mut pipeline = crate::load(&options.file, options.output.as_deref())?;
+    let file = pipeline.runtime.checkpoint.clone().unwrap_or_default();
     if let Some(dir) = &options.checkpoint_dir {
-        let (keep, interval_ms) = pipeline
-            .runtime
-            .checkpoint
-            .as_ref()
-            .map_or((3, 0), |c| (c.keep, c.interval_ms));
+        // The file's policy (keep, interval) stays; an object store's settings do not apply.
         pipeline.set_checkpoint(crate::spec::CheckpointConfig {
-            dir: dir.clone(),
-            keep,
-            interval_ms,
+            dir: Some(dir.clone()),
+            url: None,
+            ..crate::spec::CheckpointConfig {
+                keep: file.keep,
+                interval_ms: file.interval_ms,
+                give_up_s: file.give_up_s,
+                lease_s: file.lease_s,
+                ..Default::default()
+            }
+        })?;
+    } else if let Some(url) = &options.checkpoint_url {
+        pipeline.set_checkpoint(crate::spec::CheckpointConfig {
+            dir: None,
+            url: Some(url.clone()),
+            ..file
         })?;
     }
     Ok(pipeline)

@@ -181,11 +181,7 @@ fn job(end: i64, checkpoints: &Path) -> (Arc<Job>, Collect, Collect) {
             max_duration: None,
             max_in_flight: 2,
         },
-        checkpoint: Some(CheckpointPolicy {
-            dir: checkpoints.to_path_buf(),
-            keep: 3,
-            interval: Duration::ZERO,
-        }),
+        checkpoint: Some(CheckpointPolicy::dir(checkpoints)),
         latency_column: None,
         peer_timeout: Duration::from_secs(60),
         slow_worker: None,

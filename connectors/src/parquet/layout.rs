@@ -1,0 +1,131 @@
+//! Where files go: staged names (`_staging/<generation>/<partition>/<first>-<last>-<seq>.parquet.staged`),
+//! published names (`<partition>/part-<generation>-<last>-<seq>.parquet`) and hive-style
+//! partition folders (`country=DE/day=2024-01-31`).
+//!
+//! Staged files end in `.staged`, not `.parquet`, and live under `_staging/`: a reader of
+//! `**/*.parquet` (DuckDB) or of the dataset (pyarrow and Spark skip `_` folders) never sees
+//! one.
+
+use riffle_dataflow::Epoch;
+
+/// The folder holding every run's files that no checkpoint has committed yet.
+pub const STAGING: &str = "_staging";
+
+const STAGED_SUFFIX: &str = ".parquet.staged";
+
+/// Hive's name of the folder of a null (or empty) partition value.
+pub const NULL_PARTITION: &str = "__HIVE_DEFAULT_PARTITION__";
+
+/// A staged file of a run with checkpoints.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Staged {
+    pub generation: u64,
+    /// Partition folders (`k=v/k2=v2`), empty when not partitioned.
+    pub partition: String,
+    pub first_epoch: Epoch,
+    pub last_epoch: Epoch,
+    pub seq: u64,
+}
+
+impl Staged {
+    /// Its name under the sink's root.
+    pub fn name(&self) -> String {
+        format!(
+            "{STAGING}/{}/{}{}-{}-{}{STAGED_SUFFIX}",
+            self.generation,
+            folder(&self.partition),
+            self.first_epoch,
+            self.last_epoch,
+            self.seq
+        )
+    }
+
+    /// The name it is published under once its last epoch is committed.
+    pub fn published(&self) -> String {
+        format!(
+            "{}part-{}-{}-{}.parquet",
+            folder(&self.partition),
+            self.generation,
+            self.last_epoch,
+            self.seq
+        )
+    }
+
+    /// Reads a staged name back (`None`: not one of ours).
+    pub fn parse(name: &str) -> Option<Staged> {
+        let rest = name.strip_prefix(STAGING)?.strip_prefix('/')?;
+        let (generation, rest) = rest.split_once('/')?;
+        let (partition, file) = rest.rsplit_once('/').unwrap_or(("", rest));
+        let mut numbers = file.strip_suffix(STAGED_SUFFIX)?.split('-');
+        let mut next = || numbers.next().and_then(|n| n.parse::<u64>().ok());
+        let staged = Staged {
+            generation: generation.parse().ok()?,
+            partition: partition.to_string(),
+            first_epoch: next()?,
+            last_epoch: next()?,
+            seq: next()?,
+        };
+        numbers.next().is_none().then_some(staged)
+    }
+}
+
+/// The generation folder a staged name is in, as written.
+pub fn staged_generation(name: &str) -> Option<&str> {
+    name.strip_prefix(STAGING)?
+        .strip_prefix('/')?
+        .split('/')
+        .next()
+}
+
+/// The name of a file of a run without checkpoints, published as it closes.
+pub fn unstaged(partition: &str, run: u64, seq: u64) -> String {
+    format!("{}part-{run}-{seq}.parquet", folder(partition))
+}
+
+fn folder(partition: &str) -> String {
+    if partition.is_empty() {
+        String::new()
+    } else {
+        format!("{partition}/")
+    }
+}
+
+/// One `key=value` folder, a null or empty value being Hive's default partition. The store
+/// percent-encodes the characters it does not allow in a name (`#` as `%23`, `%` as `%25`), as
+/// Hive escapes them, so DuckDB, pyarrow and Spark read the value back. A `/` cannot be passed
+/// through (it separates folders): it is written `%2F`, which the store encodes once more, so
+/// such a value reads back with `%2F` in place of its `/`.
+pub fn partition_segment(key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(v) if !v.is_empty() => format!("{}={}", escape(key), escape(v)),
+        _ => format!("{}={NULL_PARTITION}", escape(key)),
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('/', "%2F")
+}
+
+/// Undoes the percent-encoding an object store listing applies to each name's segments.
+pub fn decode_listed(name: &str) -> String {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b, hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
