@@ -192,10 +192,11 @@ fn committed_checkpoint(
     match store.at(epoch)? {
         Some(c) if c.state.get(SINK_GENERATION) == Some(&generation.to_string()) => Ok(Some(c)),
         _ => Err(DataflowError::Config(format!(
-            "the results topic's last transaction committed epoch {epoch} of run {generation}, \
-             but {} holds no checkpoint of it: these checkpoints are not the ones that \
-             output was written with (use those, or give the sink a new `transactional_id` to \
-             start the output over)",
+            "the results sink's last commit recorded epoch {epoch} of run {generation}, but {} \
+             holds no checkpoint of it: these checkpoints are not the ones that output was \
+             written with (use those, or reset the sink's committed position to start the \
+             output over: a new `transactional_id` for a topic, a new `position_key` or \
+             `positions_table` for a key-value store or database; docs/sinks/)",
             store.describe()
         ))),
     }
