@@ -29,7 +29,7 @@ use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
-use object_store::path::Path as ObjectPath;
+use object_store::path::{Path as ObjectPath, PathPart};
 use object_store::{
     BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
     RetryConfig, UpdateVersion,
@@ -199,10 +199,16 @@ impl Location {
         }
     }
 
+    /// Names are keys as given: a `%` or `#` stays itself (a Hive folder `k=a%2Fb` is that
+    /// key, not `k=a%252Fb`), so `list` returns exactly the names written. Only a segment the
+    /// store cannot hold as is (`.`, `..`, control characters) is percent-encoded.
     fn path(&self, name: &str) -> ObjectPath {
         let mut path = self.prefix.clone();
         for part in name.split('/').filter(|p| !p.is_empty()) {
-            path = path.join(part);
+            path = match PathPart::parse(part) {
+                Ok(raw) => path.join(raw),
+                Err(_) => path.join(part),
+            };
         }
         path
     }
@@ -493,6 +499,19 @@ mod tests {
         again.put("p/x", b"1".to_vec()).unwrap();
         assert_eq!(at.get("x").unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(at.url(), "memory://conditional/p");
+    }
+
+    #[test]
+    fn names_are_kept_as_written_percent_and_hash_included() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = Location::parse(dir.path().to_str().unwrap(), &StoreOptions::default()).unwrap();
+        at.put("k=a%2Fb#c/x", b"1".to_vec()).unwrap();
+        assert!(dir.path().join("k=a%2Fb#c/x").is_file(), "the folder is named as given");
+        assert_eq!(at.list("").unwrap(), vec![("k=a%2Fb#c/x".to_string(), 1)]);
+        at.rename("k=a%2Fb#c/x", "k=a%2Fb#c/y").unwrap();
+        assert_eq!(at.list("k=a%2Fb#c/").unwrap(), vec![("k=a%2Fb#c/y".to_string(), 1)]);
+        at.delete("k=a%2Fb#c/y").unwrap();
+        assert!(at.list("").unwrap().is_empty());
     }
 
     #[test]

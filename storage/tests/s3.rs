@@ -58,6 +58,14 @@ fn objects_are_written_read_listed_renamed_and_deleted() {
     b.delete("two").unwrap();
     b.delete("two").unwrap();
     assert_eq!(b.list("").unwrap(), vec![("three".to_string(), 3)]);
+    // Keys are kept as written: a Hive folder `k=50%25` is listed, renamed and deleted by the
+    // same name (not `k=50%2525`).
+    at.put("k=50%25#x/f", b"4444".to_vec()).unwrap();
+    assert_eq!(at.list("k=").unwrap(), vec![("k=50%25#x/f".to_string(), 4)]);
+    at.rename("k=50%25#x/f", "k=50%25#x/g").unwrap();
+    assert_eq!(at.get("k=50%25#x/g").unwrap().as_deref(), Some(&b"4444"[..]));
+    at.delete("k=50%25#x/g").unwrap();
+    assert!(at.list("k=").unwrap().is_empty());
 }
 
 #[test]

@@ -9,7 +9,7 @@ use riffle_dataflow::sink::Committer;
 use riffle_dataflow::{DataflowResult, Epoch};
 use riffle_storage::Location;
 
-use super::layout::{decode_listed, staged_generation, Staged, STAGING};
+use super::layout::{staged_generation, Staged, STAGING};
 use super::ParquetSinkError;
 
 /// The non-transactional committer of a Parquet sink.
@@ -27,10 +27,7 @@ impl ParquetCommitter {
     /// Staged files under `prefix`, by their names as written.
     fn staged(&self, prefix: &str) -> DataflowResult<Vec<String>> {
         let listed = self.root.list(prefix).map_err(ParquetSinkError::from)?;
-        Ok(listed
-            .into_iter()
-            .map(|(name, _)| decode_listed(&name))
-            .collect())
+        Ok(listed.into_iter().map(|(name, _)| name).collect())
     }
 
     fn tidy(&self) {

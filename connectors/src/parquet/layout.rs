@@ -90,11 +90,9 @@ fn folder(partition: &str) -> String {
     }
 }
 
-/// One `key=value` folder, a null or empty value being Hive's default partition. The store
-/// percent-encodes the characters it does not allow in a name (`#` as `%23`, `%` as `%25`), as
-/// Hive escapes them, so DuckDB, pyarrow and Spark read the value back. A `/` cannot be passed
-/// through (it separates folders): it is written `%2F`, which the store encodes once more, so
-/// such a value reads back with `%2F` in place of its `/`.
+/// One `key=value` folder, a null or empty value being Hive's default partition. Characters
+/// Hive escapes in folder names (`/`, `=`, `#`, `%`, …) are percent-encoded as Hive does, so
+/// DuckDB, pyarrow and Spark read the value back as it was.
 pub fn partition_segment(key: &str, value: Option<&str>) -> String {
     match value {
         Some(v) if !v.is_empty() => format!("{}={}", escape(key), escape(v)),
@@ -102,30 +100,16 @@ pub fn partition_segment(key: &str, value: Option<&str>) -> String {
     }
 }
 
+/// Hive's escaping (its `FileUtils.escapePathName`): control characters and
+/// `"#%'*/:=?\\{[]^` become `%XX`.
 fn escape(text: &str) -> String {
-    text.replace('/', "%2F")
-}
-
-/// Undoes the percent-encoding an object store listing applies to each name's segments.
-pub fn decode_listed(name: &str) -> String {
-    let bytes = name.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (b, hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii_control() || "\"#%'*/:=?\\{[]^".contains(c) {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
         }
     }
-    String::from_utf8_lossy(&out).into_owned()
+    out
 }
