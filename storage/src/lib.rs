@@ -506,10 +506,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let at = Location::parse(dir.path().to_str().unwrap(), &StoreOptions::default()).unwrap();
         at.put("k=a%2Fb#c/x", b"1".to_vec()).unwrap();
-        assert!(dir.path().join("k=a%2Fb#c/x").is_file(), "the folder is named as given");
+        assert!(
+            dir.path().join("k=a%2Fb#c/x").is_file(),
+            "the folder is named as given"
+        );
         assert_eq!(at.list("").unwrap(), vec![("k=a%2Fb#c/x".to_string(), 1)]);
         at.rename("k=a%2Fb#c/x", "k=a%2Fb#c/y").unwrap();
-        assert_eq!(at.list("k=a%2Fb#c/").unwrap(), vec![("k=a%2Fb#c/y".to_string(), 1)]);
+        assert_eq!(
+            at.list("k=a%2Fb#c/").unwrap(),
+            vec![("k=a%2Fb#c/y".to_string(), 1)]
+        );
         at.delete("k=a%2Fb#c/y").unwrap();
         assert!(at.list("").unwrap().is_empty());
     }

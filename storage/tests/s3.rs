@@ -63,7 +63,10 @@ fn objects_are_written_read_listed_renamed_and_deleted() {
     at.put("k=50%25#x/f", b"4444".to_vec()).unwrap();
     assert_eq!(at.list("k=").unwrap(), vec![("k=50%25#x/f".to_string(), 4)]);
     at.rename("k=50%25#x/f", "k=50%25#x/g").unwrap();
-    assert_eq!(at.get("k=50%25#x/g").unwrap().as_deref(), Some(&b"4444"[..]));
+    assert_eq!(
+        at.get("k=50%25#x/g").unwrap().as_deref(),
+        Some(&b"4444"[..])
+    );
     at.delete("k=50%25#x/g").unwrap();
     assert!(at.list("k=").unwrap().is_empty());
 }
