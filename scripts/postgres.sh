@@ -8,7 +8,8 @@
 #   scripts/postgres.sh restart   # an immediate shutdown (a crash) and a start on the same data
 #   scripts/postgres.sh status
 #   scripts/postgres.sh pid       # the postmaster's pid
-#   scripts/postgres.sh env       # `export RIFFLE_PG_URL=postgres://riffle:…@127.0.0.1:PORT/riffle`
+#   scripts/postgres.sh env       # `export RIFFLE_PG_URL=postgres://riffle:…@127.0.0.1:PORT/riffle`,
+#                                 # RIFFLE_PG_CA, RIFFLE_PG_TLS_URL, RIFFLE_PG_CLIENT_CERT/_KEY (TLS)
 #   scripts/postgres.sh psql [ARGS…]  # psql as the test user
 #
 # The server listens on ${RIFFLE_PG_HOST:-127.0.0.1}:${RIFFLE_PG_PORT:-19432} with password
@@ -17,6 +18,13 @@
 # outside $HOME: the server runs as the `postgres` user when this script runs as root (PostgreSQL
 # refuses to run as root), and that user cannot enter /root. The data is wiped on every start
 # (not on restart).
+#
+# TLS: every start makes a CA of its own and a server certificate it signs (for $host,
+# 127.0.0.1 and localhost) under $state/tls, and turns `ssl` on. Connections with and without
+# TLS are both accepted (user `riffle`), except for two users that show TLS was really used:
+# `riffle_tls` (same password) is refused without TLS, and `riffle_cert` logs in only with the
+# client certificate $state/tls/riffle_cert.crt (signed by the same CA). `riffle` is a member
+# of both, so it reads what they write.
 set -euo pipefail
 
 port="${RIFFLE_PG_PORT:-19432}"
@@ -27,6 +35,7 @@ password="${RIFFLE_PG_PASSWORD:-riffle-secret}"
 state="${RIFFLE_PG_DIR:-${TMPDIR:-/tmp}/riffle-postgres-$port}"
 data="$state/data"
 log="$state/server.log"
+tls="$state/tls"
 
 die() { echo "postgres: $*" >&2; exit 1; }
 
@@ -70,7 +79,12 @@ admin() {
 
 start() {
   install
-  if running; then echo "postgres: already running on $host:$port (log $log)"; return; fi
+  if running; then
+    echo "postgres: already running on $host:$port (log $log)"
+    [ -f "$tls/ca.pem" ] ||
+      echo "postgres: that server has no TLS (an older scripts/postgres.sh started it): stop and start it for TLS" >&2
+    return
+  fi
   # The password goes into a URL and a SQL literal unescaped.
   [[ "$password" =~ ^[A-Za-z0-9._~-]+$ ]] ||
     die "RIFFLE_PG_PASSWORD may only hold letters, digits and . _ ~ -"
@@ -88,6 +102,17 @@ start() {
   as_owner "$bin/initdb" -D "$data" -U postgres -E UTF8 --locale=C.UTF-8 \
     --auth-local=trust --auth-host=scram-sha-256 >"$state/initdb.log" 2>&1 ||
     { cat "$state/initdb.log" >&2; die "initdb failed in $data"; }
+  certificates "$owner"
+  # First match wins: these come before initdb's `host … scram-sha-256` lines.
+  local hba
+  hba=$(cat "$data/pg_hba.conf")
+  cat >"$data/pg_hba.conf" <<EOF
+# Written by scripts/postgres.sh: users that only TLS (or a client certificate) lets in.
+hostnossl all riffle_tls all reject
+hostssl all riffle_cert all cert
+hostnossl all riffle_cert all reject
+$hba
+EOF
   cat >>"$data/postgresql.conf" <<EOF
 # Written by scripts/postgres.sh: a test server.
 listen_addresses = '$host'
@@ -96,14 +121,56 @@ unix_socket_directories = '$state'
 password_encryption = scram-sha-256
 fsync = on
 max_connections = 200
+ssl = on
+ssl_cert_file = '$tls/server.crt'
+ssl_key_file = '$tls/server.key'
+ssl_ca_file = '$tls/ca.pem'
 EOF
   launch
   admin <<EOF
 CREATE ROLE $user LOGIN PASSWORD '$password';
 CREATE DATABASE $database OWNER $user;
+CREATE ROLE riffle_tls LOGIN PASSWORD '$password';
+CREATE ROLE riffle_cert LOGIN;
+GRANT riffle_tls, riffle_cert TO $user;
+\connect $database
+GRANT USAGE, CREATE ON SCHEMA public TO riffle_tls, riffle_cert;
 EOF
   echo "postgres: PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on $host:$port" \
-    "(user $user, database $database, scram-sha-256), pid $(cat "$state/pid"), log $log"
+    "(user $user, database $database, scram-sha-256; TLS with CA $tls/ca.pem)," \
+    "pid $(cat "$state/pid"), log $log"
+}
+
+# A CA, the server's certificate and key, and riffle_cert's client certificate, in $tls; the
+# keys belong to the server's owner (PostgreSQL refuses a key others can read).
+certificates() {
+  local owner="$1" san="IP:127.0.0.1,DNS:localhost"
+  command -v openssl >/dev/null || die "openssl is needed to make the test CA (apt-get install openssl)"
+  if [ "$host" != 127.0.0.1 ] && [ "$host" != localhost ]; then
+    if [[ "$host" =~ ^[0-9.]+$|: ]]; then san="$san,IP:$host"; else san="$san,DNS:$host"; fi
+  fi
+  mkdir -p "$tls"
+  (
+    cd "$tls"
+    ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+    openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -days 3650 \
+      -subj "/CN=riffle test CA $host:$port" \
+      -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign
+    printf 'subjectAltName=%s\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' \
+      "$san" >server.ext
+    openssl req -new "${ec[@]}" -keyout server.key -out server.csr -subj "/CN=$host"
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -set_serial 2 -days 3650 \
+      -extfile server.ext -out server.crt
+    printf 'basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n' >client.ext
+    openssl req -new "${ec[@]}" -keyout riffle_cert.key -out riffle_cert.csr \
+      -subj "/CN=riffle_cert"
+    openssl x509 -req -in riffle_cert.csr -CA ca.pem -CAkey ca.key -set_serial 3 -days 3650 \
+      -extfile client.ext -out riffle_cert.crt
+    rm -f ./*.csr ./*.ext
+  ) >"$state/openssl.log" 2>&1 ||
+    { cat "$state/openssl.log" >&2; die "openssl could not make the test certificates in $tls"; }
+  chmod 600 "$tls"/*.key
+  chown -R "$owner:" "$tls"
 }
 
 # Starts the server on the data in $data and waits until it accepts connections.
@@ -154,7 +221,14 @@ case "${1:-}" in
   restart) restart ;;
   status) if running; then echo "running on $host:$port (pid $(cat "$state/pid"))"; else echo "not running"; exit 1; fi ;;
   pid) running && cat "$state/pid" ;;
-  env) printf 'export RIFFLE_PG_URL=%q\n' "$(url)" ;;
+  env)
+    printf 'export RIFFLE_PG_URL=%q\n' "$(url)"
+    # TLS: the CA that signed the server's certificate, a user refused without TLS, and the
+    # client certificate of a user that logs in with it alone.
+    printf 'export RIFFLE_PG_CA=%q\n' "$tls/ca.pem"
+    printf 'export RIFFLE_PG_TLS_URL=%q\n' "postgres://riffle_tls:$password@$host:$port/$database"
+    printf 'export RIFFLE_PG_CLIENT_CERT=%q\n' "$tls/riffle_cert.crt"
+    printf 'export RIFFLE_PG_CLIENT_KEY=%q\n' "$tls/riffle_cert.key" ;;
   psql) shift; exec psql -X "$(url)" "$@" ;;
   *) echo "usage: $0 install|start|stop|restart|status|pid|env|psql [ARGS]" >&2; exit 2 ;;
 esac

@@ -2,9 +2,12 @@
 //! with `psql`: every row lands once, a kill -9 and a restart neither lose nor repeat rows, an
 //! upsert keeps the latest row per key, and a table that does not fit or a wrong password fail
 //! the run at its start with a clear error. The kill test also needs the test Kafka broker
-//! (`scripts/kafka.sh start`): a topic is the source a checkpointed run resumes.
+//! (`scripts/kafka.sh start`): a topic is the source a checkpointed run resumes. `tls`: the
+//! same over TLS.
 
 mod common;
+#[path = "postgres_sink/tls.rs"]
+mod tls;
 
 use std::path::Path;
 use std::process::{Command, Stdio};

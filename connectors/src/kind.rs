@@ -85,9 +85,16 @@ pub trait SinkKind: fmt::Debug + Send + Sync {
     fn kind(&self) -> &'static str;
 
     /// Paths the configuration names, for validation to resolve against the pipeline file's
-    /// folder; the first is the one `riffle run --output` replaces.
+    /// folder.
     fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
         Vec::new()
+    }
+
+    /// The path `riffle run --output` replaces: the file the results go to, when the sink
+    /// writes one (by default the first of [`SinkKind::paths_mut`]); `None` for sinks whose
+    /// paths are only inputs (a CA file).
+    fn output_mut(&mut self) -> Option<&mut PathBuf> {
+        self.paths_mut().into_iter().next()
     }
 
     /// Files written, checked to be creatable before the run.

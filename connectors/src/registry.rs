@@ -20,6 +20,9 @@ impl<T: SinkKind> SinkKind for Box<T> {
     fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
         (**self).paths_mut()
     }
+    fn output_mut(&mut self) -> Option<&mut PathBuf> {
+        (**self).output_mut()
+    }
     fn outputs(&self) -> Vec<&std::path::Path> {
         (**self).outputs()
     }
@@ -178,7 +181,7 @@ impl SinkConfig {
             return own;
         }
         let mut sink = self.clone();
-        let path = match sink.kind_mut().paths_mut().into_iter().next() {
+        let path = match sink.kind_mut().output_mut() {
             Some(p) => {
                 let stem = p
                     .file_stem()

@@ -348,7 +348,7 @@ fn validate(
             .unwrap_or_default()
     });
     if let Some(output) = output {
-        if let Some(p) = spec.sink.value.kind_mut().paths_mut().into_iter().next() {
+        if let Some(p) = spec.sink.value.kind_mut().output_mut() {
             *p = output.to_path_buf();
         }
     }
@@ -362,7 +362,7 @@ fn validate(
             if output.is_some() {
                 let moved = spec.sink.value.default_dead_letters();
                 if let (Some(p), Some(to)) = (
-                    dl.value.kind_mut().paths_mut().into_iter().next(),
+                    dl.value.kind_mut().output_mut(),
                     moved.kind().outputs().first(),
                 ) {
                     *p = to.to_path_buf();

@@ -105,3 +105,91 @@ pub fn with_password(url: &str, password: &str) -> String {
     let user = userinfo.split(':').next().unwrap();
     format!("{scheme}://{user}:{password}@{host}")
 }
+
+/// What `scripts/postgres.sh env` says of the server's TLS.
+pub struct Tls {
+    /// The CA that signed the server's certificate.
+    pub ca: PathBuf,
+    /// `postgres://riffle_tls:…@127.0.0.1:PORT/riffle`: a user the server refuses without TLS.
+    pub url: String,
+    /// The client certificate and key of `riffle_cert`, who logs in with them alone.
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl Tls {
+    /// `host:port` of the server.
+    pub fn address(&self) -> &str {
+        let rest = self
+            .url
+            .split_once('@')
+            .expect("a URL with user and password")
+            .1;
+        rest.split('/').next().unwrap()
+    }
+
+    /// The port of the server.
+    pub fn port(&self) -> &str {
+        self.address().rsplit(':').next().unwrap()
+    }
+
+    /// The password of `riffle_tls`.
+    pub fn password(&self) -> &str {
+        let userinfo = self
+            .url
+            .split_once("://")
+            .unwrap()
+            .1
+            .split('@')
+            .next()
+            .unwrap();
+        userinfo.split_once(':').expect("a URL with a password").1
+    }
+}
+
+/// The server's TLS settings; fails (never skips) when the environment lacks them, as it does
+/// for a server started by an older scripts/postgres.sh.
+pub fn tls() -> Tls {
+    url();
+    let var = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| {
+            panic!(
+                "{name} is not set: `eval \"$(scripts/postgres.sh env)\"` sets it, for a \
+                 server that scripts/postgres.sh started with TLS (scripts/test.sh does both)"
+            )
+        })
+    };
+    let tls = Tls {
+        ca: var("RIFFLE_PG_CA").into(),
+        url: var("RIFFLE_PG_TLS_URL"),
+        client_cert: var("RIFFLE_PG_CLIENT_CERT").into(),
+        client_key: var("RIFFLE_PG_CLIENT_KEY").into(),
+    };
+    assert!(
+        tls.ca.is_file(),
+        "RIFFLE_PG_CA {} is not a file: the server was started without TLS (by an older \
+         scripts/postgres.sh); `scripts/postgres.sh stop` and `start` it again",
+        tls.ca.display()
+    );
+    tls
+}
+
+/// A CA certificate of our own (`openssl`), which signed nothing the server holds.
+pub fn unrelated_ca(dir: &std::path::Path) -> PathBuf {
+    let ca = dir.join("unrelated-ca.pem");
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=not the server's CA", "-keyout"])
+        .arg(dir.join("unrelated-ca.key"))
+        .arg("-out")
+        .arg(&ca)
+        .output()
+        .expect("running openssl (apt-get install openssl)");
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ca
+}

@@ -14,6 +14,7 @@ use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 use super::sql::TableName;
+use super::tls::{self, Settled, TlsConfig};
 use super::types::SqlType;
 use crate::kind::{Limits, SinkContext, SinkKind, SinkRole};
 
@@ -40,7 +41,8 @@ pub struct PostgresSinkConfig {
     /// `key`); `false`: a missing table is an error.
     #[serde_inline_default(true)]
     pub create_table: bool,
-    /// Not supported yet: the sink connects without TLS (see docs/sinks/postgres.md).
+    /// `{ mode, ca_file, client_cert, client_key }`; with the URL's `sslmode`, the
+    /// connection's TLS (none when neither asks for it).
     #[serde(default)]
     pub tls: Option<TlsConfig>,
     /// Rows per INSERT statement.
@@ -97,14 +99,6 @@ pub enum WriteMode {
     Insert,
     /// `INSERT … ON CONFLICT (key) DO UPDATE`: the table keeps the latest row of each key.
     Upsert,
-}
-
-/// `tls: { ca_file: … }`.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    /// PEM file of the certificate authority that signed the server's certificate.
-    pub ca_file: PathBuf,
 }
 
 /// The results' schema, shared by the clones of one configuration.
@@ -190,7 +184,14 @@ impl PostgresSinkConfig {
         Duration::from_millis(self.connect_timeout_ms)
     }
 
-    /// Checks what needs no server: names, key, ranges, TLS.
+    /// How to connect: the URL without its TLS parameters, the mode, the TLS connector (its
+    /// files read).
+    pub(super) fn settle_tls(&self) -> DataflowResult<Settled> {
+        tls::settle(&self.url, self.tls.as_ref())
+            .map_err(|e| self.config_error(e.message).at(e.key))
+    }
+
+    /// Checks what needs no server: names, key, ranges, TLS settings and files.
     pub(super) fn check(&self) -> DataflowResult<()> {
         self.table_name()?;
         self.positions_name()?;
@@ -204,17 +205,7 @@ impl PostgresSinkConfig {
                 .config_error("`mode: upsert` needs `key`: the columns that identify a row")
                 .at("key"));
         }
-        if let Some(tls) = &self.tls {
-            return Err(self
-                .config_error(format!(
-                    "`tls` (ca_file {}) is not supported yet: this build connects without \
-                     TLS; reach the server over a trusted network or a local tunnel, and leave \
-                     `tls` out",
-                    tls.ca_file.display()
-                ))
-                .at("tls"));
-        }
-        Ok(())
+        self.settle_tls().map(|_| ())
     }
 }
 
@@ -289,6 +280,18 @@ fn redact_password_pairs(text: &str) -> String {
 impl SinkKind for PostgresSinkConfig {
     fn kind(&self) -> &'static str {
         "postgres"
+    }
+
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        match &mut self.tls {
+            Some(tls) => tls.paths_mut().collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// A table is no file: `--output` leaves the TLS files alone.
+    fn output_mut(&mut self) -> Option<&mut PathBuf> {
+        None
     }
 
     fn prepare(&mut self, ctx: &SinkContext<'_>) {
@@ -422,15 +425,45 @@ mod tests {
             matches!(&e, DataflowError::At { key, .. } if key == "batch_rows"),
             "{e}"
         );
-        let e = with("tls", serde_json::json!({"ca_file": "ca.pem"}))
+        let e = with("tls", serde_json::json!({"ca_file": "/nonexistent/ca.pem"}))
             .check()
             .unwrap_err();
-        assert!(e.to_string().contains("not supported"), "{e}");
+        assert!(
+            matches!(&e, DataflowError::At { key, .. } if key == "tls.ca_file"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("/nonexistent/ca.pem"), "{e}");
+        let e = with("url", "postgres://h/d?sslmode=on".into())
+            .check()
+            .unwrap_err();
+        assert!(
+            matches!(&e, DataflowError::At { key, .. } if key == "url"),
+            "{e}"
+        );
         let e = with("table", "a.b.c".into()).check().unwrap_err();
         assert!(
             matches!(&e, DataflowError::At { key, .. } if key == "table"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tls_paths_are_resolved_but_never_taken_for_the_output() {
+        let mut c: PostgresSinkConfig = serde_json::from_value(serde_json::json!({
+            "url": "u", "table": "t",
+            "tls": {"ca_file": "ca.pem", "client_cert": "c.pem", "client_key": "k.pem"}
+        }))
+        .unwrap();
+        // `riffle run --output` has no file to replace.
+        assert!(c.output_mut().is_none());
+        let paths = c.paths_mut();
+        assert_eq!(paths.len(), 3);
+        for p in paths {
+            *p = PathBuf::from("/pipelines").join(&*p);
+        }
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.ca_file.unwrap(), PathBuf::from("/pipelines/ca.pem"));
+        assert_eq!(tls.client_key.unwrap(), PathBuf::from("/pipelines/k.pem"));
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! through the synchronous `postgres` client.
 //!
 //! - `config`: the keys, the password kept out of every message ([`redact_url`]).
+//! - `tls` and `connector`: `sslmode` and `tls:` settled into a mode and what it trusts, and
+//!   the rustls handshake that checks it.
 //! - `types` and `encode`: Arrow types → SQL types, and columns → array parameters.
 //! - `sql`: quoting, `CREATE TABLE`, and the INSERT that takes one array per column
 //!   (`INSERT … SELECT … FROM UNNEST($1::int8[], …)`, `ON CONFLICT` for a key).
@@ -15,26 +17,28 @@
 
 mod commit;
 mod config;
+mod connector;
 mod encode;
 mod sink;
 mod sql;
 mod table;
+mod tls;
 mod types;
 mod writer;
 
 use std::sync::{Arc, Mutex};
 
 use arrow_schema::SchemaRef;
+use postgres::config::SslMode as ClientSslMode;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use riffle_dataflow::sink::{Committer, Recovery, Sink, SinkFactory};
 use riffle_dataflow::DataflowResult;
 
 use commit::{lock, PositionCommitter, Shared};
-pub use config::{
-    redact_url, KeyColumns, PostgresSinkConfig, TlsConfig, WriteMode, DEFAULT_POSITIONS_TABLE,
-};
+pub use config::{redact_url, KeyColumns, PostgresSinkConfig, WriteMode, DEFAULT_POSITIONS_TABLE};
 pub use sink::PostgresSink;
+pub use tls::{SslMode, TlsConfig};
 use writer::Writer;
 
 /// A configured PostgreSQL sink.
@@ -132,10 +136,11 @@ impl SinkFactory for PostgresSinkFactory {
     }
 }
 
-/// A connection with the configured timeout, in UTC (timestamps into `timestamp` columns),
-/// without notices (`CREATE TABLE IF NOT EXISTS` would log one at every start).
+/// A connection with the configured timeout and TLS, in UTC (timestamps into `timestamp`
+/// columns), without notices (`CREATE TABLE IF NOT EXISTS` would log one at every start).
 pub(crate) fn connect(config: &PostgresSinkConfig) -> DataflowResult<Client> {
-    let mut pg: postgres::Config = config.url.parse().map_err(|e: postgres::Error| {
+    let settled = config.settle_tls()?;
+    let mut pg: postgres::Config = settled.url.parse().map_err(|e: postgres::Error| {
         config
             .config_error(format!(
                 "`url` is not a PostgreSQL connection string: {}",
@@ -149,29 +154,49 @@ pub(crate) fn connect(config: &PostgresSinkConfig) -> DataflowResult<Client> {
     if pg.get_application_name().is_none() {
         pg.application_name("riffle");
     }
-    let mut client = pg
-        .connect(NoTls)
-        .map_err(|e| config.config_error(connect_failure(&e)))?;
+    // The client knows three modes; the checks of verify-ca and verify-full are the
+    // connector's.
+    pg.ssl_mode(match settled.mode {
+        SslMode::Disable => ClientSslMode::Disable,
+        SslMode::Prefer => ClientSslMode::Prefer,
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => ClientSslMode::Require,
+    });
+    let connected = match settled.connector {
+        Some(tls) => pg.connect(tls),
+        None => pg.connect(NoTls),
+    };
+    let mut client =
+        connected.map_err(|e| config.config_error(connect_failure(&e, settled.mode)))?;
     client
         .batch_execute("SET TimeZone = 'UTC'; SET client_min_messages = warning")
         .map_err(|e| config.config_error(describe_error(&e)))?;
     Ok(client)
 }
 
-/// Why connecting failed, saying so plainly when it is the credentials.
-fn connect_failure(e: &postgres::Error) -> String {
+/// Why connecting failed, saying so plainly when it is the credentials or a server without
+/// TLS.
+fn connect_failure(e: &postgres::Error, mode: SslMode) -> String {
     let credentials = matches!(
         e.code(),
         Some(c) if *c == SqlState::INVALID_PASSWORD
             || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
     );
-    if credentials {
+    let text = describe_error(e);
+    if credentials && text.contains("no encryption") {
         format!(
-            "authentication failed: {} (check the user and password in `url`)",
-            describe_error(e)
+            "the server refuses this user without TLS: {text} (ask for it with \
+             `sslmode=verify-full` in `url`, or `tls:`)"
+        )
+    } else if credentials {
+        format!("authentication failed: {text} (check the user and password in `url`)")
+    } else if text.contains("server does not support TLS") {
+        format!(
+            "the server does not accept TLS connections, and sslmode {} needs one: turn `ssl` \
+             on in the server's configuration, or ask for `sslmode=prefer` ({text})",
+            mode.name()
         )
     } else {
-        format!("cannot connect: {}", describe_error(e))
+        format!("cannot connect: {text}")
     }
 }
 
@@ -200,4 +225,64 @@ pub(crate) fn describe_error(e: &postgres::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A server that answers the client's TLS request with `N` (no TLS), and returns what
+    /// the client sent next (a plain startup message, or nothing).
+    fn plain_only_server() -> (u16, std::thread::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut socket, _) = listener.accept().unwrap();
+            let mut request = [0u8; 8];
+            socket.read_exact(&mut request).unwrap();
+            // SSLRequest: length 8, code 80877103.
+            assert_eq!(request, [0, 0, 0, 8, 4, 210, 22, 47], "a TLS request first");
+            socket.write_all(b"N").unwrap();
+            let mut next = [0u8; 8];
+            let n = socket.read(&mut next).unwrap_or(0);
+            next[..n].to_vec()
+        });
+        (port, server)
+    }
+
+    fn config(url: String) -> PostgresSinkConfig {
+        serde_json::from_value(serde_json::json!({"url": url, "table": "t"})).unwrap()
+    }
+
+    #[test]
+    fn require_fails_clearly_against_a_server_without_tls_and_prefer_goes_plain() {
+        let (port, server) = plain_only_server();
+        let e = connect(&config(format!(
+            "postgres://u:secret@127.0.0.1:{port}/d?sslmode=require"
+        )))
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("does not accept TLS") && e.contains("sslmode require"),
+            "{e}"
+        );
+        assert!(!e.contains("secret"), "{e}");
+        assert!(server.join().unwrap().is_empty(), "nothing sent in plain");
+
+        let (port, server) = plain_only_server();
+        let e = connect(&config(format!(
+            "host=127.0.0.1 port={port} user=u dbname=d sslmode=prefer connect_timeout=5"
+        )));
+        assert!(e.is_err(), "the fake server never answers the startup");
+        let next = server.join().unwrap();
+        assert_eq!(
+            next.get(4..8),
+            Some(&[0u8, 3, 0, 0][..]),
+            "prefer sent a plain startup message (protocol 3.0): {next:?}"
+        );
+    }
 }
