@@ -13,8 +13,9 @@ use riffle_dataflow::range::Range;
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
+use super::connector::{self, Settled};
 use super::sql::TableName;
-use super::tls::{self, Settled, TlsConfig};
+use super::tls::TlsConfig;
 use super::types::SqlType;
 use crate::kind::{Limits, SinkContext, SinkKind, SinkRole};
 
@@ -187,7 +188,7 @@ impl PostgresSinkConfig {
     /// How to connect: the URL without its TLS parameters, the mode, the TLS connector (its
     /// files read).
     pub(super) fn settle_tls(&self) -> DataflowResult<Settled> {
-        tls::settle(&self.url, self.tls.as_ref())
+        connector::settle(&self.url, self.tls.as_ref())
             .map_err(|e| self.config_error(e.message).at(e.key))
     }
 

@@ -20,7 +20,7 @@ use rustls::{
 };
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::tls::{TlsConfig, TlsSettingError, Verify};
+use super::tls::{split_url, SslMode, TlsConfig, TlsSettingError, Verify};
 
 /// Makes one TLS handshake per connection attempt, with the sink's trust settings.
 #[derive(Clone)]
@@ -413,6 +413,57 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for RustlsStream<S> {
 }
 
 /// A self-signed CA certificate for unit tests (no key: nothing signs with it here).
+/// How the sink connects: the connection string without its TLS parameters, the mode, and
+/// the TLS connector (none with `disable`).
+pub(super) struct Settled {
+    pub url: String,
+    pub mode: SslMode,
+    pub connector: Option<RustlsConnect>,
+    /// What the connector checks (built into its verifier; read here by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub verify: Verify,
+}
+
+/// The mode from the URL and `tls` (which must agree when both say one); without either, a
+/// plain connection, as before TLS was supported.
+pub(super) fn settle(url: &str, tls: Option<&TlsConfig>) -> Result<Settled, TlsSettingError> {
+    let (url, url_mode) = split_url(url).map_err(|m| TlsSettingError::new("url", m))?;
+    let mode = match (url_mode, tls.and_then(|t| t.mode)) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(TlsSettingError::new(
+                "tls.mode",
+                format!(
+                    "`tls.mode` is {} but `url` says sslmode={}: give the mode in one place",
+                    b.name(),
+                    a.name()
+                ),
+            ))
+        }
+        (Some(mode), _) | (None, Some(mode)) => mode,
+        (None, None) if tls.is_some() => SslMode::VerifyFull,
+        (None, None) => SslMode::Disable,
+    };
+    let has_ca = tls.is_some_and(|t| t.ca_file.is_some());
+    let verify = match mode {
+        SslMode::Disable | SslMode::Prefer | SslMode::Require if !has_ca => Verify::Nothing,
+        SslMode::Disable | SslMode::Prefer | SslMode::Require | SslMode::VerifyCa => Verify::Chain,
+        SslMode::VerifyFull => Verify::ChainAndHost,
+    };
+    let connector = match tls {
+        // The files are read whatever the mode: a path that is wrong is wrong with `disable`
+        // too.
+        Some(tls) => Some(RustlsConnect::new(verify, tls)?),
+        None if mode == SslMode::Disable => None,
+        None => Some(RustlsConnect::new(verify, &TlsConfig::default())?),
+    };
+    Ok(Settled {
+        url,
+        mode,
+        connector: connector.filter(|_| mode != SslMode::Disable),
+        verify,
+    })
+}
+
 #[cfg(test)]
 pub(super) const TEST_CA: &str = "-----BEGIN CERTIFICATE-----
 MIIBozCCAUmgAwIBAgIUczkbgDXaFDRrhckvyRd67CJkidUwCgYIKoZIzj0EAwIw

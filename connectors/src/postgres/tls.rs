@@ -6,8 +6,6 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::connector::RustlsConnect;
-
 /// libpq's `sslmode`, in `tls.mode` or the URL (`?sslmode=verify-full`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -112,57 +110,6 @@ pub(super) enum Verify {
     Chain,
     /// Signed by a trusted CA and naming the host.
     ChainAndHost,
-}
-
-/// How the sink connects: the connection string without its TLS parameters, the mode, and
-/// the TLS connector (none with `disable`).
-pub(super) struct Settled {
-    pub url: String,
-    pub mode: SslMode,
-    pub connector: Option<RustlsConnect>,
-    /// What the connector checks (built into its verifier; read here by the tests).
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub verify: Verify,
-}
-
-/// The mode from the URL and `tls` (which must agree when both say one); without either, a
-/// plain connection, as before TLS was supported.
-pub(super) fn settle(url: &str, tls: Option<&TlsConfig>) -> Result<Settled, TlsSettingError> {
-    let (url, url_mode) = split_url(url).map_err(|m| TlsSettingError::new("url", m))?;
-    let mode = match (url_mode, tls.and_then(|t| t.mode)) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(TlsSettingError::new(
-                "tls.mode",
-                format!(
-                    "`tls.mode` is {} but `url` says sslmode={}: give the mode in one place",
-                    b.name(),
-                    a.name()
-                ),
-            ))
-        }
-        (Some(mode), _) | (None, Some(mode)) => mode,
-        (None, None) if tls.is_some() => SslMode::VerifyFull,
-        (None, None) => SslMode::Disable,
-    };
-    let has_ca = tls.is_some_and(|t| t.ca_file.is_some());
-    let verify = match mode {
-        SslMode::Disable | SslMode::Prefer | SslMode::Require if !has_ca => Verify::Nothing,
-        SslMode::Disable | SslMode::Prefer | SslMode::Require | SslMode::VerifyCa => Verify::Chain,
-        SslMode::VerifyFull => Verify::ChainAndHost,
-    };
-    let connector = match tls {
-        // The files are read whatever the mode: a path that is wrong is wrong with `disable`
-        // too.
-        Some(tls) => Some(RustlsConnect::new(verify, tls)?),
-        None if mode == SslMode::Disable => None,
-        None => Some(RustlsConnect::new(verify, &TlsConfig::default())?),
-    };
-    Ok(Settled {
-        url,
-        mode,
-        connector: connector.filter(|_| mode != SslMode::Disable),
-        verify,
-    })
 }
 
 /// libpq's file parameters, which belong in `tls:` here (resolved against the pipeline file).
@@ -287,6 +234,7 @@ fn split_pairs(text: &str) -> Result<(String, Option<String>), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::postgres::connector::settle;
 
     #[test]
     fn sslmode_is_taken_out_of_either_form_of_url() {
