@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use riffle_storage::StorageError;
 use serde::{Deserialize, Serialize};
@@ -60,6 +62,18 @@ enum Backend {
 pub struct CheckpointStore {
     backend: Backend,
     keep: usize,
+    /// How long each write took (pruning included), shared by the store's clones: the run's
+    /// last line about checkpoints gives their p50/p99 (`docs/benchmarks/checkpoints.md`).
+    write_times: Arc<Mutex<Vec<Duration>>>,
+}
+
+/// Checkpoint writes of a run: how many and how long they took.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WriteTimes {
+    pub count: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
 }
 
 /// A store's failure as the runtime's error (its message names the URL and the operation).
@@ -80,6 +94,7 @@ impl CheckpointStore {
         Ok(CheckpointStore {
             backend: Backend::Dir(dir.to_path_buf()),
             keep: keep.max(2),
+            write_times: Arc::default(),
         })
     }
 
@@ -89,6 +104,7 @@ impl CheckpointStore {
         CheckpointStore {
             backend: Backend::Object(location),
             keep: keep.max(2),
+            write_times: Arc::default(),
         }
     }
 
@@ -130,6 +146,33 @@ impl CheckpointStore {
 
     /// Writes `checkpoint` atomically and prunes old ones; returns where it went.
     pub fn write(&self, checkpoint: &Checkpoint) -> DataflowResult<String> {
+        let started = Instant::now();
+        let written = self.write_untimed(checkpoint);
+        if written.is_ok() {
+            if let Ok(mut times) = self.write_times.lock() {
+                times.push(started.elapsed());
+            }
+        }
+        written
+    }
+
+    /// The successful writes so far (`None` before the first).
+    pub fn write_times(&self) -> Option<WriteTimes> {
+        let mut times = self.write_times.lock().ok()?.clone();
+        times.sort_unstable();
+        let at = |q: f64| {
+            let i = ((times.len() as f64 * q).ceil() as usize).saturating_sub(1);
+            times.get(i).copied()
+        };
+        Some(WriteTimes {
+            count: times.len(),
+            p50: at(0.5)?,
+            p99: at(0.99)?,
+            max: times.last().copied()?,
+        })
+    }
+
+    fn write_untimed(&self, checkpoint: &Checkpoint) -> DataflowResult<String> {
         let text = encode(checkpoint)?;
         match &self.backend {
             Backend::Dir(dir) => {

@@ -231,3 +231,20 @@ fn a_writer_that_lost_its_lease_says_so_and_writes_nothing_more() {
     drop(writer);
     assert_eq!(at.get(lease::LEASE).unwrap().as_deref(), Some(&b"{}"[..]));
 }
+
+#[test]
+fn each_successful_write_is_timed_across_the_stores_clones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path(), 3).unwrap();
+    assert_eq!(store.write_times(), None);
+    let clone = store.clone();
+    for e in 1..=4 {
+        clone.write(&checkpoint(e, e as i64)).unwrap();
+    }
+    // A failed write (its directory gone) is not a checkpoint written.
+    std::fs::remove_dir_all(dir.path()).unwrap();
+    assert!(store.write(&checkpoint(5, 5)).is_err());
+    let t = store.write_times().unwrap();
+    assert_eq!(t.count, 4);
+    assert!(t.p50 <= t.p99 && t.p99 <= t.max && t.max > Duration::ZERO, "{t:?}");
+}

@@ -255,6 +255,18 @@ pub(crate) fn run_worker(
         checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
         polls += 1;
     }
+    if let Some(store) = start.store.as_ref().filter(|_| index == 0) {
+        if let Some(t) = store.write_times() {
+            tracing::info!(
+                "checkpoint writes to {}: {}, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                store.describe(),
+                t.count,
+                t.p50.as_secs_f64() * 1e3,
+                t.p99.as_secs_f64() * 1e3,
+                t.max.as_secs_f64() * 1e3
+            );
+        }
+    }
     liveness.close();
     Ok(())
 }
