@@ -8,7 +8,9 @@ use common::*;
 #[test]
 fn the_kubernetes_manifest_passes_only_flags_riffle_run_has_and_needs_no_shared_volume() {
     let manifest = std::fs::read_to_string(repo().join("deploy/k8s/riffle.yaml")).unwrap();
-    let args_at = manifest.find("exec riffle run").expect("the pods run `riffle run`");
+    let args_at = manifest
+        .find("exec riffle run")
+        .expect("the pods run `riffle run`");
     let args: String = manifest[args_at..]
         .lines()
         .take_while(|l| !l.trim_start().starts_with("ports:"))
