@@ -5,7 +5,9 @@
 use std::path::{Path, PathBuf};
 
 /// Connector names, lower case; matched anywhere in a line, in any case.
-const CONNECTORS: &[&str] = &["kafka", "video", "rtsp", "jsonl", "images", "annotate"];
+const CONNECTORS: &[&str] = &[
+    "kafka", "video", "rtsp", "jsonl", "images", "annotate", "parquet", "postgres", "redis",
+];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap() {

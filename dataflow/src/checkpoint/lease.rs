@@ -22,7 +22,7 @@
 //! land (at most one renewal period and one request's timeout late): checkpoint objects are
 //! never overwritten, so each stays intact, but a restart may resume from the stopped run's
 //! checkpoint; and until it reaches the store again, the cut-off holder keeps writing results
-//! (Kafka sinks fence it themselves; a file sink does not). See docs/fault-tolerance.md.
+//! (transactional sinks fence it themselves; a file sink does not). See docs/fault-tolerance.md.
 
 use std::time::{Duration, Instant};
 
