@@ -46,7 +46,7 @@ pub struct PostgresSinkConfig {
     /// connection's TLS (none when neither asks for it).
     #[serde(default)]
     pub tls: Option<TlsConfig>,
-    /// Rows per INSERT statement.
+    /// Most rows per message of the binary COPY stream (a message also ends at 256 KiB).
     #[serde_inline_default(10_000)]
     pub batch_rows: usize,
     /// How long connecting (and authenticating) may take.

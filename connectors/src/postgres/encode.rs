@@ -1,264 +1,374 @@
-//! A column of a batch → the array parameter its values are sent in (`Vec<Option<T>>`, which
-//! the `postgres` crate sends as a PostgreSQL array with NULLs).
+//! Batches → PostgreSQL's binary COPY format (`COPY … FROM STDIN BINARY`), written straight
+//! from the Arrow arrays: per row a field count, then per column the value's length and its
+//! bytes in the binary form of the column's [`Wire`] type (length -1: NULL).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::io::Write as _;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
-    Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, TimestampMicrosecondType,
+    Date32Type, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, TimestampMicrosecondType,
 };
-use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_array::{
+    Array, ArrayRef, BinaryArray, BooleanArray, LargeBinaryArray, LargeStringArray, PrimitiveArray,
+    RecordBatch, StringArray, StringViewArray,
+};
+use arrow_buffer::NullBuffer;
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_schema::{DataType, Field, Schema, TimeUnit};
-use postgres::types::ToSql;
+use arrow_json::writer::{EncoderOptions, NullableEncoder};
+use arrow_schema::{DataType, Field, FieldRef, TimeUnit};
 
-use super::types::SqlType;
+use super::json;
+use super::types::{SqlType, Wire};
 
-/// One column's values, owned, as the parameter type of its [`SqlType`].
-#[derive(Debug, PartialEq)]
-pub enum Param {
-    Bool(Vec<Option<bool>>),
-    Int2(Vec<Option<i16>>),
-    Int4(Vec<Option<i32>>),
-    Int8(Vec<Option<i64>>),
-    Float4(Vec<Option<f32>>),
-    Float8(Vec<Option<f64>>),
-    Text(Vec<Option<String>>),
-    Bytes(Vec<Option<Vec<u8>>>),
-    Time(Vec<Option<SystemTime>>),
-    Json(Vec<Option<serde_json::Value>>),
+/// The signature, flags (no OIDs) and an empty header extension.
+pub const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+/// A field count of -1 ends the data.
+pub const TRAILER: &[u8] = &[0xff, 0xff];
+
+/// PostgreSQL's epoch, 2000-01-01, in microseconds and days since the Unix epoch.
+const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+const PG_EPOCH_DAYS: i32 = 10_957;
+
+/// A batch's columns cast to what their wire forms are written from; [`Columns::rows`]
+/// borrows them.
+pub struct Columns {
+    columns: Vec<Prepared>,
+    json: EncoderOptions,
 }
 
-impl Param {
-    pub fn as_sql(&self) -> &(dyn ToSql + Sync) {
-        match self {
-            Param::Bool(v) => v,
-            Param::Int2(v) => v,
-            Param::Int4(v) => v,
-            Param::Int8(v) => v,
-            Param::Float4(v) => v,
-            Param::Float8(v) => v,
-            Param::Text(v) => v,
-            Param::Bytes(v) => v,
-            Param::Time(v) => v,
-            Param::Json(v) => v,
+/// A column cast for its wire form, with its name and (for JSON) a field describing it.
+struct Prepared {
+    name: String,
+    array: ArrayRef,
+    field: FieldRef,
+    wire: Wire,
+    sql: SqlType,
+}
+
+impl Columns {
+    /// `batch`'s columns, to be written as `wires` (one per column, the plan's). The error
+    /// names the column.
+    pub fn new(batch: &RecordBatch, wires: &[Wire], sql: &[SqlType]) -> Result<Columns, String> {
+        if wires.len() != batch.num_columns() || sql.len() != batch.num_columns() {
+            return Err(format!(
+                "a batch of {} column(s) for a plan of {}",
+                batch.num_columns(),
+                wires.len()
+            ));
         }
+        if i16::try_from(wires.len()).is_err() {
+            return Err(format!("{} columns are more than COPY takes", wires.len()));
+        }
+        let schema = batch.schema();
+        let mut columns = Vec::with_capacity(wires.len());
+        for ((column, field), (wire, sql)) in batch
+            .columns()
+            .iter()
+            .zip(schema.fields())
+            .zip(wires.iter().zip(sql))
+        {
+            let array = prepare(column, *wire, *sql)
+                .map_err(|e| format!("column `{}`: {e}", field.name()))?;
+            columns.push(Prepared {
+                name: field.name().clone(),
+                field: std::sync::Arc::new(Field::new(
+                    field.name(),
+                    array.data_type().clone(),
+                    true,
+                )),
+                array,
+                wire: *wire,
+                sql: *sql,
+            });
+        }
+        Ok(Columns {
+            columns,
+            json: json::options(),
+        })
+    }
+
+    /// The writer of the rows.
+    pub fn rows(&self) -> Result<Rows<'_>, String> {
+        let mut columns = Vec::with_capacity(self.columns.len());
+        for c in &self.columns {
+            let column = Column::new(&c.array, &c.field, c.wire, c.sql, &self.json)
+                .map_err(|e| format!("column `{}`: {e}", c.name))?;
+            columns.push((c.name.as_str(), column));
+        }
+        Ok(Rows {
+            count: (columns.len() as i16).to_be_bytes(),
+            columns,
+        })
     }
 }
 
-/// `array`'s values as `sql`'s parameter; the error says what failed (a value JSON cannot
-/// hold, a cast Arrow cannot make).
-pub fn encode(array: &ArrayRef, sql: SqlType) -> Result<Param, String> {
+/// `array` as the Arrow type its wire form is written from (casts as Arrow makes them: a
+/// timestamp's nanoseconds are cut to microseconds).
+fn prepare(array: &ArrayRef, wire: Wire, sql: SqlType) -> Result<ArrayRef, String> {
     let cast =
         |to: &DataType| arrow_cast::cast(array, to).map_err(|e| format!("converting to {to}: {e}"));
-    Ok(match sql {
-        SqlType::Bool => Param::Bool(cast(&DataType::Boolean)?.as_boolean().iter().collect()),
-        SqlType::Int2 => Param::Int2(
-            cast(&DataType::Int16)?
-                .as_primitive::<Int16Type>()
-                .iter()
-                .collect(),
-        ),
-        SqlType::Int4 => Param::Int4(
-            cast(&DataType::Int32)?
-                .as_primitive::<Int32Type>()
-                .iter()
-                .collect(),
-        ),
-        SqlType::Int8 => Param::Int8(
-            cast(&DataType::Int64)?
-                .as_primitive::<Int64Type>()
-                .iter()
-                .collect(),
-        ),
-        SqlType::Float4 => Param::Float4(
-            cast(&DataType::Float32)?
-                .as_primitive::<Float32Type>()
-                .iter()
-                .collect(),
-        ),
-        SqlType::Float8 => Param::Float8(
-            cast(&DataType::Float64)?
-                .as_primitive::<Float64Type>()
-                .iter()
-                .collect(),
-        ),
-        SqlType::Text => Param::Text(
-            cast(&DataType::Utf8)?
-                .as_string::<i32>()
-                .iter()
-                .map(|v| v.map(str::to_string))
-                .collect(),
-        ),
-        SqlType::Bytea => Param::Bytes(
-            cast(&DataType::LargeBinary)?
-                .as_binary::<i64>()
-                .iter()
-                .map(|v| v.map(<[u8]>::to_vec))
-                .collect(),
-        ),
-        SqlType::Timestamptz => {
+    let keep = |types: &[DataType]| types.contains(array.data_type());
+    match wire {
+        Wire::Bool => cast(&DataType::Boolean),
+        Wire::Int2 => cast(&DataType::Int16),
+        Wire::Int4 => cast(&DataType::Int32),
+        Wire::Int8 => cast(&DataType::Int64),
+        Wire::Float4 => cast(&DataType::Float32),
+        Wire::Float8 => cast(&DataType::Float64),
+        // Times and decimals are shown as text, from the array as it is.
+        Wire::Text if sql != SqlType::Text => Ok(array.clone()),
+        Wire::Text if keep(&[DataType::Utf8, DataType::LargeUtf8, DataType::Utf8View]) => {
+            Ok(array.clone())
+        }
+        Wire::Text => cast(&DataType::Utf8),
+        Wire::Bytea if keep(&[DataType::Binary, DataType::LargeBinary]) => Ok(array.clone()),
+        Wire::Bytea => cast(&DataType::LargeBinary),
+        Wire::Timestamp => {
             let tz = match array.data_type() {
                 DataType::Timestamp(_, tz) => tz.clone(),
                 _ => None,
             };
-            Param::Time(
-                cast(&DataType::Timestamp(TimeUnit::Microsecond, tz))?
-                    .as_primitive::<TimestampMicrosecondType>()
-                    .iter()
-                    .map(|v| v.map(from_micros))
-                    .collect(),
-            )
+            cast(&DataType::Timestamp(TimeUnit::Microsecond, tz))
         }
-        SqlType::Date => {
-            let days = match array.data_type() {
-                DataType::Date64 => cast(&DataType::Date32)?,
-                _ => array.clone(),
-            };
-            Param::Text(display(&days)?)
-        }
-        SqlType::Time | SqlType::Numeric => Param::Text(display(array)?),
-        SqlType::Jsonb => Param::Json(json(array)?),
-    })
+        Wire::Date => cast(&DataType::Date32),
+        Wire::Numeric | Wire::Jsonb => Ok(array.clone()),
+    }
 }
 
-/// Microseconds since the Unix epoch (before it when negative).
-fn from_micros(us: i64) -> SystemTime {
-    let magnitude = Duration::from_micros(us.unsigned_abs());
-    let at = if us >= 0 {
-        UNIX_EPOCH.checked_add(magnitude)
-    } else {
-        UNIX_EPOCH.checked_sub(magnitude)
+/// Writes rows in the binary COPY format.
+pub struct Rows<'a> {
+    count: [u8; 2],
+    columns: Vec<(&'a str, Column<'a>)>,
+}
+
+impl Rows<'_> {
+    /// Appends row `row` to `out`; the error names the column.
+    pub fn write(&mut self, row: usize, out: &mut Vec<u8>) -> Result<(), String> {
+        out.extend_from_slice(&self.count);
+        for (name, column) in &mut self.columns {
+            column
+                .write(row, out)
+                .map_err(|e| format!("column `{name}`: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+/// One column's values and how they are written.
+struct Column<'a> {
+    nulls: Option<NullBuffer>,
+    values: Values<'a>,
+}
+
+enum Values<'a> {
+    Bool(&'a BooleanArray),
+    Int2(&'a PrimitiveArray<Int16Type>),
+    Int4(&'a PrimitiveArray<Int32Type>),
+    Int8(&'a PrimitiveArray<Int64Type>),
+    Float4(&'a PrimitiveArray<Float32Type>),
+    Float8(&'a PrimitiveArray<Float64Type>),
+    Utf8(&'a StringArray),
+    LargeUtf8(&'a LargeStringArray),
+    Utf8View(&'a StringViewArray),
+    Binary(&'a BinaryArray),
+    LargeBinary(&'a LargeBinaryArray),
+    /// Microseconds since the Unix epoch.
+    Timestamp(&'a PrimitiveArray<TimestampMicrosecondType>),
+    /// Days since the Unix epoch.
+    Date(&'a PrimitiveArray<Date32Type>),
+    /// As Arrow displays them, for PostgreSQL to parse (`12:30:00.5`, `12.50`).
+    Shown(ArrayFormatter<'a>),
+    /// As Arrow displays them, written as `numeric`.
+    Numeric(ArrayFormatter<'a>, String),
+    Json(NullableEncoder<'a>),
+}
+
+impl<'a> Column<'a> {
+    fn new(
+        array: &'a ArrayRef,
+        field: &'a FieldRef,
+        wire: Wire,
+        sql: SqlType,
+        json: &'a EncoderOptions,
+    ) -> Result<Column<'a>, String> {
+        let shown = || {
+            ArrayFormatter::try_new(array.as_ref(), &FormatOptions::default())
+                .map_err(|e| e.to_string())
+        };
+        let values = match wire {
+            Wire::Bool => Values::Bool(array.as_boolean()),
+            Wire::Int2 => Values::Int2(array.as_primitive()),
+            Wire::Int4 => Values::Int4(array.as_primitive()),
+            Wire::Int8 => Values::Int8(array.as_primitive()),
+            Wire::Float4 => Values::Float4(array.as_primitive()),
+            Wire::Float8 => Values::Float8(array.as_primitive()),
+            Wire::Text if sql != SqlType::Text => Values::Shown(shown()?),
+            Wire::Text => match array.data_type() {
+                DataType::LargeUtf8 => Values::LargeUtf8(array.as_string::<i64>()),
+                DataType::Utf8View => Values::Utf8View(array.as_string_view()),
+                _ => Values::Utf8(array.as_string::<i32>()),
+            },
+            Wire::Bytea => match array.data_type() {
+                DataType::Binary => Values::Binary(array.as_binary::<i32>()),
+                _ => Values::LargeBinary(array.as_binary::<i64>()),
+            },
+            Wire::Timestamp => Values::Timestamp(array.as_primitive()),
+            Wire::Date => Values::Date(array.as_primitive()),
+            Wire::Numeric => Values::Numeric(shown()?, String::new()),
+            Wire::Jsonb => Values::Json(json::encoder(field, array.as_ref(), json)?),
+        };
+        // A dictionary's null values and a run's nulls are NULLs too.
+        let nulls = match wire {
+            Wire::Jsonb => array.logical_nulls(),
+            _ => array.nulls().cloned(),
+        };
+        Ok(Column { nulls, values })
+    }
+
+    fn write(&mut self, row: usize, out: &mut Vec<u8>) -> Result<(), String> {
+        if self.nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+            out.extend_from_slice(&(-1i32).to_be_bytes());
+            return Ok(());
+        }
+        let fixed = |out: &mut Vec<u8>, bytes: &[u8]| {
+            out.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
+            out.extend_from_slice(bytes);
+        };
+        match &mut self.values {
+            Values::Bool(v) => fixed(out, &[u8::from(v.value(row))]),
+            Values::Int2(v) => fixed(out, &v.value(row).to_be_bytes()),
+            Values::Int4(v) => fixed(out, &v.value(row).to_be_bytes()),
+            Values::Int8(v) => fixed(out, &v.value(row).to_be_bytes()),
+            Values::Float4(v) => fixed(out, &v.value(row).to_be_bytes()),
+            Values::Float8(v) => fixed(out, &v.value(row).to_be_bytes()),
+            Values::Utf8(v) => bytes(out, v.value(row).as_bytes())?,
+            Values::LargeUtf8(v) => bytes(out, v.value(row).as_bytes())?,
+            Values::Utf8View(v) => bytes(out, v.value(row).as_bytes())?,
+            Values::Binary(v) => bytes(out, v.value(row))?,
+            Values::LargeBinary(v) => bytes(out, v.value(row))?,
+            Values::Timestamp(v) => {
+                let us = v.value(row);
+                let since = us
+                    .checked_sub(PG_EPOCH_MICROS)
+                    .ok_or_else(|| format!("timestamp {us} µs after 1970 is out of range"))?;
+                fixed(out, &since.to_be_bytes());
+            }
+            Values::Date(v) => {
+                let days = v.value(row);
+                let since = days
+                    .checked_sub(PG_EPOCH_DAYS)
+                    .ok_or_else(|| format!("date {days} days after 1970 is out of range"))?;
+                fixed(out, &since.to_be_bytes());
+            }
+            Values::Shown(f) => {
+                let at = open(out);
+                write!(out, "{}", f.value(row)).map_err(|e| e.to_string())?;
+                close(out, at)?;
+            }
+            Values::Numeric(f, text) => {
+                text.clear();
+                std::fmt::Write::write_fmt(text, format_args!("{}", f.value(row)))
+                    .map_err(|e| e.to_string())?;
+                numeric(text, out)?;
+            }
+            Values::Json(encoder) => {
+                let at = open(out);
+                // jsonb's binary form: a version byte, then the JSON text.
+                out.push(1);
+                encoder.encode(row, out);
+                close(out, at)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A variable-length value.
+fn bytes(out: &mut Vec<u8>, value: &[u8]) -> Result<(), String> {
+    let len = i32::try_from(value.len())
+        .map_err(|_| format!("a value of {} bytes is over 2 GiB", value.len()))?;
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(value);
+    Ok(())
+}
+
+/// Room for a length, filled in by [`close`] once the value is written.
+fn open(out: &mut Vec<u8>) -> usize {
+    out.extend_from_slice(&[0; 4]);
+    out.len()
+}
+
+fn close(out: &mut [u8], at: usize) -> Result<(), String> {
+    let len = out.len().saturating_sub(at);
+    let len = i32::try_from(len).map_err(|_| format!("a value of {len} bytes is over 2 GiB"))?;
+    let slot = out
+        .get_mut(at.saturating_sub(4)..at)
+        .ok_or("a value's length has no room")?;
+    slot.copy_from_slice(&len.to_be_bytes());
+    Ok(())
+}
+
+/// `numeric`'s binary form of a decimal written `-123.4500`: base-10000 digits around the
+/// decimal point, the weight of the first, the sign, and the scale.
+fn numeric(text: &str, out: &mut Vec<u8>) -> Result<(), String> {
+    let bad = || format!("`{text}` is not a decimal number");
+    let (negative, unsigned) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
     };
-    at.unwrap_or(UNIX_EPOCH)
-}
-
-/// Each value as Arrow displays it (dates `2024-01-31`, decimals `12.50`), for casts in SQL.
-fn display(array: &ArrayRef) -> Result<Vec<Option<String>>, String> {
-    let options = FormatOptions::default();
-    let formatter = ArrayFormatter::try_new(array.as_ref(), &options).map_err(|e| e.to_string())?;
-    Ok((0..array.len())
-        .map(|i| (!array.is_null(i)).then(|| formatter.value(i).to_string()))
-        .collect())
-}
-
-/// Each value as JSON (lists, structs, maps), through Arrow's JSON writer.
-fn json(array: &ArrayRef) -> Result<Vec<Option<serde_json::Value>>, String> {
-    const NAME: &str = "v";
-    let schema = Schema::new(vec![Field::new(NAME, array.data_type().clone(), true)]);
-    let batch = RecordBatch::try_new(std::sync::Arc::new(schema), vec![array.clone()])
-        .map_err(|e| e.to_string())?;
-    let mut writer = arrow_json::LineDelimitedWriter::new(Vec::new());
-    writer
-        .write(&batch)
-        .and_then(|()| writer.finish())
-        .map_err(|e| format!("as JSON: {e}"))?;
-    let text = writer.into_inner();
-    let mut values = Vec::with_capacity(array.len());
-    for (i, line) in text.split(|b| *b == b'\n').take(array.len()).enumerate() {
-        if array.is_null(i) {
-            values.push(None);
-            continue;
+    let (int, frac) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (int.is_empty() && frac.is_empty()) || !digits(int) || !digits(frac) {
+        return Err(bad());
+    }
+    let scale = u16::try_from(frac.len())
+        .ok()
+        .filter(|s| *s <= 0x3fff)
+        .ok_or_else(bad)?;
+    let int = int.trim_start_matches('0');
+    let group = |s: &str| s.bytes().fold(0i16, |n, b| n * 10 + i16::from(b - b'0'));
+    let mut groups = Vec::with_capacity(int.len() / 4 + frac.len() / 4 + 2);
+    // The integer part's groups end at the decimal point: the first may be short.
+    let (head, rest) = int.split_at(int.len() % 4);
+    if !head.is_empty() {
+        groups.push(group(head));
+    }
+    for chunk in rest.as_bytes().chunks(4) {
+        groups.push(group(std::str::from_utf8(chunk).map_err(|_| bad())?));
+    }
+    let mut weight = i16::try_from(groups.len()).map_err(|_| bad())? - 1;
+    for chunk in frac.as_bytes().chunks(4) {
+        let mut g = group(std::str::from_utf8(chunk).map_err(|_| bad())?);
+        for _ in chunk.len()..4 {
+            g *= 10;
         }
-        let mut row: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(line).map_err(|e| format!("as JSON: {e}"))?;
-        values.push(row.remove(NAME));
+        groups.push(g);
     }
-    if values.len() != array.len() {
-        return Err(format!(
-            "as JSON: {} of {} rows written",
-            values.len(),
-            array.len()
-        ));
+    let lead = groups.iter().take_while(|g| **g == 0).count();
+    groups.drain(..lead);
+    weight -= i16::try_from(lead).map_err(|_| bad())?;
+    while groups.last() == Some(&0) {
+        groups.pop();
     }
-    Ok(values)
+    let sign: u16 = if negative && !groups.is_empty() {
+        0x4000
+    } else {
+        0
+    };
+    if groups.is_empty() {
+        weight = 0;
+    }
+    let count = i16::try_from(groups.len()).map_err(|_| bad())?;
+    let at = open(out);
+    out.extend_from_slice(&count.to_be_bytes());
+    out.extend_from_slice(&weight.to_be_bytes());
+    out.extend_from_slice(&sign.to_be_bytes());
+    out.extend_from_slice(&scale.to_be_bytes());
+    for g in groups {
+        out.extend_from_slice(&g.to_be_bytes());
+    }
+    close(out, at)
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use arrow_array::builder::{FixedSizeListBuilder, Float32Builder};
-    use arrow_array::{
-        BooleanArray, Date32Array, Decimal128Array, Int8Array, StringArray,
-        TimestampNanosecondArray, UInt64Array,
-    };
-
-    #[test]
-    fn scalars_keep_their_values_and_nulls() {
-        let ints: ArrayRef = Arc::new(Int8Array::from(vec![Some(-3), None, Some(7)]));
-        assert_eq!(
-            encode(&ints, SqlType::Int2).unwrap(),
-            Param::Int2(vec![Some(-3), None, Some(7)])
-        );
-        let flags: ArrayRef = Arc::new(BooleanArray::from(vec![Some(true), None]));
-        assert_eq!(
-            encode(&flags, SqlType::Bool).unwrap(),
-            Param::Bool(vec![Some(true), None])
-        );
-        let text: ArrayRef = Arc::new(StringArray::from(vec![Some("a"), None]));
-        assert_eq!(
-            encode(&text, SqlType::Text).unwrap(),
-            Param::Text(vec![Some("a".into()), None])
-        );
-        let big: ArrayRef = Arc::new(UInt64Array::from(vec![u64::MAX]));
-        assert_eq!(
-            encode(&big, SqlType::Numeric).unwrap(),
-            Param::Text(vec![Some(u64::MAX.to_string())]),
-            "unsigned 64-bit values are sent whole"
-        );
-        let money: ArrayRef = Arc::new(
-            Decimal128Array::from(vec![Some(1250), None])
-                .with_precision_and_scale(10, 2)
-                .unwrap(),
-        );
-        assert_eq!(
-            encode(&money, SqlType::Numeric).unwrap(),
-            Param::Text(vec![Some("12.50".into()), None])
-        );
-        let days: ArrayRef = Arc::new(Date32Array::from(vec![19_753]));
-        assert_eq!(
-            encode(&days, SqlType::Date).unwrap(),
-            Param::Text(vec![Some("2024-01-31".into())])
-        );
-    }
-
-    #[test]
-    fn timestamps_become_instants_before_and_after_1970() {
-        let ns: ArrayRef = Arc::new(
-            TimestampNanosecondArray::from(vec![
-                Some(1_500_000_000_123_456_789),
-                Some(-1_000),
-                None,
-            ])
-            .with_timezone("UTC"),
-        );
-        let Param::Time(times) = encode(&ns, SqlType::Timestamptz).unwrap() else {
-            panic!("timestamps are sent as instants");
-        };
-        assert_eq!(
-            times[0].unwrap().duration_since(UNIX_EPOCH).unwrap(),
-            Duration::from_micros(1_500_000_000_123_456)
-        );
-        assert_eq!(
-            UNIX_EPOCH.duration_since(times[1].unwrap()).unwrap(),
-            Duration::from_micros(1)
-        );
-        assert_eq!(times[2], None);
-    }
-
-    #[test]
-    fn lists_become_json_arrays() {
-        let mut b = FixedSizeListBuilder::new(Float32Builder::new(), 2);
-        b.values().append_slice(&[0.5, 1.5]);
-        b.append(true);
-        b.values().append_slice(&[0.0, 0.0]);
-        b.append(false);
-        let list: ArrayRef = Arc::new(b.finish());
-        assert_eq!(
-            encode(&list, SqlType::Jsonb).unwrap(),
-            Param::Json(vec![Some(serde_json::json!([0.5, 1.5])), None])
-        );
-    }
-}
+mod tests;

@@ -4,9 +4,10 @@
 //! - `config`: the keys, the password kept out of every message ([`redact_url`]).
 //! - `tls` and `connector`: `sslmode` and `tls:` settled into a mode and what it trusts, and
 //!   the rustls handshake that checks it.
-//! - `types` and `encode`: Arrow types → SQL types, and columns → array parameters.
-//! - `sql`: quoting, `CREATE TABLE`, and the INSERT that takes one array per column
-//!   (`INSERT … SELECT … FROM UNNEST($1::int8[], …)`, `ON CONFLICT` for a key).
+//! - `types`, `encode` and `json`: Arrow types → SQL types, and batches → PostgreSQL's binary
+//!   COPY format, written straight from the arrays (lists and structs as jsonb).
+//! - `sql`: quoting, `CREATE TABLE`, `COPY … FROM STDIN BINARY`, and the staging table with
+//!   its `INSERT … SELECT … ON CONFLICT` for a key (and for values PostgreSQL casts).
 //! - `table`: the catalog's view of the table, the check that the results fit it, the plan.
 //! - `writer`: the connection that writes; `sink`: what the runtime writes batches to;
 //!   `commit`: exactly-once output, one transaction per checkpoint with the sink's row of
@@ -19,6 +20,7 @@ mod commit;
 mod config;
 mod connector;
 mod encode;
+mod json;
 mod sink;
 mod sql;
 mod table;
@@ -74,7 +76,7 @@ impl PostgresSinkFactory {
         })?;
         match (found, &schema) {
             (Some(t), Some(s)) => {
-                table::plan(&t, s, &config.key.0, config.mode)
+                table::plan(&t, s, &config.key.0, config.mode, "riffle_stage")
                     .map_err(|e| config.config_error(e))?;
             }
             (None, _) if !config.create_table => {

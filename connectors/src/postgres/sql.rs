@@ -1,6 +1,5 @@
-//! The SQL the sink sends: quoted names, `CREATE TABLE`, and the INSERT that takes one array
-//! per column (`INSERT … SELECT … FROM UNNEST($1::int8[], $2::text[])`), so a statement of
-//! any number of rows has one parameter per column.
+//! The SQL the sink sends: quoted names, `CREATE TABLE`, binary `COPY` straight into the
+//! table, and the staging table with its `INSERT … SELECT … ON CONFLICT` for keys and casts.
 
 use std::fmt::Write as _;
 
@@ -101,50 +100,102 @@ pub fn create_table(table: &TableName, columns: &[NewColumn<'_>], key: &[String]
     )
 }
 
-/// A column of the INSERT: its name, the array type its parameter is sent as, and the cast
-/// to the table's type where no assignment cast exists (text into `jsonb`).
-pub struct InsertColumn<'a> {
+/// A column written by COPY: its name, the SQL type of the form its values are sent in, and
+/// the cast to the table's type where no assignment cast exists (text into `jsonb`).
+pub struct CopyColumn<'a> {
     pub name: &'a str,
-    pub param_type: &'a str,
+    pub wire_type: &'a str,
     pub cast: Option<&'a str>,
 }
 
-/// `INSERT INTO t ("a", "b") SELECT u."a", u."b"::jsonb FROM UNNEST($1::int8[], $2::text[])
-/// AS u("a", "b")`, then with a `key` the conflict clause: `update` the other columns (an
-/// upsert), or skip the row.
-pub fn insert(
+/// `COPY t ("a", "b") FROM STDIN BINARY`: rows straight into the table.
+pub fn copy_into(table: &TableName, columns: &[CopyColumn<'_>]) -> String {
+    let names: Vec<&str> = columns.iter().map(|c| c.name).collect();
+    format!(
+        "COPY {} ({}) FROM STDIN BINARY",
+        table.quoted(),
+        quoted_list(&names)
+    )
+}
+
+/// The statements of rows staged in a temporary table of this session before they reach the
+/// table: for a key's `ON CONFLICT`, and for values PostgreSQL casts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    /// Creates the staging table once per connection: a column per result column, in the
+    /// form its values are sent in, and their order of arrival; emptied at each commit.
+    pub create: String,
+    pub copy: String,
+    /// Moves the staged rows into the table.
+    pub insert: String,
+    /// Empties it within a transaction that stages twice.
+    pub empty: String,
+}
+
+/// Staging through `pg_temp.<stage>`: `INSERT INTO t ("a", "b") SELECT s.c1, s.c2::jsonb FROM
+/// pg_temp.<stage> s ORDER BY s.ord` in arrival order; with a `key`, the conflict clause:
+/// skip rows whose key is present (the first of a key wins), or `update` the other columns,
+/// from the last staged row of each key (`DISTINCT ON`).
+pub fn staged(
     table: &TableName,
-    columns: &[InsertColumn<'_>],
+    stage: &str,
+    columns: &[CopyColumn<'_>],
     key: &[String],
     update: bool,
-) -> String {
+) -> Staged {
+    let stage = format!("pg_temp.{}", quote(stage));
+    let mut defs = String::new();
+    let mut staged = Vec::with_capacity(columns.len());
+    let mut values = Vec::with_capacity(columns.len());
+    for (i, c) in columns.iter().enumerate() {
+        let _ = write!(defs, "c{} {}, ", i + 1, c.wire_type);
+        staged.push(format!("c{}", i + 1));
+        values.push(match c.cast {
+            Some(cast) => format!("s.c{}::{cast}", i + 1),
+            None => format!("s.c{}", i + 1),
+        });
+    }
+    let create = format!(
+        "CREATE TEMP TABLE {stage} ({defs}ord bigint GENERATED ALWAYS AS IDENTITY) \
+         ON COMMIT DELETE ROWS"
+    );
+    let copy = format!("COPY {stage} ({}) FROM STDIN BINARY", staged.join(", "));
     let names: Vec<&str> = columns.iter().map(|c| c.name).collect();
-    let mut sql = format!(
+    let mut insert = format!(
         "INSERT INTO {} ({}) SELECT ",
         table.quoted(),
         quoted_list(&names)
     );
-    for (i, c) in columns.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        let _ = write!(sql, "u.{}", quote(c.name));
-        if let Some(cast) = c.cast {
-            let _ = write!(sql, "::{cast}");
-        }
+    let key_values: Vec<&str> = key
+        .iter()
+        .filter_map(|k| names.iter().position(|n| n == k))
+        .filter_map(|i| values.get(i).map(String::as_str))
+        .collect();
+    if update {
+        let _ = write!(insert, "DISTINCT ON ({}) ", key_values.join(", "));
     }
-    sql.push_str(" FROM UNNEST(");
-    for (i, c) in columns.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
-        }
-        let _ = write!(sql, "${}::{}[]", i + 1, c.param_type);
+    let _ = write!(insert, "{} FROM {stage} s ORDER BY ", values.join(", "));
+    if update {
+        let _ = write!(insert, "{}, s.ord DESC", key_values.join(", "));
+    } else {
+        insert.push_str("s.ord");
     }
-    let _ = write!(sql, ") AS u({})", quoted_list(&names));
+    insert.push_str(&on_conflict(&names, key, update));
+    Staged {
+        create,
+        copy,
+        insert,
+        empty: format!("TRUNCATE {stage}"),
+    }
+}
+
+/// ` ON CONFLICT (key) DO NOTHING`, or `DO UPDATE SET` every other column for an upsert;
+/// nothing without a key.
+fn on_conflict(names: &[&str], key: &[String], update: bool) -> String {
     if key.is_empty() {
-        return sql;
+        return String::new();
     }
-    let _ = write!(sql, " ON CONFLICT ({})", quoted_list(key));
+    let mut sql = format!(" ON CONFLICT ({})", quoted_list(key));
     let updates: Vec<String> = names
         .iter()
         .filter(|n| !key.iter().any(|k| k == *n))
@@ -208,54 +259,79 @@ mod tests {
         assert!(!create_table(&t, &columns, &[]).contains("PRIMARY KEY"));
     }
 
-    fn columns() -> [InsertColumn<'static>; 3] {
+    fn columns() -> [CopyColumn<'static>; 3] {
         [
-            InsertColumn {
+            CopyColumn {
                 name: "id",
-                param_type: "int8",
+                wire_type: "int8",
                 cast: None,
             },
-            InsertColumn {
+            CopyColumn {
                 name: "name",
-                param_type: "text",
+                wire_type: "text",
                 cast: None,
             },
-            InsertColumn {
+            CopyColumn {
                 name: "tags",
-                param_type: "text",
+                wire_type: "text",
                 cast: Some("jsonb"),
             },
         ]
     }
 
     #[test]
-    fn inserts_take_one_array_per_column() {
+    fn rows_are_copied_straight_into_the_table() {
         let t = TableName::parse("s.t").unwrap();
         assert_eq!(
-            insert(&t, &columns(), &[], false),
-            "INSERT INTO \"s\".\"t\" (\"id\", \"name\", \"tags\") SELECT u.\"id\", u.\"name\", \
-             u.\"tags\"::jsonb FROM UNNEST($1::int8[], $2::text[], $3::text[]) AS u(\"id\", \
-             \"name\", \"tags\")"
-        );
-        assert!(
-            insert(&t, &columns(), &["id".into()], false)
-                .ends_with(" ON CONFLICT (\"id\") DO NOTHING"),
-            "insert with a key skips rows whose key is present"
+            copy_into(&t, &columns()),
+            "COPY \"s\".\"t\" (\"id\", \"name\", \"tags\") FROM STDIN BINARY"
         );
     }
 
     #[test]
-    fn upserts_update_every_column_but_the_key() {
+    fn staged_rows_are_cast_and_inserted_in_order() {
+        let t = TableName::parse("s.t").unwrap();
+        let s = staged(&t, "riffle_stage_1", &columns(), &[], false);
+        assert_eq!(
+            s.create,
+            "CREATE TEMP TABLE pg_temp.\"riffle_stage_1\" (c1 int8, c2 text, c3 text, ord bigint \
+             GENERATED ALWAYS AS IDENTITY) ON COMMIT DELETE ROWS"
+        );
+        assert_eq!(
+            s.copy,
+            "COPY pg_temp.\"riffle_stage_1\" (c1, c2, c3) FROM STDIN BINARY"
+        );
+        assert_eq!(
+            s.insert,
+            "INSERT INTO \"s\".\"t\" (\"id\", \"name\", \"tags\") SELECT s.c1, s.c2, s.c3::jsonb \
+             FROM pg_temp.\"riffle_stage_1\" s ORDER BY s.ord"
+        );
+        let keyed = staged(&t, "riffle_stage_1", &columns(), &["id".into()], false);
+        assert!(
+            keyed
+                .insert
+                .ends_with(" ORDER BY s.ord ON CONFLICT (\"id\") DO NOTHING"),
+            "insert with a key skips rows whose key is present, the first of a key wins: {}",
+            keyed.insert
+        );
+    }
+
+    #[test]
+    fn upserts_update_every_column_but_the_key_from_the_last_row_of_each_key() {
         let t = TableName::parse("t").unwrap();
-        let sql = insert(&t, &columns(), &["id".into()], true);
+        let sql = staged(&t, "st", &columns(), &["tags".into()], true).insert;
+        assert!(
+            sql.contains("SELECT DISTINCT ON (s.c3::jsonb) s.c1, s.c2, s.c3::jsonb FROM"),
+            "{sql}"
+        );
         assert!(
             sql.ends_with(
-                " ON CONFLICT (\"id\") DO UPDATE SET \"name\" = EXCLUDED.\"name\", \"tags\" = \
-                 EXCLUDED.\"tags\""
+                " ORDER BY s.c3::jsonb, s.ord DESC ON CONFLICT (\"tags\") DO UPDATE SET \"id\" = \
+                 EXCLUDED.\"id\", \"name\" = EXCLUDED.\"name\""
             ),
             "{sql}"
         );
-        let all_key = insert(&t, &columns()[..1], &["id".into()], true);
+        let all_key = staged(&t, "st", &columns()[..1], &["id".into()], true).insert;
         assert!(
             all_key.ends_with("DO NOTHING"),
             "nothing to update: {all_key}"

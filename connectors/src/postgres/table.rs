@@ -1,6 +1,7 @@
 //! The target table: what the catalog says of it, whether the results fit it (checked before
 //! the run, with an error naming the table, the column, the Arrow type and the SQL type found),
-//! creating it, and the plan of the INSERT for one schema of batches.
+//! creating it, and the plan of how batches of one schema are written (binary COPY into the
+//! table, or into a staging table and from there with one `INSERT … SELECT`).
 
 use std::sync::Arc;
 
@@ -8,8 +9,8 @@ use arrow_schema::{Schema, SchemaRef};
 use postgres::GenericClient;
 
 use super::config::WriteMode;
-use super::sql::{self, InsertColumn, NewColumn, TableName};
-use super::types::{Fit, SqlType};
+use super::sql::{self, CopyColumn, NewColumn, Staged, TableName};
+use super::types::{Fit, SqlType, Wire};
 
 /// A column of an existing table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub struct Table {
     pub columns: Vec<Column>,
     /// The column sets of its primary key and unique indexes (no expressions or predicates).
     pub unique: Vec<Vec<String>>,
+    /// COPY writes rows as INSERT would: a table (plain or partitioned) without row security
+    /// or rules (COPY refuses the one and skips the other); not a view or foreign table.
+    pub copyable: bool,
 }
 
 /// The table as the catalog has it, `None` when it does not exist.
@@ -37,12 +41,16 @@ pub fn describe(
     client: &mut impl GenericClient,
     name: &TableName,
 ) -> Result<Option<Table>, postgres::Error> {
-    let Some(row) = client.query_opt("SELECT to_regclass($1)::oid", &[&name.quoted()])? else {
+    let Some(row) = client.query_opt(
+        "SELECT c.oid, c.relkind IN ('r', 'p') AND NOT c.relrowsecurity AND NOT c.relhasrules \
+         FROM pg_class c WHERE c.oid = to_regclass($1)",
+        &[&name.quoted()],
+    )?
+    else {
         return Ok(None);
     };
-    let Some(oid) = row.get::<_, Option<u32>>(0) else {
-        return Ok(None);
-    };
+    let oid: u32 = row.get(0);
+    let copyable: bool = row.get(1);
     let columns = client
         .query(
             "SELECT a.attname::text, b.typname::text, format_type(a.atttypid, a.atttypmod), \
@@ -79,6 +87,7 @@ pub fn describe(
         name: name.clone(),
         columns,
         unique,
+        copyable,
     }))
 }
 
@@ -114,25 +123,33 @@ pub fn create(
 #[derive(Debug)]
 pub struct Plan {
     pub schema: SchemaRef,
-    pub sql: String,
-    /// Each batch column's SQL type, in the order of the statement's parameters.
+    /// Each batch column's SQL type and the binary form its values are sent in.
     pub types: Vec<SqlType>,
-    /// Positions of the key columns in the batch, for folding an upsert's repeated keys.
-    pub key: Vec<usize>,
-    pub mode: WriteMode,
+    pub wires: Vec<Wire>,
+    /// `COPY` straight into the table, when every column is sent in its own type and COPY
+    /// writes the table as INSERT would. With a key, it is tried first (rows whose key is
+    /// present make it fail, and the rows go through `staged` instead).
+    pub copy: Option<String>,
+    /// Through the staging table `stage`: for a key's `ON CONFLICT`, and for values
+    /// PostgreSQL casts.
+    pub staged: Option<Staged>,
 }
 
-/// Checks that batches of `schema` fit `table` and plans their INSERT. The error names the
-/// table and the column, with the Arrow type and the SQL type found.
+/// Checks that batches of `schema` fit `table` and plans how they are written, staged in the
+/// temporary table `stage` when they must be. The error names the table and the column, with
+/// the Arrow type and the SQL type found.
 pub fn plan(
     table: &Table,
     schema: &SchemaRef,
     key: &[String],
     mode: WriteMode,
+    stage: &str,
 ) -> Result<Plan, String> {
     let t = &table.name;
     let mut types = Vec::with_capacity(schema.fields().len());
     let mut fits = Vec::with_capacity(schema.fields().len());
+    let mut wires = Vec::with_capacity(schema.fields().len());
+    let mut exact = table.copyable;
     for field in schema.fields() {
         let arrow = field.data_type();
         let sql = SqlType::of(arrow).map_err(|e| format!("column `{}`: {e}", field.name()))?;
@@ -154,8 +171,11 @@ pub fn plan(
                 sql.name()
             )
         })?;
+        let (wire, own_type) = sql.wire(&column.base_type);
+        exact &= own_type;
         types.push(sql);
         fits.push(fit);
+        wires.push(wire);
     }
     if let Some(missing) = table
         .columns
@@ -168,12 +188,10 @@ pub fn plan(
             missing.name
         ));
     }
-    let mut key_positions = Vec::with_capacity(key.len());
     for k in key {
-        let at = schema
+        schema
             .index_of(k)
             .map_err(|_| format!("`key` names column `{k}`, which the results do not have"))?;
-        key_positions.push(at);
     }
     if !key.is_empty() {
         let mut wanted: Vec<&str> = key.iter().map(String::as_str).collect();
@@ -192,25 +210,27 @@ pub fn plan(
             ));
         }
     }
-    let columns: Vec<InsertColumn<'_>> = schema
+    let columns: Vec<CopyColumn<'_>> = schema
         .fields()
         .iter()
-        .zip(types.iter().zip(&fits))
-        .map(|(f, (sql, fit))| InsertColumn {
+        .zip(wires.iter().zip(&fits))
+        .map(|(f, (wire, fit))| CopyColumn {
             name: f.name(),
-            param_type: sql.param_type(),
+            wire_type: wire.type_name(),
             cast: match fit {
                 Fit::Assign => None,
                 Fit::Cast(to) => Some(*to),
             },
         })
         .collect();
+    let staged = (!exact || !key.is_empty())
+        .then(|| sql::staged(t, stage, &columns, key, mode == WriteMode::Upsert));
     Ok(Plan {
         schema: Arc::clone(schema),
-        sql: sql::insert(t, &columns, key, mode == WriteMode::Upsert),
         types,
-        key: key_positions,
-        mode,
+        wires,
+        copy: exact.then(|| sql::copy_into(t, &columns)),
+        staged,
     })
 }
 
@@ -249,6 +269,7 @@ mod tests {
                 column("note", "text", "text", false),
             ],
             unique: vec![vec!["id".into()]],
+            copyable: true,
         }
     }
 
@@ -263,14 +284,45 @@ mod tests {
             Field::new("name", DataType::Utf8, true),
             Field::new("tags", DataType::Utf8, true),
         ]);
-        let p = plan(&table(), &s, &["id".into()], WriteMode::Upsert).unwrap();
+        let p = plan(&table(), &s, &["id".into()], WriteMode::Upsert, "st").unwrap();
         assert_eq!(p.types, [SqlType::Int8, SqlType::Text, SqlType::Text]);
-        assert_eq!(p.key, [0]);
-        assert!(p.sql.contains("u.\"tags\"::jsonb"), "{}", p.sql);
+        assert_eq!(p.wires, [Wire::Int8, Wire::Text, Wire::Text]);
+        assert_eq!(p.copy, None, "text is cast into jsonb: staged");
+        let staged = p.staged.unwrap();
+        assert!(staged.insert.contains("s.c3::jsonb"), "{}", staged.insert);
         assert!(
-            p.sql.contains("ON CONFLICT (\"id\") DO UPDATE"),
+            staged.insert.contains("ON CONFLICT (\"id\") DO UPDATE"),
             "{}",
-            p.sql
+            staged.insert
+        );
+    }
+
+    #[test]
+    fn columns_in_their_own_types_are_copied_straight_into_a_table() {
+        let s = schema(vec![
+            Field::new("id", DataType::Int32, false),
+            Field::new("name", DataType::Utf8, true),
+        ]);
+        let p = plan(&table(), &s, &[], WriteMode::Insert, "st").unwrap();
+        assert_eq!(p.wires, [Wire::Int8, Wire::Text], "widened to bigint");
+        assert_eq!(
+            p.copy.as_deref(),
+            Some("COPY \"events\" (\"id\", \"name\") FROM STDIN BINARY")
+        );
+        assert!(p.staged.is_none());
+        let keyed = plan(&table(), &s, &["id".into()], WriteMode::Insert, "st").unwrap();
+        assert!(
+            keyed.copy.is_some() && keyed.staged.is_some(),
+            "a key: COPY first, staged when a key is present"
+        );
+        let view = Table {
+            copyable: false,
+            ..table()
+        };
+        let p = plan(&view, &s, &[], WriteMode::Insert, "st").unwrap();
+        assert!(
+            p.copy.is_none() && p.staged.is_some(),
+            "views (and tables with row security or rules) take INSERT"
         );
     }
 
@@ -280,7 +332,7 @@ mod tests {
             Field::new("id", DataType::Int64, false),
             Field::new("name", DataType::Float64, true),
         ]);
-        let e = plan(&table(), &s, &[], WriteMode::Insert).unwrap_err();
+        let e = plan(&table(), &s, &[], WriteMode::Insert, "st").unwrap_err();
         for part in ["`name`", "`events`", "character varying(20)", "Float64"] {
             assert!(e.contains(part), "{part} in: {e}");
         }
@@ -292,13 +344,13 @@ mod tests {
             Field::new("id", DataType::Int64, false),
             Field::new("score", DataType::Float32, true),
         ]);
-        let e = plan(&table(), &s, &[], WriteMode::Insert).unwrap_err();
+        let e = plan(&table(), &s, &[], WriteMode::Insert, "st").unwrap_err();
         assert!(
             e.contains("no column `score`") && e.contains("Float32"),
             "{e}"
         );
         let s = schema(vec![Field::new("name", DataType::Utf8, true)]);
-        let e = plan(&table(), &s, &[], WriteMode::Insert).unwrap_err();
+        let e = plan(&table(), &s, &[], WriteMode::Insert, "st").unwrap_err();
         assert!(e.contains("`id`") && e.contains("NOT NULL"), "{e}");
     }
 
@@ -308,7 +360,7 @@ mod tests {
             Field::new("id", DataType::Int64, false),
             Field::new("note", DataType::Utf8, true),
         ]);
-        let e = plan(&table(), &s, &["note".into()], WriteMode::Upsert).unwrap_err();
+        let e = plan(&table(), &s, &["note".into()], WriteMode::Upsert, "st").unwrap_err();
         assert!(e.contains("(note)") && e.contains("(id)"), "{e}");
     }
 }

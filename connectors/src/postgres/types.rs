@@ -25,6 +25,45 @@ pub enum SqlType {
     Jsonb,
 }
 
+/// The binary COPY form a column's values are written in: a PostgreSQL type's binary format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    Bool,
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    /// Also the form of values PostgreSQL parses (times, decimals for non-numeric columns).
+    Text,
+    Bytea,
+    /// Microseconds since 2000-01-01: `timestamptz`, and `timestamp` in UTC.
+    Timestamp,
+    Date,
+    Numeric,
+    Jsonb,
+}
+
+impl Wire {
+    /// The SQL type of a staging column holding these values.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Wire::Bool => "bool",
+            Wire::Int2 => "int2",
+            Wire::Int4 => "int4",
+            Wire::Int8 => "int8",
+            Wire::Float4 => "float4",
+            Wire::Float8 => "float8",
+            Wire::Text => "text",
+            Wire::Bytea => "bytea",
+            Wire::Timestamp => "timestamptz",
+            Wire::Date => "date",
+            Wire::Numeric => "numeric",
+            Wire::Jsonb => "jsonb",
+        }
+    }
+}
+
 /// How values of one [`SqlType`] reach a column of the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fit {
@@ -106,19 +145,46 @@ impl SqlType {
         }
     }
 
-    /// The element type of the array parameter the values are sent in.
-    pub fn param_type(self) -> &'static str {
+    /// The binary form these values are written in for a column whose base type is `found`,
+    /// and whether that is the column's own type (so binary COPY can write the column; else
+    /// they are staged in that form and cast as [`SqlType::fits`] says). Widening is exact;
+    /// narrowing and parsing stay PostgreSQL's (its range and syntax errors).
+    pub fn wire(self, found: &str) -> (Wire, bool) {
+        let exact = |wire: Wire, types: &[&str]| (wire, types.contains(&found));
         match self {
-            SqlType::Bool => "bool",
-            SqlType::Int2 => "int2",
-            SqlType::Int4 => "int4",
-            SqlType::Int8 => "int8",
-            SqlType::Float4 => "float4",
-            SqlType::Float8 => "float8",
-            SqlType::Text | SqlType::Date | SqlType::Time | SqlType::Numeric => "text",
-            SqlType::Bytea => "bytea",
-            SqlType::Timestamptz => "timestamptz",
-            SqlType::Jsonb => "jsonb",
+            SqlType::Bool => exact(Wire::Bool, &["bool"]),
+            SqlType::Int2 | SqlType::Int4 | SqlType::Int8 => {
+                let own = match self {
+                    SqlType::Int2 => Wire::Int2,
+                    SqlType::Int4 => Wire::Int4,
+                    _ => Wire::Int8,
+                };
+                let widths = [
+                    ("int2", Wire::Int2),
+                    ("int4", Wire::Int4),
+                    ("int8", Wire::Int8),
+                ];
+                let rank = |w: Wire| widths.iter().position(|(_, x)| *x == w);
+                match widths.iter().find(|(name, _)| *name == found) {
+                    Some((_, column)) if rank(*column) >= rank(own) => (*column, true),
+                    _ => (own, false),
+                }
+            }
+            SqlType::Float4 => match found {
+                "float8" => (Wire::Float8, true),
+                _ => exact(Wire::Float4, &["float4"]),
+            },
+            SqlType::Float8 => exact(Wire::Float8, &["float8"]),
+            SqlType::Text => exact(Wire::Text, &["text", "varchar"]),
+            SqlType::Bytea => exact(Wire::Bytea, &["bytea"]),
+            SqlType::Timestamptz => exact(Wire::Timestamp, &["timestamptz", "timestamp"]),
+            SqlType::Date => exact(Wire::Date, &["date"]),
+            // Displayed and parsed by PostgreSQL, which rounds nanoseconds its own way.
+            SqlType::Time => (Wire::Text, false),
+            // Into other columns as text, so that PostgreSQL's parsing decides as before.
+            SqlType::Numeric if found == "numeric" => (Wire::Numeric, true),
+            SqlType::Numeric => (Wire::Text, false),
+            SqlType::Jsonb => exact(Wire::Jsonb, &["jsonb"]),
         }
     }
 
@@ -165,7 +231,7 @@ mod tests {
             (DataType::UInt16, "integer", "int4"),
             (DataType::Int64, "bigint", "int8"),
             (DataType::UInt32, "bigint", "int8"),
-            (DataType::UInt64, "numeric(20,0)", "text"),
+            (DataType::UInt64, "numeric(20,0)", "numeric"),
             (DataType::Float32, "real", "float4"),
             (DataType::Float64, "double precision", "float8"),
             (DataType::Utf8, "text", "text"),
@@ -182,9 +248,9 @@ mod tests {
                 "timestamptz",
                 "timestamptz",
             ),
-            (DataType::Date32, "date", "text"),
+            (DataType::Date32, "date", "date"),
             (DataType::Time64(TimeUnit::Microsecond), "time", "text"),
-            (DataType::Decimal128(10, 2), "numeric(10,2)", "text"),
+            (DataType::Decimal128(10, 2), "numeric(10,2)", "numeric"),
             (list.clone(), "jsonb", "jsonb"),
             (
                 DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, true)), 4),
@@ -202,20 +268,60 @@ mod tests {
                 "text",
             ),
         ];
-        for (arrow, created, param) in cases {
+        for (arrow, created, sent) in cases {
             assert_eq!(
                 SqlType::create_type(&arrow).unwrap(),
                 created,
                 "{arrow} is created as"
             );
+            // The column's `pg_type` name, as the catalog reports it.
+            let base = match created.split('(').next().unwrap_or_default() {
+                "boolean" => "bool",
+                "smallint" => "int2",
+                "integer" => "int4",
+                "bigint" => "int8",
+                "real" => "float4",
+                "double precision" => "float8",
+                other => other,
+            };
+            let (wire, own_type) = SqlType::of(&arrow).unwrap().wire(base);
+            assert_eq!(wire.type_name(), sent, "{arrow} is sent as");
             assert_eq!(
-                SqlType::of(&arrow).unwrap().param_type(),
-                param,
-                "{arrow} is sent as"
+                own_type,
+                base != "time",
+                "{arrow} is sent in the created column's own type (times are parsed)"
             );
         }
         let e = SqlType::of(&DataType::Duration(TimeUnit::Second)).unwrap_err();
         assert!(e.contains("Duration"), "{e}");
+    }
+
+    #[test]
+    fn values_are_sent_in_the_columns_own_type_only_where_nothing_is_lost_or_parsed() {
+        assert_eq!(SqlType::Int2.wire("int8"), (Wire::Int8, true), "widened");
+        assert_eq!(
+            SqlType::Int8.wire("int2"),
+            (Wire::Int8, false),
+            "narrowed by PostgreSQL, which checks the range"
+        );
+        assert_eq!(SqlType::Int8.wire("numeric"), (Wire::Int8, false));
+        assert_eq!(SqlType::Float4.wire("float8"), (Wire::Float8, true));
+        assert_eq!(SqlType::Float8.wire("float4"), (Wire::Float8, false));
+        assert_eq!(SqlType::Text.wire("varchar"), (Wire::Text, true));
+        assert_eq!(SqlType::Text.wire("jsonb"), (Wire::Text, false));
+        assert_eq!(
+            SqlType::Timestamptz.wire("timestamp"),
+            (Wire::Timestamp, true)
+        );
+        assert_eq!(SqlType::Date.wire("timestamptz"), (Wire::Date, false));
+        assert_eq!(SqlType::Numeric.wire("numeric"), (Wire::Numeric, true));
+        assert_eq!(
+            SqlType::Numeric.wire("int8"),
+            (Wire::Text, false),
+            "parsed by PostgreSQL as before"
+        );
+        assert_eq!(SqlType::Time.wire("time"), (Wire::Text, false));
+        assert_eq!(SqlType::Jsonb.wire("json"), (Wire::Jsonb, false));
     }
 
     #[test]

@@ -1,20 +1,25 @@
-//! The connection that writes rows: the table's plans, prepared statements, and transactions
-//! that write rows in statements of `batch_rows`.
+//! The connection that writes rows: the table's plans (and their staging tables), prepared
+//! statements, and transactions that write rows with binary COPY.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::sync::Arc;
 
-use arrow_array::{Array as _, RecordBatch, UInt32Array};
-use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
+use postgres::error::SqlState;
 use postgres::{Client, Statement};
 use riffle_dataflow::{DataflowError, DataflowResult};
 
-use super::config::{PostgresSinkConfig, WriteMode};
-use super::encode::encode;
+use super::config::PostgresSinkConfig;
+use super::encode::{Columns, HEADER, TRAILER};
 use super::sql::TableName;
 use super::table::{self, Plan, Table};
 use super::{connect, describe_error};
+
+/// Bytes of COPY data encoded before they are sent: the server parses one message while
+/// the next is encoded.
+const MESSAGE_BYTES: usize = 256 * 1024;
 
 /// Rows waiting to be written, with the plan of their schema.
 pub(super) type Rows = Vec<(Arc<Plan>, RecordBatch)>;
@@ -26,6 +31,8 @@ pub(super) struct Writer {
     name: TableName,
     table: Option<Table>,
     plans: Vec<Arc<Plan>>,
+    /// Per plan (same index): how COPY straight into the table fared, when it has a key.
+    attempts: Vec<Attempts>,
     statements: HashMap<String, Statement>,
 }
 
@@ -40,6 +47,7 @@ impl Writer {
             name: config.table_name()?,
             table: None,
             plans: Vec::new(),
+            attempts: Vec::new(),
             statements: HashMap::new(),
         };
         writer.table = table::describe(&mut writer.client, &writer.name)
@@ -64,10 +72,19 @@ impl Writer {
             Some(t) => t,
             None => self.create(schema)?,
         };
-        let plan = table::plan(&table, schema, &self.config.key.0, self.config.mode);
+        // Unique in the session: one staging table per schema of batches.
+        let stage = format!("riffle_stage_{}", self.plans.len() + 1);
+        let plan = table::plan(&table, schema, &self.config.key.0, self.config.mode, &stage);
         self.table = Some(table);
         let plan = Arc::new(plan.map_err(|e| self.config.config_error(e))?);
+        if let Some(staged) = &plan.staged {
+            // Outside any transaction, so that it lasts as long as the connection.
+            self.client
+                .batch_execute(&staged.create)
+                .map_err(|e| self.failed("creating the staging table", &e))?;
+        }
         self.plans.push(Arc::clone(&plan));
+        self.attempts.push(Attempts::default());
         Ok(plan)
     }
 
@@ -100,6 +117,8 @@ impl Writer {
         let Writer {
             config,
             client,
+            plans,
+            attempts,
             statements,
             ..
         } = self;
@@ -109,7 +128,10 @@ impl Writer {
         let mut tx = Tx {
             config,
             inner,
+            plans,
+            attempts,
             statements,
+            staged: Vec::new(),
         };
         work(&mut tx)?;
         tx.inner
@@ -139,101 +161,200 @@ impl Writer {
 pub(super) struct Tx<'a> {
     pub config: &'a PostgresSinkConfig,
     pub inner: postgres::Transaction<'a>,
+    plans: &'a [Arc<Plan>],
+    attempts: &'a mut [Attempts],
     statements: &'a mut HashMap<String, Statement>,
+    /// The plans whose staging table holds rows of this transaction.
+    staged: Vec<usize>,
 }
 
 impl Tx<'_> {
-    /// Writes `rows` in statements of at most `batch_rows` rows.
+    /// Writes `rows`, in order: each run of batches of one schema with one COPY (and, when
+    /// staged, one INSERT).
     pub fn write(&mut self, rows: &Rows) -> DataflowResult<u64> {
         let mut written = 0;
-        for (plan, batch) in rows {
-            let mut offset = 0;
-            while offset < batch.num_rows() {
-                let len = self.config.batch_rows.min(batch.num_rows() - offset);
-                written += self.write_chunk(plan, &batch.slice(offset, len))?;
-                offset += len;
-            }
+        let mut rest = rows.as_slice();
+        while let Some((plan, _)) = rest.first() {
+            let run = rest
+                .iter()
+                .take_while(|(p, _)| Arc::ptr_eq(p, plan))
+                .count();
+            let (now, later) = rest.split_at(run);
+            written += self.write_run(plan, now)?;
+            rest = later;
         }
         Ok(written)
     }
 
-    fn write_chunk(&mut self, plan: &Plan, chunk: &RecordBatch) -> DataflowResult<u64> {
-        let folded;
-        let chunk = if plan.mode == WriteMode::Upsert {
-            folded = last_of_each_key(chunk, &plan.key).map_err(|e| self.config.sink_error(e))?;
-            folded.as_ref().unwrap_or(chunk)
-        } else {
-            chunk
+    fn write_run(
+        &mut self,
+        plan: &Arc<Plan>,
+        run: &[(Arc<Plan>, RecordBatch)],
+    ) -> DataflowResult<u64> {
+        let count: usize = run.iter().map(|(_, b)| b.num_rows()).sum();
+        let failed = |config: &PostgresSinkConfig, e: Failure| match e {
+            Failure::Encode(e) => config.sink_error(e),
+            Failure::Server(e) => {
+                config.sink_error(format!("writing {count} row(s): {}", describe_error(&e)))
+            }
+            Failure::Sending(e) => config.sink_error(format!("writing {count} row(s): {e}")),
         };
-        let mut params = Vec::with_capacity(plan.types.len());
-        for ((column, sql), field) in chunk
-            .columns()
+        let Some((index, attempts)) = self
+            .plans
             .iter()
-            .zip(&plan.types)
-            .zip(chunk.schema().fields())
-        {
-            params.push(encode(column, *sql).map_err(|e| {
-                self.config
-                    .sink_error(format!("column `{}`: {e}", field.name()))
-            })?);
+            .position(|p| Arc::ptr_eq(p, plan))
+            .and_then(|i| Some((i, self.attempts.get_mut(i)?)))
+        else {
+            return Err(self
+                .config
+                .sink_error("rows of a plan this connection did not make"));
+        };
+        let batch_rows = self.config.batch_rows;
+        if let Some(copy) = &plan.copy {
+            let Some(_) = &plan.staged else {
+                return copy_rows(&mut self.inner, copy, plan, run, batch_rows)
+                    .map_err(|e| failed(self.config, e));
+            };
+            if attempts.ready() {
+                // A key already present fails the COPY: undone, the rows are staged instead.
+                let mut savepoint = self
+                    .inner
+                    .savepoint("riffle_copy")
+                    .map_err(|e| failed(self.config, Failure::Server(e)))?;
+                match copy_rows(&mut savepoint, copy, plan, run, batch_rows) {
+                    Ok(n) => {
+                        savepoint
+                            .commit()
+                            .map_err(|e| failed(self.config, Failure::Server(e)))?;
+                        attempts.hit();
+                        return Ok(n);
+                    }
+                    Err(Failure::Server(e)) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                        savepoint
+                            .rollback()
+                            .map_err(|e| failed(self.config, Failure::Server(e)))?;
+                        attempts.miss();
+                    }
+                    Err(e) => return Err(failed(self.config, e)),
+                }
+            }
         }
-        let refs: Vec<_> = params.iter().map(|p| p.as_sql()).collect();
-        let statement = match self.statements.get(&plan.sql) {
+        let staged = plan.staged.as_ref().ok_or_else(|| {
+            self.config
+                .sink_error("a plan with neither COPY nor staging")
+        })?;
+        if self.staged.contains(&index) {
+            self.inner
+                .batch_execute(&staged.empty)
+                .map_err(|e| failed(self.config, Failure::Server(e)))?;
+        }
+        copy_rows(&mut self.inner, &staged.copy, plan, run, batch_rows)
+            .map_err(|e| failed(self.config, e))?;
+        self.staged.push(index);
+        let statement = match self.statements.get(&staged.insert) {
             Some(s) => s.clone(),
             None => {
-                let s = self.inner.prepare(&plan.sql).map_err(|e| {
+                let s = self.inner.prepare(&staged.insert).map_err(|e| {
                     self.config
                         .sink_error(format!("preparing the INSERT: {}", describe_error(&e)))
                 })?;
-                self.statements.insert(plan.sql.clone(), s.clone());
+                self.statements.insert(staged.insert.clone(), s.clone());
                 s
             }
         };
-        self.inner.execute(&statement, &refs).map_err(|e| {
-            self.config.sink_error(format!(
-                "writing {} row(s): {}",
-                chunk.num_rows(),
-                describe_error(&e)
-            ))
-        })
+        self.inner
+            .execute(&statement, &[])
+            .map_err(|e| failed(self.config, Failure::Server(e)))
     }
 }
 
-/// `chunk` without the rows whose key comes again later in it (`None`: no key repeats): one
-/// upsert statement may not touch a row twice, and the later row is the one to keep.
-fn last_of_each_key(chunk: &RecordBatch, key: &[usize]) -> Result<Option<RecordBatch>, String> {
-    let options = FormatOptions::default();
-    let mut formatters = Vec::with_capacity(key.len());
-    for &k in key {
-        let column = chunk
-            .columns()
-            .get(k)
-            .ok_or_else(|| format!("key column {k} is missing from a batch"))?;
-        formatters.push((
-            column,
-            ArrayFormatter::try_new(column.as_ref(), &options).map_err(|e| e.to_string())?,
-        ));
-    }
-    let mut last: HashMap<String, u32> = HashMap::with_capacity(chunk.num_rows());
-    for row in 0..chunk.num_rows() {
-        let mut id = String::new();
-        for (column, f) in &formatters {
-            // Length-prefixed, so that ("a|b", "c") and ("a", "b|c") differ.
-            if column.is_null(row) {
-                id.push_str("-;");
-            } else {
-                let v = f.value(row).to_string();
-                id.push_str(&format!("{}:{v};", v.len()));
+/// Why writing rows failed.
+enum Failure {
+    /// A value the binary form cannot hold; the message names the column.
+    Encode(String),
+    /// The server's error (a key already present, a constraint, a value out of range…).
+    Server(postgres::Error),
+    /// The connection failed while sending.
+    Sending(std::io::Error),
+}
+
+/// The rows of `run` in one binary `COPY … FROM STDIN` (`sql`), sent in messages of at most
+/// `batch_rows` rows (and about [`MESSAGE_BYTES`]); the number of rows copied.
+fn copy_rows(
+    tx: &mut postgres::Transaction<'_>,
+    sql: &str,
+    plan: &Plan,
+    run: &[(Arc<Plan>, RecordBatch)],
+    batch_rows: usize,
+) -> Result<u64, Failure> {
+    let mut writer = tx.copy_in(sql).map_err(Failure::Server)?;
+    let mut message = Vec::with_capacity(MESSAGE_BYTES + MESSAGE_BYTES / 4);
+    message.extend_from_slice(HEADER);
+    let mut rows_in_message = 0;
+    for (_, batch) in run {
+        let columns = Columns::new(batch, &plan.wires, &plan.types).map_err(Failure::Encode)?;
+        let mut rows = columns.rows().map_err(Failure::Encode)?;
+        for row in 0..batch.num_rows() {
+            rows.write(row, &mut message).map_err(Failure::Encode)?;
+            rows_in_message += 1;
+            if message.len() >= MESSAGE_BYTES || rows_in_message >= batch_rows {
+                writer.write_all(&message).map_err(sending)?;
+                message.clear();
+                rows_in_message = 0;
             }
         }
-        last.insert(id, row as u32);
     }
-    if last.len() == chunk.num_rows() {
-        return Ok(None);
-    }
-    let mut keep: Vec<u32> = last.into_values().collect();
-    keep.sort_unstable();
-    arrow_select::take::take_record_batch(chunk, &UInt32Array::from(keep))
-        .map(Some)
-        .map_err(|e| e.to_string())
+    message.extend_from_slice(TRAILER);
+    writer.write_all(&message).map_err(sending)?;
+    // The server's own error (not a failed write) when COPY ended with one.
+    writer.finish().map_err(Failure::Server)
 }
+
+/// A failed write: the client's error within, when it is one (so that a key already present
+/// is recognised however it surfaces).
+fn sending(e: std::io::Error) -> Failure {
+    if !e
+        .get_ref()
+        .is_some_and(|inner| inner.is::<postgres::Error>())
+    {
+        return Failure::Sending(e);
+    }
+    match e
+        .into_inner()
+        .map(|inner| inner.downcast::<postgres::Error>())
+    {
+        Some(Ok(client)) => Failure::Server(*client),
+        _ => Failure::Sending(std::io::Error::other("sending COPY data failed")),
+    }
+}
+
+/// When to try COPY straight into a keyed table again after a key already present made it
+/// fail: after 1, 3, 7 … 63 writes through the staging table, so that a stream that keeps
+/// repeating keys rarely pays for a COPY that fails.
+#[derive(Debug, Default)]
+struct Attempts {
+    misses: u32,
+    skip: u32,
+}
+
+impl Attempts {
+    fn ready(&mut self) -> bool {
+        if self.skip == 0 {
+            return true;
+        }
+        self.skip -= 1;
+        false
+    }
+
+    fn hit(&mut self) {
+        self.misses = 0;
+    }
+
+    fn miss(&mut self) {
+        self.misses = (self.misses + 1).min(6);
+        self.skip = (1 << self.misses) - 1;
+    }
+}
+
+#[cfg(test)]
+mod tests;
