@@ -9,7 +9,7 @@ use riffle_dataflow::sink::Committer;
 use riffle_dataflow::{DataflowResult, Epoch};
 use riffle_storage::Location;
 
-use super::layout::{staged_generation, Staged, STAGING};
+use super::layout::{staged_generation, Staged, OPEN_SUFFIX, STAGING};
 use super::ParquetSinkError;
 
 /// The non-transactional committer of a Parquet sink.
@@ -44,6 +44,10 @@ impl Committer for ParquetCommitter {
     fn commit(&mut self, generation: u64, through: Epoch) -> DataflowResult<()> {
         let mut published = 0usize;
         for name in self.staged(&format!("{STAGING}/{generation}/"))? {
+            // A file the sink is still writing (a local folder's), staged when it closes.
+            if name.ends_with(OPEN_SUFFIX) {
+                continue;
+            }
             let Some(staged) = Staged::parse(&name) else {
                 tracing::warn!(
                     "parquet sink: leaving `{name}` in the staging folder (not a staged file)"

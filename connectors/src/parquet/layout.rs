@@ -13,6 +13,9 @@ pub const STAGING: &str = "_staging";
 
 const STAGED_SUFFIX: &str = ".parquet.staged";
 
+/// The end of a local file's name while it is written (under `_staging/`, until it closes).
+pub const OPEN_SUFFIX: &str = ".parquet.open";
+
 /// Hive's name of the folder of a null (or empty) partition value.
 pub const NULL_PARTITION: &str = "__HIVE_DEFAULT_PARTITION__";
 
@@ -75,6 +78,16 @@ pub fn staged_generation(name: &str) -> Option<&str> {
         .strip_prefix('/')?
         .split('/')
         .next()
+}
+
+/// The name the `n`th file a sink opens in a local folder has while it is written:
+/// `_staging/<generation>/open-<n>.parquet.open`, or `_staging/run-<run>-<n>.parquet.open` in a
+/// run without checkpoints. Fencing removes those a crashed run left, with its staged files.
+pub fn open_name(generation: Option<u64>, run: u64, n: u64) -> String {
+    match generation {
+        Some(generation) => format!("{STAGING}/{generation}/open-{n}{OPEN_SUFFIX}"),
+        None => format!("{STAGING}/run-{run}-{n}{OPEN_SUFFIX}"),
+    }
 }
 
 /// The name of a file of a run without checkpoints, published as it closes.

@@ -10,14 +10,16 @@
 //!     compression: zstd           # snappy, none
 //! ```
 //!
-//! Rows go into in-memory files (`writer.rs`, one per partition folder) that roll only at epoch
-//! boundaries. In a run with checkpoints a closed file is staged under
+//! Rows go into open files (`writer.rs`, one per partition folder; written straight to disk
+//! under `_staging/` for a local folder, built in memory for an object store: `file.rs`) that
+//! roll only at epoch boundaries. In a run with checkpoints a closed file is staged under
 //! `_staging/<generation>/` and published (renamed to `<folder>/part-…parquet`) once a
 //! checkpoint covers its last epoch (`commit.rs`); a restart publishes what its checkpoint
 //! covers and deletes the rest of older runs' staged files, whose rows it reads again. Without
 //! checkpoints a file is published as it closes. See `docs/sinks/parquet.md`.
 
 mod commit;
+mod file;
 mod layout;
 mod partition;
 mod writer;
@@ -73,12 +75,19 @@ pub enum ParquetSinkError {
     },
     #[error("parquet sink: {0}")]
     Store(#[from] riffle_storage::StorageError),
+    #[error("parquet sink: {what} {path}: {source}")]
+    Io {
+        path: String,
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl From<ParquetSinkError> for DataflowError {
     fn from(e: ParquetSinkError) -> Self {
         let context = match &e {
-            ParquetSinkError::Parquet { .. } => "parquet sink",
+            ParquetSinkError::Parquet { .. } | ParquetSinkError::Io { .. } => "parquet sink",
             ParquetSinkError::Store(_) => "parquet sink storage",
         };
         DataflowError::io(context, std::io::Error::other(e))
@@ -238,6 +247,14 @@ impl ParquetSinkConfig {
         }
     }
 
+    /// The folder files go to, when it is a local one (`path`, or a `file://` URL).
+    fn local_dir(&self) -> Option<PathBuf> {
+        match (&self.url, &self.path) {
+            (Some(url), _) => url.strip_prefix("file://").map(PathBuf::from),
+            (None, path) => path.clone(),
+        }
+    }
+
     /// Where files go, as `Location::parse` takes it.
     fn target(&self) -> String {
         match (&self.url, &self.path) {
@@ -375,6 +392,7 @@ impl SinkFactory for ParquetSinkFactory {
     fn open(&self) -> DataflowResult<Box<dyn Sink>> {
         Ok(Box::new(ParquetSink::new(
             self.location()?,
+            self.config.local_dir(),
             partition::Partitioner::new(self.config.partition_by.clone()),
             self.properties.clone(),
             self.roll,
@@ -382,13 +400,9 @@ impl SinkFactory for ParquetSinkFactory {
     }
 
     fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
-        let local = match &self.config.url {
-            Some(_) => None,
-            None => self.config.path.clone(),
-        };
         Ok(Some(Box::new(ParquetCommitter::new(
             self.location()?,
-            local,
+            self.config.local_dir(),
         ))))
     }
 }

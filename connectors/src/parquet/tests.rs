@@ -465,3 +465,80 @@ fn names_parse_back_and_values_escape() {
     assert_eq!(partition_segment("k", None), "k=__HIVE_DEFAULT_PARTITION__");
     assert_eq!(partition_segment("k", Some("50%/b")), "k=50%25%2Fb");
 }
+
+#[test]
+fn a_local_file_is_written_in_the_staging_folder_while_open_and_never_left_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sink, mut committer) = open(&local(dir.path(), 3, &[]));
+    sink.begin_epoch(9, 0);
+    sink.write_batch(&rows(&[1, 2], &[None; 2])).unwrap();
+    sink.flush().unwrap();
+    // On disk as it is written, under a name the commit passes over.
+    assert_eq!(files(dir.path(), true), ["_staging/9/open-0.parquet.open"]);
+    committer.commit(9, 0).unwrap();
+    assert!(
+        files(dir.path(), false).is_empty(),
+        "an open file is not published"
+    );
+    sink.begin_epoch(9, 1);
+    sink.write_batch(&rows(&[3], &[None])).unwrap();
+    sink.flush().unwrap();
+    assert_eq!(files(dir.path(), true), ["_staging/9/0-1-0.parquet.staged"]);
+    committer.commit(9, 1).unwrap();
+    assert_eq!(ids(&dir.path().join("part-9-1-0.parquet")), [1, 2, 3]);
+
+    // A sink dropped with a file open (a failed run) removes it; one that could not (the
+    // process killed) leaves it to the next run's fence.
+    sink.begin_epoch(9, 2);
+    sink.write_batch(&rows(&[4], &[None])).unwrap();
+    drop(sink);
+    assert!(files(dir.path(), true).is_empty());
+    let (mut killed, _) = open(&local(dir.path(), 3, &[]));
+    killed.begin_epoch(10, 0);
+    killed.write_batch(&rows(&[5], &[None])).unwrap();
+    std::mem::forget(killed);
+    assert_eq!(files(dir.path(), true), ["_staging/10/open-0.parquet.open"]);
+    committer.fence(11).unwrap();
+    assert!(files(dir.path(), true).is_empty());
+    assert_eq!(files(dir.path(), false), ["part-9-1-0.parquet"]);
+}
+
+#[test]
+fn without_checkpoints_no_staging_folder_is_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut sink, _) = open(&local(dir.path(), 1, &["country"]));
+    sink.write_batch(&rows(&[1, 2], &[Some("DE"), Some("FR")]))
+        .unwrap();
+    assert!(dir.path().join("_staging").exists(), "open files are there");
+    sink.flush().unwrap();
+    sink.finish().unwrap();
+    assert!(!dir.path().join("_staging").exists());
+    let published = files(dir.path(), false);
+    assert_eq!(published.len(), 2, "{published:?}");
+    assert!(published[0].starts_with("country=DE/part-"));
+}
+
+#[test]
+fn an_object_store_gets_each_file_whole() {
+    let url = format!("memory://parquet-sink-{}/out", std::process::id());
+    let config = config(json!({"url": url, "roll": {"rows": 2, "seconds": 3600}})).unwrap();
+    let (mut sink, mut committer) = open(&config);
+    sink.begin_epoch(4, 0);
+    sink.write_batch(&rows(&[1, 2], &[None; 2])).unwrap();
+    sink.flush().unwrap();
+    let at = riffle_storage::Location::parse(&url, &Default::default()).unwrap();
+    let names = |at: &riffle_storage::Location| -> Vec<String> {
+        at.list("").unwrap().into_iter().map(|(n, _)| n).collect()
+    };
+    assert_eq!(names(&at), ["_staging/4/0-0-0.parquet.staged"]);
+    committer.commit(4, 0).unwrap();
+    assert_eq!(names(&at), ["part-4-0-0.parquet"]);
+    let bytes = at.get("part-4-0-0.parquet").unwrap().unwrap();
+    let batches: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .unwrap()
+        .build()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(batches[0].num_rows(), 2);
+}

@@ -1,9 +1,10 @@
-//! The writer: rows go into one in-memory Parquet file per partition folder; at an epoch
-//! boundary where the roll is due, every open file is closed and put into the store, staged
-//! (runs with checkpoints, published later by [`super::commit`]) or published at once.
+//! The writer: rows go into one open Parquet file per partition folder (on disk for a local
+//! folder, in memory for an object store: [`super::file`]); at an epoch boundary where the roll
+//! is due, every open file is closed and given its name, staged (runs with checkpoints,
+//! published later by [`super::commit`]) or published at once.
 
-use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +17,8 @@ use riffle_dataflow::sink::Sink;
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 use riffle_storage::Location;
 
-use super::layout::{unstaged, Staged};
+use super::file::{self, Closed, Output, Temp};
+use super::layout::{open_name, unstaged, Staged, STAGING};
 use super::partition::Partitioner;
 use super::ParquetSinkError;
 
@@ -37,6 +39,10 @@ pub struct Roll {
 /// Writes results as Parquet files under one root (a local folder or an object-store prefix).
 pub struct ParquetSink {
     root: Location,
+    /// The root as a local folder: files are written there directly instead of in memory.
+    local: Option<PathBuf>,
+    /// Files opened so far (names them while they are written).
+    opened: u64,
     partitioner: Partitioner,
     props: WriterProperties,
     roll: Roll,
@@ -54,15 +60,17 @@ pub struct ParquetSink {
 }
 
 struct OpenFile {
-    writer: ArrowWriter<Vec<u8>>,
+    output: Output,
     schema: SchemaRef,
     first_epoch: Epoch,
     last_epoch: Epoch,
 }
 
 impl ParquetSink {
+    /// `local`: the root as a local folder, if it is one.
     pub fn new(
         root: Location,
+        local: Option<PathBuf>,
         partitioner: Partitioner,
         props: WriterProperties,
         roll: Roll,
@@ -72,6 +80,8 @@ impl ParquetSink {
             .map_or(0, |d| d.as_millis() as u64);
         ParquetSink {
             root,
+            local,
+            opened: 0,
             partitioner,
             props,
             roll,
@@ -104,31 +114,67 @@ impl ParquetSink {
                     .is_some_and(|t| t.elapsed() >= self.roll.after))
     }
 
-    /// Closes every open file and puts it into the store: staged under this generation, or
+    /// A new file for rows of `schema`, opened in the current epoch.
+    fn open_file(&mut self, schema: SchemaRef) -> DataflowResult<OpenFile> {
+        let props = Some(self.props.clone());
+        let output = match &self.local {
+            Some(dir) => {
+                let name = open_name(self.generation, self.run, self.opened);
+                let temp = Temp::new(dir.join(name));
+                self.opened += 1;
+                let created = file::create(temp.path())?;
+                let writer = ArrowWriter::try_new(created, schema.clone(), props)
+                    .map_err(|e| self.parquet("opening a file", e))?;
+                Output::Disk { writer, temp }
+            }
+            None => Output::Memory(
+                ArrowWriter::try_new(Vec::new(), schema.clone(), props)
+                    .map_err(|e| self.parquet("opening a file", e))?,
+            ),
+        };
+        Ok(OpenFile {
+            output,
+            schema,
+            first_epoch: self.epoch,
+            last_epoch: self.epoch,
+        })
+    }
+
+    /// Closes every open file and gives it its name: staged under this generation, or
     /// published when the run has none.
     fn close_all(&mut self) -> DataflowResult<()> {
         let files = std::mem::take(&mut self.open);
         for (partition, file) in files {
-            let bytes = file
-                .writer
-                .into_inner()
-                .map_err(|e| self.parquet("closing a file", e))?;
+            let closed = file
+                .output
+                .close(self.root.url(), self.generation.is_some())?;
             match self.generation {
                 Some(generation) => {
-                    let staged = Staged {
+                    let name = Staged {
                         generation,
                         partition,
                         first_epoch: file.first_epoch,
                         last_epoch: file.last_epoch,
                         seq: self.seq,
-                    };
-                    self.root
-                        .put(&staged.name(), bytes)
-                        .map_err(ParquetSinkError::from)?;
+                    }
+                    .name();
+                    match (closed, &self.local) {
+                        (Closed::Disk(temp), Some(dir)) => file::rename(temp, &dir.join(name))?,
+                        (Closed::Memory(bytes), _) => self
+                            .root
+                            .put(&name, bytes)
+                            .map_err(ParquetSinkError::from)?,
+                        (Closed::Disk(_), None) => return Err(self.no_folder()),
+                    }
                 }
-                None => self.publish_new(&partition, bytes)?,
+                None => self.publish_new(&partition, closed)?,
             }
             self.seq += 1;
+        }
+        if let (None, Some(dir)) = (self.generation, &self.local) {
+            // No commit tidies up after a run without checkpoints: the folder its open files
+            // were in goes (`remove_dir` leaves it if anything else is there).
+            let _ = std::fs::remove_dir(dir.join(STAGING));
         }
         self.durable.fetch_add(self.open_rows, Ordering::Release);
         self.open_rows = 0;
@@ -137,14 +183,18 @@ impl ParquetSink {
     }
 
     /// Publishes a file of a run without checkpoints under a name nothing holds yet.
-    fn publish_new(&mut self, partition: &str, bytes: Vec<u8>) -> DataflowResult<()> {
+    fn publish_new(&mut self, partition: &str, mut closed: Closed) -> DataflowResult<()> {
         for _ in 0..1000 {
             let name = unstaged(partition, self.run, self.seq);
-            if self
-                .root
-                .put_new(&name, bytes.clone())
-                .map_err(ParquetSinkError::from)?
-            {
+            let published = match (&mut closed, &self.local) {
+                (Closed::Disk(temp), Some(dir)) => file::link_new(temp, &dir.join(&name))?,
+                (Closed::Memory(bytes), _) => self
+                    .root
+                    .put_new(&name, bytes.clone())
+                    .map_err(ParquetSinkError::from)?,
+                (Closed::Disk(_), None) => return Err(self.no_folder()),
+            };
+            if published {
                 return Ok(());
             }
             // Another run started in the same millisecond wrote it: take the next number.
@@ -156,20 +206,12 @@ impl ParquetSink {
             self.run
         )))
     }
-}
 
-impl OpenFile {
-    fn new(
-        schema: SchemaRef,
-        props: &WriterProperties,
-        epoch: Epoch,
-    ) -> Result<Self, parquet::errors::ParquetError> {
-        Ok(OpenFile {
-            writer: ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props.clone()))?,
-            schema,
-            first_epoch: epoch,
-            last_epoch: epoch,
-        })
+    fn no_folder(&self) -> DataflowError {
+        DataflowError::Config(format!(
+            "parquet sink {}: a file was written on disk for a root that is not a folder",
+            self.root.url()
+        ))
     }
 }
 
@@ -181,18 +223,12 @@ impl Sink for ParquetSink {
         }
         for (partition, part) in self.partitioner.split(batch)? {
             let epoch = self.epoch;
-            let file = match self.open.entry(partition) {
-                Entry::Occupied(open) => open.into_mut(),
-                Entry::Vacant(slot) => {
-                    let file = OpenFile::new(part.schema(), &self.props, epoch).map_err(|e| {
-                        ParquetSinkError::Parquet {
-                            url: self.root.url().to_string(),
-                            what: "opening a file",
-                            source: e,
-                        }
-                    })?;
-                    slot.insert(file)
-                }
+            if !self.open.contains_key(&partition) {
+                let file = self.open_file(part.schema())?;
+                self.open.insert(partition.clone(), file);
+            }
+            let Some(file) = self.open.get_mut(&partition) else {
+                continue;
             };
             // Columns of one pipeline's results keep their types; only metadata may differ.
             let part = if part.schema() == file.schema {
@@ -206,7 +242,7 @@ impl Sink for ParquetSink {
                     )
                 })?
             };
-            file.writer
+            file.output
                 .write(&part)
                 .map_err(|e| ParquetSinkError::Parquet {
                     url: self.root.url().to_string(),

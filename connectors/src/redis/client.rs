@@ -1,19 +1,23 @@
 //! One connection to the server, opened with its credentials checked, and the atomic write of
 //! a set of keys: one `MULTI`/`EXEC`, sent as one pipeline.
 
-use std::collections::HashMap;
-
 use ::redis::{ConnectionLike, ErrorKind, RedisError, Value};
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 use super::config::RedisSinkConfig;
-use super::render::Write;
+use super::render::{push_len, push_u64};
+use super::writes::{Write, Writes};
 
 /// A connection and the configuration it was opened with (for messages and reconnecting).
 pub(super) struct Connection {
     con: ::redis::Connection,
     config: RedisSinkConfig,
+    /// The last commit's commands, encoded: the room is reused by the next.
+    packed: Vec<u8>,
 }
+
+/// A buffer grown past this by a large commit is let go rather than kept for the next.
+const KEEP_PACKED: usize = 64 << 20;
 
 /// The position key's update in a commit: set to `new` if it still holds `expected`.
 pub(super) struct PositionUpdate<'a> {
@@ -35,6 +39,7 @@ impl Connection {
         let mut connection = Connection {
             con,
             config: config.clone(),
+            packed: Vec::new(),
         };
         // A server that wants a password the URL does not give opens the connection and
         // refuses the first command instead.
@@ -71,7 +76,7 @@ impl Connection {
     /// not exist) makes the commit fail instead of interleaving its output with this one's.
     pub fn apply(
         &mut self,
-        writes: &HashMap<String, Write>,
+        writes: &Writes,
         ttl_s: Option<u64>,
         position: Option<&PositionUpdate<'_>>,
     ) -> DataflowResult<()> {
@@ -90,24 +95,24 @@ impl Connection {
                 return Err(self.fenced(p, found.as_deref()));
             }
         }
-        let mut pipe = ::redis::pipe();
-        pipe.atomic();
-        for (key, write) in writes {
-            match (write, ttl_s) {
-                (Write::Set(value), Some(ttl)) => {
-                    pipe.cmd("SET").arg(key).arg(value).arg("EX").arg(ttl)
-                }
-                (Write::Set(value), None) => pipe.cmd("SET").arg(key).arg(value),
-                (Write::Delete, _) => pipe.cmd("DEL").arg(key),
-            }
-            .ignore();
+        let commands = pack(&mut self.packed, writes, ttl_s, position);
+        // What `redis::Pipeline` sends for an atomic pipeline (`MULTI`, the commands, `EXEC`),
+        // encoded here into one buffer kept between commits instead of a `Cmd` per key:
+        // skip the `+OK` of `MULTI` and a `+QUEUED` per command, then read `EXEC`'s answer.
+        let sent = self.con.req_packed_commands(&self.packed, commands + 1, 1);
+        if self.packed.capacity() > KEEP_PACKED {
+            self.packed = Vec::new();
         }
-        if let Some(p) = position {
-            pipe.cmd("SET").arg(p.key).arg(p.new).ignore();
-        }
-        let reply: Value = pipe
-            .query(&mut self.con)
-            .map_err(|e| self.error(&format!("writing {} key(s)", writes.len()), &e))?;
+        let what = || format!("writing {} key(s)", writes.len());
+        let reply = sent
+            .and_then(|mut replies| match replies.pop() {
+                Some(reply) => reply.extract_error(),
+                None => Err(RedisError::from((
+                    ErrorKind::UnexpectedReturnType,
+                    "no answer to EXEC",
+                ))),
+            })
+            .map_err(|e| self.error(&what(), &e))?;
         match (reply, position) {
             // EXEC answers nil when a watched key changed after WATCH.
             (Value::Nil, Some(p)) => Err(self.fenced(p, None)),
@@ -128,6 +133,53 @@ impl Connection {
             p.key,
             p.expected.unwrap_or("(unset)")
         ))
+    }
+}
+
+/// Encodes `MULTI`, a `SET` (with `EX`) or `DEL` per key, the position's `SET` and `EXEC`
+/// into `out` in Redis's protocol (RESP: `*<args>\r\n` then `$<len>\r\n<bytes>\r\n` per
+/// argument), as `redis::Pipeline` would; returns the number of commands between `MULTI` and
+/// `EXEC`.
+fn pack(
+    out: &mut Vec<u8>,
+    writes: &Writes,
+    ttl_s: Option<u64>,
+    position: Option<&PositionUpdate<'_>>,
+) -> usize {
+    let mut ttl = Vec::new();
+    if let Some(t) = ttl_s {
+        push_u64(&mut ttl, t);
+    }
+    out.clear();
+    // Keys, values and about 40 bytes of framing per command.
+    out.reserve(writes.bytes() + writes.len() * (48 + ttl.len()) + 64);
+    command(out, &[b"MULTI"]);
+    for (key, write) in writes.iter() {
+        match (write, ttl_s) {
+            (Write::Set(value), Some(_)) => command(out, &[b"SET", key, value, b"EX", &ttl]),
+            (Write::Set(value), None) => command(out, &[b"SET", key, value]),
+            (Write::Delete, _) => command(out, &[b"DEL", key]),
+        }
+    }
+    let mut commands = writes.len();
+    if let Some(p) = position {
+        command(out, &[b"SET", p.key.as_bytes(), p.new.as_bytes()]);
+        commands += 1;
+    }
+    command(out, &[b"EXEC"]);
+    commands
+}
+
+fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.push(b'*');
+    push_len(out, args.len());
+    out.extend_from_slice(b"\r\n");
+    for arg in args {
+        out.push(b'$');
+        push_len(out, arg.len());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(arg);
+        out.extend_from_slice(b"\r\n");
     }
 }
 
@@ -173,6 +225,47 @@ fn scrub(text: &str, url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_commit_is_encoded_as_redis_pipeline_encodes_it() {
+        let mut rendered = super::super::render::Rendered::default();
+        rendered.push_row(Some(b"k:1"), Some(br#"{"a":"x\r\ny"}"#));
+        rendered.push_row(Some(b"k:2"), None);
+        rendered.push_row(Some(b"k:3"), Some(b""));
+        let mut writes = Writes::default();
+        writes.add(&mut rendered);
+        let position = PositionUpdate {
+            key: "riffle:p",
+            expected: None,
+            new: "1733 42",
+        };
+        for ttl in [None, Some(315_360_000)] {
+            let mut pipe = ::redis::pipe();
+            pipe.atomic();
+            for (key, value) in [
+                ("k:1", &br#"{"a":"x\r\ny"}"#[..]),
+                ("k:2", b""),
+                ("k:3", b""),
+            ] {
+                match (key, ttl) {
+                    ("k:2", _) => pipe.cmd("DEL").arg(key),
+                    (_, Some(t)) => pipe.cmd("SET").arg(key).arg(value).arg("EX").arg(t),
+                    (_, None) => pipe.cmd("SET").arg(key).arg(value),
+                };
+            }
+            pipe.cmd("SET").arg("riffle:p").arg("1733 42");
+            let mut out = vec![b'x'; 3];
+            let commands = pack(&mut out, &writes, ttl, Some(&position));
+            assert_eq!(commands, 4);
+            assert_eq!(
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&pipe.get_packed_pipeline())
+            );
+        }
+        let mut out = Vec::new();
+        assert_eq!(pack(&mut out, &Writes::default(), None, None), 0);
+        assert_eq!(out, b"*1\r\n$5\r\nMULTI\r\n*1\r\n$4\r\nEXEC\r\n");
+    }
 
     #[test]
     fn a_quoted_password_is_scrubbed() {

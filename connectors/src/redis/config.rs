@@ -11,7 +11,7 @@ use riffle_dataflow::{DataflowError, DataflowResult};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
-use super::render::{KeyTemplate, ValueSpec};
+use super::template::{KeyTemplate, ValueSpec};
 use crate::kind::{Limits, SinkContext, SinkKind, SinkRole};
 
 /// `sink: { redis: {...} }`: each result row sets one key.

@@ -11,10 +11,13 @@ mod client;
 mod config;
 mod render;
 mod sink;
+mod template;
 mod transaction;
 mod writer;
+mod writes;
 
 pub use config::{redacted, RedisSinkConfig};
-pub use render::{KeyTemplate, ValueSpec, Write};
 pub use sink::RedisSinkFactory;
+pub use template::{KeyTemplate, ValueSpec};
 pub use writer::RedisSink;
+pub use writes::Write;

@@ -1,212 +1,105 @@
-//! Rows → (key, value): the key template (`recs:{user_id}`) and the value (`json`, or a column).
+//! Rows → keys and values: each row's key from the template (`recs:{user_id}`) and its value
+//! (the row as JSON, or a column's text), written into buffers reused from batch to batch.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::{Array, RecordBatch};
+use arrow_array::types::{Int32Type, Int64Type, UInt32Type, UInt64Type};
+use arrow_array::{
+    Array, BinaryArray, BinaryViewArray, FixedSizeBinaryArray, Int32Array, Int64Array,
+    LargeBinaryArray, LargeStringArray, RecordBatch, StringArray, StringViewArray, UInt32Array,
+    UInt64Array,
+};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{DataType, Schema};
-use serde::Deserialize;
 
-/// What a key is set to.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-#[serde(from = "String")]
-pub enum ValueSpec {
-    /// `json`: the whole row as a JSON object, as the `jsonl` sink writes it (top-level binary
-    /// columns left out).
-    #[default]
-    Json,
-    /// A column's text: strings as they are, binary as its bytes, numbers and dates as
-    /// displayed, lists and structs as JSON.
-    Column(String),
+use super::template::{missing, nested, KeyTemplate, Part, ValueSpec};
+
+/// A span of a buffer: `start..end`.
+type Span = (usize, usize);
+
+/// One batch's rows: keys in one buffer, values in another (for `json`, the batch's JSON lines
+/// as arrow-json wrote them).
+#[derive(Default)]
+pub(crate) struct Rendered {
+    keys: Vec<u8>,
+    /// Per row: its key in `keys`; `None` when a key column is null (the row has no key).
+    key_spans: Vec<Option<Span>>,
+    values: Vec<u8>,
+    /// Per row: its value in `values`; `None` for a null value (the key is deleted).
+    value_spans: Vec<Option<Span>>,
 }
 
-impl From<String> for ValueSpec {
-    fn from(text: String) -> Self {
-        if text == "json" {
-            ValueSpec::Json
-        } else {
-            ValueSpec::Column(text)
-        }
+impl Rendered {
+    fn clear(&mut self) {
+        self.keys.clear();
+        self.key_spans.clear();
+        self.values.clear();
+        self.value_spans.clear();
+    }
+
+    /// The rows: each one's key (none for a row without one) and value (none: delete).
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "each key span was taken from `keys`' own length as the key was written"
+    )]
+    pub fn rows(&self) -> impl Iterator<Item = (Option<&[u8]>, Option<Span>)> + '_ {
+        self.key_spans
+            .iter()
+            .zip(&self.value_spans)
+            .map(|(k, v)| (k.map(|(s, e)| &self.keys[s..e]), *v))
+    }
+
+    /// The values' buffer, which the spans of [`Self::rows`] point into.
+    pub fn take_values(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.values)
+    }
+
+    /// Rows whose key could not be made.
+    pub fn keyless(&self) -> usize {
+        self.key_spans.iter().filter(|k| k.is_none()).count()
+    }
+
+    pub fn len(&self) -> usize {
+        self.key_spans.len()
+    }
+
+    #[cfg(test)]
+    pub fn push_row(&mut self, key: Option<&[u8]>, value: Option<&[u8]>) {
+        self.key_spans
+            .push(key.map(|k| push_span(&mut self.keys, k)));
+        self.value_spans
+            .push(value.map(|v| push_span(&mut self.values, v)));
     }
 }
 
-impl ValueSpec {
-    /// Whether `schema` has the column.
-    pub(crate) fn check(&self, schema: &Schema) -> Result<(), String> {
-        match self {
-            ValueSpec::Json => Ok(()),
-            ValueSpec::Column(name) => find(schema, name).map(|_| ()),
-        }
-    }
+#[cfg(test)]
+fn push_span(buffer: &mut Vec<u8>, bytes: &[u8]) -> Span {
+    let start = buffer.len();
+    buffer.extend_from_slice(bytes);
+    (start, buffer.len())
 }
 
-/// A key template: literal text and `{column}` placeholders.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KeyTemplate {
-    parts: Vec<Part>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Part {
-    Text(String),
-    Column(String),
-}
-
-impl KeyTemplate {
-    /// `recs:{user_id}`; `{{` and `}}` are literal braces.
-    pub fn parse(template: &str) -> Result<KeyTemplate, String> {
-        if template.is_empty() {
-            return Err(
-                "the template is empty: expected text with `{column}` placeholders, such as \
-                 `recs:{user_id}`"
-                    .into(),
-            );
-        }
-        let mut parts = Vec::new();
-        let mut text = String::new();
-        let mut chars = template.chars().peekable();
-        while let Some(c) = chars.next() {
-            match c {
-                '{' if chars.peek() == Some(&'{') => {
-                    chars.next();
-                    text.push('{');
-                }
-                '}' if chars.peek() == Some(&'}') => {
-                    chars.next();
-                    text.push('}');
-                }
-                '{' => {
-                    let mut name = String::new();
-                    loop {
-                        match chars.next() {
-                            Some('}') => break,
-                            Some('{') | None => {
-                                return Err(format!(
-                                    "`{{{name}` has no closing `}}` (write `{{{{` for a literal \
-                                     brace)"
-                                ))
-                            }
-                            Some(c) => name.push(c),
-                        }
-                    }
-                    if name.is_empty() {
-                        return Err("`{}` names no column: expected `{column}`".into());
-                    }
-                    if !text.is_empty() {
-                        parts.push(Part::Text(std::mem::take(&mut text)));
-                    }
-                    parts.push(Part::Column(name));
-                }
-                '}' => {
-                    return Err("a `}` without its `{` (write `}}` for a literal brace)".to_string())
-                }
-                c => text.push(c),
-            }
-        }
-        if !text.is_empty() {
-            parts.push(Part::Text(text));
-        }
-        Ok(KeyTemplate { parts })
-    }
-
-    /// The columns the template names, in order.
-    pub fn columns(&self) -> impl Iterator<Item = &str> {
-        self.parts.iter().filter_map(|p| match p {
-            Part::Column(name) => Some(name.as_str()),
-            Part::Text(_) => None,
-        })
-    }
-
-    /// Whether `schema` has every column the template names, each one a key can be made of.
-    pub(crate) fn check(&self, schema: &Schema) -> Result<(), String> {
-        for name in self.columns() {
-            let data_type = find(schema, name)?;
-            if !scalar(data_type) {
-                return Err(format!(
-                    "column `{name}` is {data_type}: a key is made of text, numbers, booleans \
-                     or dates"
-                ));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The type of `schema`'s column `name`, or an error naming it and the columns there are.
-fn find<'a>(schema: &'a Schema, name: &str) -> Result<&'a DataType, String> {
-    schema
-        .field_with_name(name)
-        .map(|f| f.data_type())
-        .map_err(|_| missing(schema, name))
-}
-
-fn missing(schema: &Schema, name: &str) -> String {
-    let columns: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-    format!(
-        "names column `{name}`, which the results do not have (they have: {})",
-        columns.join(", ")
-    )
-}
-
-fn nested(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::List(_)
-            | DataType::LargeList(_)
-            | DataType::FixedSizeList(..)
-            | DataType::ListView(_)
-            | DataType::LargeListView(_)
-            | DataType::Struct(_)
-            | DataType::Map(..)
-            | DataType::Union(..)
-    )
-}
-
-fn binary(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Binary
-            | DataType::LargeBinary
-            | DataType::BinaryView
-            | DataType::FixedSizeBinary(_)
-    )
-}
-
-fn scalar(data_type: &DataType) -> bool {
-    !nested(data_type) && !binary(data_type)
-}
-
-/// What one row does to its key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Write {
-    Set(Vec<u8>),
-    /// A null value: the key's latest value is none.
-    Delete,
-}
-
-/// Each row's key and write, in row order; `None` for a row whose key cannot be made (a key
-/// column is null).
+/// Renders `batch` into `out` (emptied first): each row's key and write, in row order.
 pub(crate) fn render(
     batch: &RecordBatch,
     template: &KeyTemplate,
     value: &ValueSpec,
-) -> Result<Vec<Option<(String, Write)>>, String> {
+    out: &mut Rendered,
+) -> Result<(), String> {
+    out.clear();
     let rows = batch.num_rows();
-    let keys = keys(batch, template)?;
-    let values = values(batch, value)?;
-    if keys.len() != rows || values.len() != rows {
+    keys(batch, template, out)?;
+    values(batch, value, out)?;
+    if out.key_spans.len() != rows || out.value_spans.len() != rows {
         return Err(format!(
             "{} key(s) and {} value(s) for {rows} rows",
-            keys.len(),
-            values.len()
+            out.key_spans.len(),
+            out.value_spans.len()
         ));
     }
-    Ok(keys
-        .into_iter()
-        .zip(values)
-        .map(|(k, v)| k.map(|k| (k, v)))
-        .collect())
+    Ok(())
 }
 
 fn column<'b>(batch: &'b RecordBatch, name: &str, role: &str) -> Result<&'b dyn Array, String> {
@@ -216,89 +109,186 @@ fn column<'b>(batch: &'b RecordBatch, name: &str, role: &str) -> Result<&'b dyn 
         .ok_or_else(|| format!("{role}: {}", missing(&batch.schema(), name)))
 }
 
-fn keys(batch: &RecordBatch, template: &KeyTemplate) -> Result<Vec<Option<String>>, String> {
-    let options = FormatOptions::default();
-    let mut formatters = Vec::new();
-    for part in &template.parts {
-        formatters.push(match part {
-            Part::Text(_) => None,
+/// A column's values as text. Integers and strings are written straight from the array (the
+/// text `ArrayFormatter` gives them); other types through it.
+enum Text<'a> {
+    Int64(&'a Int64Array),
+    Int32(&'a Int32Array),
+    UInt64(&'a UInt64Array),
+    UInt32(&'a UInt32Array),
+    Utf8(&'a StringArray),
+    LargeUtf8(&'a LargeStringArray),
+    Utf8View(&'a StringViewArray),
+    /// Binary values as their bytes (values only: a key never names a binary column).
+    Binary(&'a BinaryArray),
+    LargeBinary(&'a LargeBinaryArray),
+    BinaryView(&'a BinaryViewArray),
+    FixedSizeBinary(&'a FixedSizeBinaryArray),
+    Formatted(ArrayFormatter<'a>),
+}
+
+impl<'a> Text<'a> {
+    fn new(array: &'a dyn Array, raw_binary: bool) -> Result<Text<'a>, String> {
+        Ok(match array.data_type() {
+            DataType::Int64 => Text::Int64(array.as_primitive::<Int64Type>()),
+            DataType::Int32 => Text::Int32(array.as_primitive::<Int32Type>()),
+            DataType::UInt64 => Text::UInt64(array.as_primitive::<UInt64Type>()),
+            DataType::UInt32 => Text::UInt32(array.as_primitive::<UInt32Type>()),
+            DataType::Utf8 => Text::Utf8(array.as_string::<i32>()),
+            DataType::LargeUtf8 => Text::LargeUtf8(array.as_string::<i64>()),
+            DataType::Utf8View => Text::Utf8View(array.as_string_view()),
+            DataType::Binary if raw_binary => Text::Binary(array.as_binary::<i32>()),
+            DataType::LargeBinary if raw_binary => Text::LargeBinary(array.as_binary::<i64>()),
+            DataType::BinaryView if raw_binary => Text::BinaryView(array.as_binary_view()),
+            DataType::FixedSizeBinary(_) if raw_binary => {
+                Text::FixedSizeBinary(array.as_fixed_size_binary())
+            }
+            _ => Text::Formatted(
+                ArrayFormatter::try_new(array, &FormatOptions::default())
+                    .map_err(|e| e.to_string())?,
+            ),
+        })
+    }
+
+    /// Appends row `row`'s text (the row is not null).
+    fn write(&self, row: usize, out: &mut Vec<u8>) -> Result<(), String> {
+        match self {
+            Text::Int64(a) => push_i64(out, a.value(row)),
+            Text::Int32(a) => push_i64(out, a.value(row).into()),
+            Text::UInt64(a) => push_u64(out, a.value(row)),
+            Text::UInt32(a) => push_u64(out, a.value(row).into()),
+            Text::Utf8(a) => out.extend_from_slice(a.value(row).as_bytes()),
+            Text::LargeUtf8(a) => out.extend_from_slice(a.value(row).as_bytes()),
+            Text::Utf8View(a) => out.extend_from_slice(a.value(row).as_bytes()),
+            Text::Binary(a) => out.extend_from_slice(a.value(row)),
+            Text::LargeBinary(a) => out.extend_from_slice(a.value(row)),
+            Text::BinaryView(a) => out.extend_from_slice(a.value(row)),
+            Text::FixedSizeBinary(a) => out.extend_from_slice(a.value(row)),
+            // `Display`, as `to_string` wrote it: a value it cannot format reads `ERROR: …`.
+            Text::Formatted(f) => write!(Utf8Sink(out), "{}", f.value(row))
+                .map_err(|_| format!("row {row} cannot be written as text"))?,
+        }
+        Ok(())
+    }
+}
+
+/// `fmt::Write` into a byte buffer.
+struct Utf8Sink<'a>(&'a mut Vec<u8>);
+
+impl std::fmt::Write for Utf8Sink<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        self.0.extend_from_slice(s.as_bytes());
+        Ok(())
+    }
+}
+
+/// `value` in decimal, as `ArrayFormatter` writes integers.
+#[allow(
+    clippy::indexing_slicing,
+    reason = "`at` counts down from 20, and no u64 has more than 20 digits"
+)]
+pub(super) fn push_u64(out: &mut Vec<u8>, mut value: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+fn push_i64(out: &mut Vec<u8>, value: i64) {
+    if value < 0 {
+        out.push(b'-');
+    }
+    push_u64(out, value.unsigned_abs());
+}
+
+/// The decimal text of `value`, into `out` (for the protocol's lengths too).
+pub(super) fn push_len(out: &mut Vec<u8>, value: usize) {
+    push_u64(out, value as u64);
+}
+
+fn keys(batch: &RecordBatch, template: &KeyTemplate, out: &mut Rendered) -> Result<(), String> {
+    enum Piece<'a> {
+        Text(&'a [u8]),
+        Column(&'a str, &'a dyn Array, Text<'a>),
+    }
+    let mut pieces = Vec::with_capacity(template.parts().len());
+    for part in template.parts() {
+        pieces.push(match part {
+            Part::Text(text) => Piece::Text(text.as_bytes()),
             Part::Column(name) => {
                 let array = column(batch, name, "key")?;
-                let formatter =
-                    ArrayFormatter::try_new(array, &options).map_err(|e| e.to_string())?;
-                Some((array, formatter))
+                Piece::Column(name, array, Text::new(array, false)?)
             }
         });
     }
-    let mut out = Vec::with_capacity(batch.num_rows());
-    for row in 0..batch.num_rows() {
-        let mut key = String::new();
-        let mut null = false;
-        for (part, formatter) in template.parts.iter().zip(&formatters) {
-            match (part, formatter) {
-                (_, Some((array, _))) if array.is_null(row) => null = true,
-                (_, Some((_, f))) => key.push_str(&f.value(row).to_string()),
-                (Part::Text(text), None) => key.push_str(text),
-                (Part::Column(_), None) => null = true,
+    out.key_spans.reserve(batch.num_rows());
+    'rows: for row in 0..batch.num_rows() {
+        let start = out.keys.len();
+        for piece in &pieces {
+            match piece {
+                Piece::Text(text) => out.keys.extend_from_slice(text),
+                Piece::Column(_, array, _) if array.is_null(row) => {
+                    out.keys.truncate(start);
+                    out.key_spans.push(None);
+                    continue 'rows;
+                }
+                Piece::Column(name, _, text) => text
+                    .write(row, &mut out.keys)
+                    .map_err(|e| format!("key column `{name}`: {e}"))?,
             }
         }
-        out.push((!null).then_some(key));
+        out.key_spans.push(Some((start, out.keys.len())));
     }
-    Ok(out)
+    Ok(())
 }
 
-fn values(batch: &RecordBatch, value: &ValueSpec) -> Result<Vec<Write>, String> {
+fn values(batch: &RecordBatch, value: &ValueSpec, out: &mut Rendered) -> Result<(), String> {
     let rows = batch.num_rows();
     let name = match value {
         ValueSpec::Json => {
-            let text = crate::jsonl::json_lines(batch).map_err(|e| e.to_string())?;
-            return Ok(text
-                .split(|&b| b == b'\n')
-                .take(rows)
-                .map(|line| Write::Set(line.to_vec()))
-                .collect());
+            // The batch's JSON lines are kept whole: each row's value is its line.
+            out.values = crate::jsonl::json_lines(batch).map_err(|e| e.to_string())?;
+            out.value_spans.reserve(rows);
+            let mut start = 0;
+            for line in out.values.split(|&b| b == b'\n').take(rows) {
+                out.value_spans.push(Some((start, start + line.len())));
+                start += line.len() + 1;
+            }
+            return Ok(());
         }
         ValueSpec::Column(name) => name,
     };
     let array = column(batch, name, "value")?;
-    let set = |row: usize, bytes: &[u8]| {
+    out.value_spans.reserve(rows);
+    if nested(array.data_type()) {
+        for (row, json) in nested_json(batch, name, array)?.into_iter().enumerate() {
+            out.value_spans.push((!array.is_null(row)).then(|| {
+                let start = out.values.len();
+                out.values.extend_from_slice(json.as_bytes());
+                (start, out.values.len())
+            }));
+        }
+        return Ok(());
+    }
+    let text = Text::new(array, true)?;
+    for row in 0..rows {
         if array.is_null(row) {
-            Write::Delete
-        } else {
-            Write::Set(bytes.to_vec())
+            out.value_spans.push(None);
+            continue;
         }
-    };
-    let data_type = array.data_type();
-    Ok(match data_type {
-        DataType::Binary => {
-            let a = array.as_binary::<i32>();
-            (0..rows).map(|r| set(r, a.value(r))).collect()
-        }
-        DataType::LargeBinary => {
-            let a = array.as_binary::<i64>();
-            (0..rows).map(|r| set(r, a.value(r))).collect()
-        }
-        DataType::BinaryView => {
-            let a = array.as_binary_view();
-            (0..rows).map(|r| set(r, a.value(r))).collect()
-        }
-        DataType::FixedSizeBinary(_) => {
-            let a = array.as_fixed_size_binary();
-            (0..rows).map(|r| set(r, a.value(r))).collect()
-        }
-        t if nested(t) => nested_json(batch, name, array)?
-            .into_iter()
-            .enumerate()
-            .map(|(r, json)| set(r, json.as_bytes()))
-            .collect(),
-        _ => {
-            let options = FormatOptions::default();
-            let f = ArrayFormatter::try_new(array, &options).map_err(|e| e.to_string())?;
-            (0..rows)
-                .map(|r| set(r, f.value(r).to_string().as_bytes()))
-                .collect()
-        }
-    })
+        let start = out.values.len();
+        text.write(row, &mut out.values)
+            .map_err(|e| format!("value column `{name}`: {e}"))?;
+        out.value_spans.push(Some((start, out.values.len())));
+    }
+    Ok(())
 }
 
 /// Each row's value of a list or struct column as JSON, as the `jsonl` sink writes it.
@@ -326,10 +316,23 @@ fn nested_json(batch: &RecordBatch, name: &str, array: &dyn Array) -> Result<Vec
 
 #[cfg(test)]
 mod tests {
+    use super::super::writes::Write;
     use super::*;
+
+    impl Rendered {
+        /// Row `row`'s key and write.
+        fn row(&self, row: usize) -> Option<(String, Write<'_>)> {
+            let (s, e) = self.key_spans[row]?;
+            let key = String::from_utf8_lossy(&self.keys[s..e]).into_owned();
+            let write = match self.value_spans[row] {
+                Some((s, e)) => Write::Set(&self.values[s..e]),
+                None => Write::Delete,
+            };
+            Some((key, write))
+        }
+    }
     use arrow_array::builder::{ListBuilder, StringBuilder};
-    use arrow_array::{BinaryArray, Float32Array, Int64Array, StringArray};
-    use arrow_schema::Field;
+    use arrow_array::{Float32Array, Int16Array};
 
     fn batch() -> RecordBatch {
         let mut recs = ListBuilder::new(StringBuilder::new());
@@ -361,48 +364,115 @@ mod tests {
         .unwrap()
     }
 
-    fn set(text: &str) -> Write {
-        Write::Set(text.as_bytes().to_vec())
+    fn rendered(batch: &RecordBatch, template: &str, value: ValueSpec) -> Rendered {
+        let mut out = Rendered::default();
+        render(
+            batch,
+            &KeyTemplate::parse(template).unwrap(),
+            &value,
+            &mut out,
+        )
+        .unwrap();
+        out
     }
 
-    #[test]
-    fn templates_parse_placeholders_and_escaped_braces() {
-        let t = KeyTemplate::parse("recs:{user_id}:{name}").unwrap();
-        assert_eq!(t.columns().collect::<Vec<_>>(), ["user_id", "name"]);
-        let t = KeyTemplate::parse("{{lit}}:{a}").unwrap();
-        assert_eq!(
-            t.parts,
-            [Part::Text("{lit}:".into()), Part::Column("a".into())]
-        );
-        assert_eq!(KeyTemplate::parse("fixed").unwrap().columns().count(), 0);
-        for (bad, says) in [
-            ("", "empty"),
-            ("recs:{user", "no closing"),
-            ("recs:{a{b}", "no closing"),
-            ("recs:{}", "names no column"),
-            ("recs:}", "without its `{`"),
-        ] {
-            let e = KeyTemplate::parse(bad).unwrap_err();
-            assert!(e.contains(says), "{bad:?}: {e}");
-        }
+    fn set(text: &str) -> Write<'_> {
+        Write::Set(text.as_bytes())
     }
 
     #[test]
     fn keys_fill_each_placeholder_and_a_null_key_column_skips_the_row() {
-        let t = KeyTemplate::parse("u:{user_id}/{score}").unwrap();
-        let rows = render(&batch(), &t, &ValueSpec::Column("name".into())).unwrap();
-        assert_eq!(rows[0], Some(("u:1/0.5".into(), set("x y"))));
+        let out = rendered(
+            &batch(),
+            "u:{user_id}/{score}",
+            ValueSpec::Column("name".into()),
+        );
+        assert_eq!(out.row(0), Some(("u:1/0.5".into(), set("x y"))));
         // A null value deletes the key.
-        assert_eq!(rows[1], Some(("u:2/1.25".into(), Write::Delete)));
-        assert_eq!(rows[2], None);
+        assert_eq!(out.row(1), Some(("u:2/1.25".into(), Write::Delete)));
+        assert_eq!(out.row(2), None);
+        assert_eq!((out.len(), out.keyless()), (3, 1));
+        // The buffers are reused: a second batch replaces the first's rows.
+        let mut again = out;
+        let t = KeyTemplate::parse("{name}").unwrap();
+        render(&batch(), &t, &ValueSpec::Json, &mut again).unwrap();
+        assert_eq!(again.row(0).unwrap().0, "x y");
+        assert_eq!((again.len(), again.keyless()), (3, 1));
+    }
+
+    #[test]
+    fn keys_are_the_text_arrow_formats_for_every_integer_width_and_strings() {
+        let keys = RecordBatch::try_from_iter(vec![
+            (
+                "i64",
+                Arc::new(Int64Array::from(vec![i64::MIN, -1, 0, i64::MAX])) as _,
+            ),
+            (
+                "i32",
+                Arc::new(Int32Array::from(vec![i32::MIN, -7, 0, 42])) as _,
+            ),
+            (
+                "u64",
+                Arc::new(UInt64Array::from(vec![0, 9, 10, u64::MAX])) as _,
+            ),
+            (
+                "u32",
+                Arc::new(UInt32Array::from(vec![0, 1, 99, u32::MAX])) as _,
+            ),
+            ("i16", Arc::new(Int16Array::from(vec![-3, 0, 5, 300])) as _),
+            (
+                "s",
+                Arc::new(StringArray::from(vec!["", "é", "a b", "{x}"])) as _,
+            ),
+            (
+                "ls",
+                Arc::new(LargeStringArray::from(vec!["l", "", "m", "n"])) as _,
+            ),
+            (
+                "sv",
+                Arc::new(StringViewArray::from(vec![
+                    "a string longer than twelve bytes",
+                    "v",
+                    "",
+                    "w",
+                ])) as _,
+            ),
+        ])
+        .unwrap();
+        let names: Vec<String> = keys
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        let template: String = names.iter().map(|n| format!("{{{n}}}|")).collect();
+        let out = rendered(&keys, &template, ValueSpec::Json);
+        let formatters: Vec<ArrayFormatter> = keys
+            .columns()
+            .iter()
+            .map(|c| ArrayFormatter::try_new(c.as_ref(), &FormatOptions::default()).unwrap())
+            .collect();
+        for row in 0..keys.num_rows() {
+            let expected: String = formatters
+                .iter()
+                .map(|f| format!("{}|", f.value(row)))
+                .collect();
+            assert_eq!(out.row(row).unwrap().0, expected);
+        }
+        assert_eq!(
+            out.row(0).unwrap().0,
+            format!(
+                "{}|-2147483648|0|0|-3||l|a string longer than twelve bytes|",
+                i64::MIN
+            )
+        );
     }
 
     #[test]
     fn values_are_the_row_as_json_or_a_columns_text() {
-        let t = KeyTemplate::parse("k{score}").unwrap();
-        let json = render(&batch(), &t, &ValueSpec::Json).unwrap();
-        let Some((key, Write::Set(bytes))) = &json[0] else {
-            panic!("{json:?}")
+        let json = rendered(&batch(), "k{score}", ValueSpec::Json);
+        let Some((key, Write::Set(bytes))) = json.row(0) else {
+            panic!("no first row")
         };
         assert_eq!(key, "k0.5");
         let row: serde_json::Value = serde_json::from_slice(bytes).unwrap();
@@ -410,43 +480,36 @@ mod tests {
             row,
             serde_json::json!({"user_id": 1, "name": "x y", "recs": ["a", "b"], "score": 0.5})
         );
-        let lists = render(&batch(), &t, &ValueSpec::Column("recs".into())).unwrap();
-        let values: Vec<Option<Write>> = lists.into_iter().map(|r| r.map(|(_, w)| w)).collect();
+        let third: serde_json::Value = serde_json::from_slice(match json.row(2).unwrap().1 {
+            Write::Set(b) => b,
+            Write::Delete => panic!("a row as JSON is never null"),
+        })
+        .unwrap();
+        assert_eq!(third["name"], "z");
+        let lists = rendered(&batch(), "k{score}", ValueSpec::Column("recs".into()));
+        let values: Vec<Write> = (0..3).map(|r| lists.row(r).unwrap().1).collect();
         assert_eq!(
             values,
-            [
-                Some(set(r#"["a","b"]"#)),
-                Some(Write::Delete),
-                Some(set(r#"["c"]"#))
-            ]
+            [set(r#"["a","b"]"#), Write::Delete, set(r#"["c"]"#)]
         );
-        let blob = render(&batch(), &t, &ValueSpec::Column("blob".into())).unwrap();
-        assert_eq!(blob[0].as_ref().unwrap().1, Write::Set(vec![0, 255]));
-        let numbers = render(&batch(), &t, &ValueSpec::Column("user_id".into())).unwrap();
-        assert_eq!(numbers[1].as_ref().unwrap().1, set("2"));
+        let blob = rendered(&batch(), "k{score}", ValueSpec::Column("blob".into()));
+        assert_eq!(blob.row(0).unwrap().1, Write::Set(&[0, 255]));
+        assert_eq!(blob.row(1).unwrap().1, Write::Set(b""));
+        let numbers = rendered(&batch(), "k{score}", ValueSpec::Column("user_id".into()));
+        assert_eq!(numbers.row(1).unwrap().1, set("2"));
+        assert_eq!(numbers.row(2).unwrap().1, Write::Delete);
+        let floats = rendered(&batch(), "k{score}", ValueSpec::Column("score".into()));
+        assert_eq!(floats.row(2).unwrap().1, set("-2.0"));
     }
 
     #[test]
-    fn a_template_or_value_naming_a_missing_column_says_which() {
-        let schema = batch().schema();
-        let e = KeyTemplate::parse("recs:{user}")
-            .unwrap()
-            .check(&schema)
-            .unwrap_err();
-        assert!(e.contains("`user`") && e.contains("user_id, name"), "{e}");
-        let e = KeyTemplate::parse("recs:{recs}")
-            .unwrap()
-            .check(&schema)
-            .unwrap_err();
-        assert!(e.contains("`recs` is List"), "{e}");
-        let e = ValueSpec::Column("nope".into()).check(&schema).unwrap_err();
-        assert!(e.contains("`nope`"), "{e}");
-        assert!(ValueSpec::Json.check(&schema).is_ok());
-        // At write time too, should a batch lack the column.
+    fn a_batch_lacking_a_named_column_says_which() {
+        let mut out = Rendered::default();
         let t = KeyTemplate::parse("{missing}").unwrap();
-        let e = render(&batch(), &t, &ValueSpec::Json).unwrap_err();
+        let e = render(&batch(), &t, &ValueSpec::Json, &mut out).unwrap_err();
         assert!(e.starts_with("key: names column `missing`"), "{e}");
-        let schema = Schema::new(vec![Field::new("a", DataType::Int64, true)]);
-        assert!(KeyTemplate::parse("{a}").unwrap().check(&schema).is_ok());
+        let t = KeyTemplate::parse("{user_id}").unwrap();
+        let e = render(&batch(), &t, &ValueSpec::Column("gone".into()), &mut out).unwrap_err();
+        assert!(e.starts_with("value: names column `gone`"), "{e}");
     }
 }

@@ -8,7 +8,7 @@ use riffle_dataflow::DataflowResult;
 
 use super::client::Connection;
 use super::config::RedisSinkConfig;
-use super::render::KeyTemplate;
+use super::template::KeyTemplate;
 use super::transaction::{recovery, RedisCommitter, Transaction};
 use super::writer::RedisSink;
 

@@ -9,7 +9,6 @@
 //! checkpoints are discarded) and writes the rest again. Memory: one entry per key written
 //! since the last commit, so the checkpoint interval bounds it.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use riffle_dataflow::sink::{Committer, Recovery};
@@ -17,7 +16,8 @@ use riffle_dataflow::{DataflowResult, Epoch};
 
 use super::client::{Connection, PositionUpdate};
 use super::config::RedisSinkConfig;
-use super::render::Write;
+use super::render::Rendered;
+use super::writes::Writes;
 
 /// The writes a run holds until they commit, shared by the sink and the committer.
 pub(super) struct Transaction {
@@ -29,10 +29,10 @@ pub(super) struct Transaction {
 
 #[derive(Default)]
 struct State {
-    /// Key → latest write, of the epochs up to the seal (all of them when not sealed).
-    open: HashMap<String, Write>,
-    /// Key → latest write, of epochs after the seal.
-    held: HashMap<String, Write>,
+    /// Each key's latest write, of the epochs up to the seal (all of them when not sealed).
+    open: Writes,
+    /// Each key's latest write, of epochs after the seal.
+    held: Writes,
     sealed: Option<Epoch>,
     /// The epoch the sink is writing.
     epoch: Option<Epoch>,
@@ -67,9 +67,10 @@ impl Transaction {
         lock(&self.state).epoch = Some(epoch);
     }
 
-    /// Keeps `write` as `key`'s latest, in the open set or, past a seal, apart from it.
-    pub fn write(&self, key: String, write: Write) {
-        lock(&self.state).write(key, write);
+    /// Keeps each row's write as its key's latest, in the open set or, past a seal, apart
+    /// from it.
+    pub fn write(&self, rendered: &mut Rendered) {
+        lock(&self.state).write(rendered);
     }
 
     fn commit(&self, generation: u64, through: Epoch) -> DataflowResult<()> {
@@ -92,12 +93,12 @@ impl Transaction {
 }
 
 impl State {
-    fn write(&mut self, key: String, write: Write) {
+    fn write(&mut self, rendered: &mut Rendered) {
         let past_seal = matches!((self.sealed, self.epoch), (Some(cut), Some(e)) if e > cut);
         if past_seal {
-            self.held.insert(key, write);
+            self.held.add(rendered);
         } else {
-            self.open.insert(key, write);
+            self.open.add(rendered);
         }
     }
 
@@ -105,14 +106,16 @@ impl State {
     fn committed_as(&mut self, position: String) {
         self.committed = Some(position);
         self.sealed = None;
-        self.open = std::mem::take(&mut self.held);
+        // Swapped, not dropped: the next set reuses the room.
+        std::mem::swap(&mut self.open, &mut self.held);
+        self.held.clear();
     }
 
     /// The held writes join the open set; being later, each replaces its key's earlier one.
     fn release(&mut self) {
         self.sealed = None;
-        let held = std::mem::take(&mut self.held);
-        self.open.extend(held);
+        self.open.merge(&self.held);
+        self.held.clear();
     }
 }
 
@@ -181,14 +184,39 @@ impl Committer for RedisCommitter {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::writes::Write;
     use super::*;
 
     fn config() -> RedisSinkConfig {
         serde_json::from_value(serde_json::json!({"url": "redis://h/0", "key": "k:{a}"})).unwrap()
     }
 
-    fn set(text: &str) -> Write {
-        Write::Set(text.as_bytes().to_vec())
+    /// One row's write, as the sink hands it over.
+    fn write(s: &mut State, key: &str, value: Option<&str>) {
+        let mut r = Rendered::default();
+        r.push_row(Some(key.as_bytes()), value.map(str::as_bytes));
+        s.write(&mut r);
+    }
+
+    fn all(w: &Writes) -> BTreeMap<String, Option<String>> {
+        w.iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Write::Set(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    Write::Delete => None,
+                };
+                (String::from_utf8_lossy(k).into_owned(), v)
+            })
+            .collect()
+    }
+
+    fn map(pairs: &[(&str, Option<&str>)]) -> BTreeMap<String, Option<String>> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
+            .collect()
     }
 
     #[test]
@@ -197,34 +225,27 @@ mod tests {
             epoch: Some(1),
             ..State::default()
         };
-        s.write("a".into(), set("1"));
-        s.write("a".into(), set("2"));
+        write(&mut s, "a", Some("1"));
+        write(&mut s, "a", Some("2"));
         s.epoch = Some(2);
-        s.write("b".into(), set("1"));
+        write(&mut s, "b", Some("1"));
         s.sealed = Some(2);
         s.epoch = Some(3);
-        s.write("a".into(), set("3"));
-        s.write("c".into(), Write::Delete);
-        assert_eq!(
-            s.open,
-            HashMap::from([("a".into(), set("2")), ("b".into(), set("1"))])
-        );
+        write(&mut s, "a", Some("3"));
+        write(&mut s, "c", None);
+        assert_eq!(all(&s.open), map(&[("a", Some("2")), ("b", Some("1"))]));
         assert_eq!(s.held.len(), 2);
         s.committed_as("7 2".into());
         assert_eq!(s.committed.as_deref(), Some("7 2"));
         assert_eq!(s.sealed, None);
-        assert_eq!(
-            s.open,
-            HashMap::from([("a".into(), set("3")), ("c".into(), Write::Delete)])
-        );
+        assert_eq!(all(&s.open), map(&[("a", Some("3")), ("c", None)]));
         assert!(s.held.is_empty());
         // A seal lifted without a commit: the held writes replace the open ones.
         s.sealed = Some(3);
         s.epoch = Some(4);
-        s.write("a".into(), set("4"));
+        write(&mut s, "a", Some("4"));
         s.release();
-        assert_eq!(s.open.get("a"), Some(&set("4")));
-        assert_eq!(s.open.len(), 2);
+        assert_eq!(all(&s.open), map(&[("a", Some("4")), ("c", None)]));
         assert!(s.held.is_empty() && s.sealed.is_none());
     }
 

@@ -2,7 +2,6 @@
 //! writes wait for the committer ([`super::transaction`]); without, each flush (an epoch
 //! completing) sends what arrived since the last one in one `MULTI`/`EXEC`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
@@ -11,15 +10,17 @@ use riffle_dataflow::{DataflowResult, Epoch};
 
 use super::client::Connection;
 use super::config::RedisSinkConfig;
-use super::render::{render, KeyTemplate, Write};
+use super::render::{render, Rendered};
+use super::template::KeyTemplate;
 use super::transaction::Transaction;
+use super::writes::Writes;
 
 /// Where the writes go.
 enum Target {
     /// Runs without checkpoints (and live sinks): written at each flush.
     Direct {
         connection: Box<Connection>,
-        pending: HashMap<String, Write>,
+        pending: Writes,
     },
     /// Runs with checkpoints: held until the committer commits them with a checkpoint.
     Transactional(Arc<Transaction>),
@@ -34,6 +35,8 @@ pub struct RedisSink {
     rows: u64,
     /// Rows without a key (a null key column), left out.
     keyless: u64,
+    /// The batch being written; its buffers are reused by the next.
+    rendered: Rendered,
 }
 
 impl RedisSink {
@@ -47,7 +50,7 @@ impl RedisSink {
             template,
             Target::Direct {
                 connection: Box::new(connection),
-                pending: HashMap::new(),
+                pending: Writes::default(),
             },
             0,
         )
@@ -74,33 +77,33 @@ impl RedisSink {
             target,
             rows,
             keyless: 0,
+            rendered: Rendered::default(),
         }
     }
 }
 
 impl Sink for RedisSink {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
-        let rows = render(batch, &self.template, &self.config.value)
-            .map_err(|e| self.config.sink_error(e))?;
-        self.rows += rows.len() as u64;
-        for row in rows {
-            let Some((key, write)) = row else {
-                if self.keyless == 0 {
-                    tracing::warn!(
-                        key = %self.config.key,
-                        "redis sink: a row with a null key column has no key and is left out \
-                         (the total is logged at the end)"
-                    );
-                }
-                self.keyless += 1;
-                continue;
-            };
-            match &mut self.target {
-                Target::Direct { pending, .. } => {
-                    pending.insert(key, write);
-                }
-                Target::Transactional(t) => t.write(key, write),
-            }
+        render(
+            batch,
+            &self.template,
+            &self.config.value,
+            &mut self.rendered,
+        )
+        .map_err(|e| self.config.sink_error(e))?;
+        self.rows += self.rendered.len() as u64;
+        let keyless = self.rendered.keyless() as u64;
+        if keyless > 0 && self.keyless == 0 {
+            tracing::warn!(
+                key = %self.config.key,
+                "redis sink: a row with a null key column has no key and is left out (the \
+                 total is logged at the end)"
+            );
+        }
+        self.keyless += keyless;
+        match &mut self.target {
+            Target::Direct { pending, .. } => pending.add(&mut self.rendered),
+            Target::Transactional(t) => t.write(&mut self.rendered),
         }
         Ok(())
     }

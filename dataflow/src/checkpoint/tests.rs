@@ -246,5 +246,8 @@ fn each_successful_write_is_timed_across_the_stores_clones() {
     assert!(store.write(&checkpoint(5, 5)).is_err());
     let t = store.write_times().unwrap();
     assert_eq!(t.count, 4);
-    assert!(t.p50 <= t.p99 && t.p99 <= t.max && t.max > Duration::ZERO, "{t:?}");
+    assert!(
+        t.p50 <= t.p99 && t.p99 <= t.max && t.max > Duration::ZERO,
+        "{t:?}"
+    );
 }
