@@ -369,11 +369,13 @@ runtime: {{ workers: 2, epoch_records: 8, max_epochs_in_flight: 2 }}
         2000,
         "every frame reaches the sink after the stall"
     );
-    // Measured here: ≈ 60 MB with flow control; ≈ 160 MB with it off (max_epochs_in_flight
-    // 100000), as the unblocked worker keeps decoding frames that pile up behind the sink.
+    // Measured here: ≈ 100 MB with flow control, of which ≈ 44 MB is the debug binary itself
+    // (`riffle --version` peaks there, since the object-store and database clients joined it);
+    // flow control off (max_epochs_in_flight 100000) adds ≈ 100 MB more, as the unblocked
+    // worker keeps decoding frames that pile up behind the sink.
     assert!(
-        final_peak_kb < 100 * 1024,
-        "peak memory {} MB during a stalled sink (bound 100 MB)",
+        final_peak_kb < 140 * 1024,
+        "peak memory {} MB during a stalled sink (bound 140 MB)",
         final_peak_kb / 1024
     );
 }
