@@ -82,12 +82,11 @@ persistence), S3Proxy $s3proxy_version over a local folder (scripts/postgres.sh,
   replaces the ratio otherwise. Sides alternate which goes first; everything written is
   removed between sides. Rates are rows/s; the ratio is Riffle's over the plain client's,
   per round.
-- The second table splits PostgreSQL's gap: there the plain client sends the sink's own
-  statement by hand (\`INSERT … SELECT … FROM UNNEST(\$1::int8[], …, \$6::jsonb[]) ON CONFLICT
-  (id) DO NOTHING\`, one per batch, a transaction per 16 batches, arrays built straight from
-  the Arrow buffers). Its distance to COPY is the statement form's cost; its distance to the
-  sink is the sink's own (encoding each column into owned arrays, the lists through JSON text
-  parsed back into \`serde_json::Value\`s).
+- The second table compares the sink with another plain client: one that sends
+  \`INSERT … SELECT … FROM UNNEST(\$1::int8[], …, \$6::jsonb[]) ON CONFLICT (id) DO NOTHING\`
+  by hand (one per batch, a transaction per 16 batches, arrays built straight from the Arrow
+  buffers), the statement the sink used before it wrote with binary COPY. Its distance to
+  COPY is that statement form's cost.
 TEXT
 )
 bench_doc "$out" "Sinks" "scripts/bench-sinks.sh $rows $rounds" "$description" "$table"
