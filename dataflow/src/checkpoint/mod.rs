@@ -22,6 +22,8 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+use hdrhistogram::Histogram;
 use std::time::{Duration, Instant};
 
 use riffle_storage::StorageError;
@@ -62,9 +64,10 @@ enum Backend {
 pub struct CheckpointStore {
     backend: Backend,
     keep: usize,
-    /// How long each write took (pruning included), shared by the store's clones: the run's
-    /// last line about checkpoints gives their p50/p99 (`docs/benchmarks/checkpoints.md`).
-    write_times: Arc<Mutex<Vec<Duration>>>,
+    /// How long each write took (pruning included), in microseconds, shared by the store's
+    /// clones: the run's last line about checkpoints gives their p50/p99
+    /// (`docs/benchmarks/checkpoints.md`). A histogram, so a long run's memory stays bounded.
+    write_times: Arc<Mutex<Option<Histogram<u64>>>>,
 }
 
 /// Checkpoint writes of a run: how many and how long they took.
@@ -150,7 +153,13 @@ impl CheckpointStore {
         let written = self.write_untimed(checkpoint);
         if written.is_ok() {
             if let Ok(mut times) = self.write_times.lock() {
-                times.push(started.elapsed());
+                let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                if times.is_none() {
+                    *times = Histogram::new(3).ok();
+                }
+                if let Some(h) = times.as_mut() {
+                    h.saturating_record(micros.max(1));
+                }
             }
         }
         written
@@ -158,17 +167,14 @@ impl CheckpointStore {
 
     /// The successful writes so far (`None` before the first).
     pub fn write_times(&self) -> Option<WriteTimes> {
-        let mut times = self.write_times.lock().ok()?.clone();
-        times.sort_unstable();
-        let at = |q: f64| {
-            let i = ((times.len() as f64 * q).ceil() as usize).saturating_sub(1);
-            times.get(i).copied()
-        };
+        let times = self.write_times.lock().ok()?;
+        let h = times.as_ref().filter(|h| !h.is_empty())?;
+        let at = |micros: u64| Duration::from_micros(micros);
         Some(WriteTimes {
-            count: times.len(),
-            p50: at(0.5)?,
-            p99: at(0.99)?,
-            max: times.last().copied()?,
+            count: usize::try_from(h.len()).unwrap_or(usize::MAX),
+            p50: at(h.value_at_quantile(0.5)),
+            p99: at(h.value_at_quantile(0.99)),
+            max: at(h.max()),
         })
     }
 
