@@ -59,8 +59,10 @@ export RIFFLE_FUZZ_SECONDS="${RIFFLE_FUZZ_SECONDS:-60}"
 export RIFFLE_S3_PORT="${RIFFLE_S3_PORT:-19300}"
 export RIFFLE_PG_PORT="${RIFFLE_PG_PORT:-19432}"
 export RIFFLE_REDIS_PORT="${RIFFLE_REDIS_PORT:-19379}"
+# A schema registry (Apicurio Registry, Confluent-compatible API) on 19381 (HTTP) and 19382 (HTTPS).
+export RIFFLE_REGISTRY_PORT="${RIFFLE_REGISTRY_PORT:-19381}"
 log=$(mktemp)
-trap 'scripts/kafka.sh stop; scripts/s3.sh stop; scripts/postgres.sh stop; scripts/redis.sh stop; rm -f "$log"' EXIT
+trap 'scripts/kafka.sh stop; scripts/s3.sh stop; scripts/postgres.sh stop; scripts/redis.sh stop; scripts/registry.sh stop; rm -f "$log"' EXIT
 scripts/kafka.sh start
 # The SASL_SSL address, its CA file and the SCRAM user, for the tests that authenticate.
 eval "$(scripts/kafka.sh env)"
@@ -72,6 +74,10 @@ scripts/postgres.sh start
 eval "$(scripts/postgres.sh env)"
 scripts/redis.sh start
 eval "$(scripts/redis.sh env)"
+scripts/registry.sh start
+# confluent-kafka's own serializers, the other side of the schema-registry tests.
+scripts/registry.sh clients >/dev/null
+eval "$(scripts/registry.sh env)"
 
 # Tests that need what this machine lacks are filtered out by name, and said so here (never
 # reported as passing).

@@ -144,8 +144,33 @@ pub struct ProduceArgs {
     /// Column whose value is the message key (--csv/--jsonl).
     #[arg(long)]
     pub key: Option<String>,
+    /// Message format of --jsonl rows: JSON as read, or Avro / Protobuf of a declared schema
+    /// (--avro-schema, --proto and --message).
+    #[arg(long, value_enum, default_value_t = ProduceFormat::Json)]
+    pub format: ProduceFormat,
+    /// The Avro schema (.avsc) of --format avro.
+    #[arg(long, value_name = "FILE")]
+    pub avro_schema: Option<PathBuf>,
+    /// The .proto file of --format protobuf.
+    #[arg(long, value_name = "FILE")]
+    pub proto: Option<PathBuf>,
+    /// The message type of --format protobuf (e.g. `shop.Click`).
+    #[arg(long)]
+    pub message: Option<String>,
+    /// Register the schema with this schema registry (Confluent REST API) and frame every
+    /// message with its id, as its serializers do.
+    #[arg(long, value_name = "URL")]
+    pub schema_registry: Option<String>,
     #[command(flatten)]
     pub kafka: KafkaOptions,
+}
+
+/// `riffle produce --format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProduceFormat {
+    Json,
+    Avro,
+    Protobuf,
 }
 
 #[derive(Args, Debug, Clone)]

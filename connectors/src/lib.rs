@@ -28,6 +28,7 @@
 )]
 
 pub mod annotate;
+pub mod avro;
 pub mod csv;
 mod files;
 pub mod formats;
@@ -40,6 +41,7 @@ pub mod parquet;
 pub mod postgres;
 pub mod redis;
 pub mod registry;
+pub mod schema_registry;
 pub mod stdout;
 mod text;
 pub mod video;

@@ -43,6 +43,24 @@ impl<T: SinkKind> SinkKind for Box<T> {
     }
 }
 
+impl<T: SourceKind> SourceKind for Box<T> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        (**self).paths_mut()
+    }
+    fn inputs(&self) -> Vec<&std::path::Path> {
+        (**self).inputs()
+    }
+    fn offsets_with_output(&self) -> Option<crate::kind::OffsetsWithOutput> {
+        (**self).offsets_with_output()
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        (**self).build()
+    }
+}
+
 macro_rules! source_kinds {
     ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
         /// Where a pipeline's records come from (externally tagged: `source: { images: {...} }`).
@@ -131,9 +149,11 @@ source_kinds! {
     Csv(csv::CsvSourceConfig),
     Jsonl(jsonl::JsonlSourceConfig),
     /// A topic's partitions.
-    Kafka(kafka::KafkaSourceConfig),
+    Kafka(Box<kafka::KafkaSourceConfig>),
     /// Video files and live cameras, decoded by FFmpeg.
     Video(video::VideoConfig),
+    /// Avro object container files.
+    Avro(crate::avro::AvroSourceConfig),
 }
 
 sink_kinds! {
@@ -209,6 +229,7 @@ mod tests {
             json!({"jsonl": {"path": "f"}}),
             json!({"kafka": {"brokers": "b", "topic": "t", "format": "json"}}),
             json!({"video": {"glob": "*.mp4"}}),
+            json!({"avro": {"path": "f"}}),
         ];
         for source in sources {
             let key = source.as_object().unwrap().keys().next().unwrap().clone();

@@ -5,6 +5,7 @@
 pub mod kafka;
 pub mod postgres;
 pub mod redis;
+pub mod registry;
 pub mod s3;
 
 use std::path::{Path, PathBuf};

@@ -12,10 +12,13 @@
 //! records at once and, if any record is bad, decodes them one by one so that each bad record
 //! becomes a [`DeadLetter`] with its reason while the others are kept.
 
+pub mod avro;
 pub mod csv;
 pub mod json;
+pub mod protobuf;
 pub mod raw;
 mod schema;
+pub mod value;
 
 #[cfg(test)]
 mod tests;
@@ -40,15 +43,31 @@ pub enum MessageFormat {
     Jpeg,
     /// Any payload, as a `bytes` column.
     Raw,
+    /// Avro (`avro:` and/or `schema_registry:` give the schema).
+    Avro,
+    /// Protobuf (`protobuf:` and/or `schema_registry:` give the schema).
+    Protobuf,
 }
 
 impl MessageFormat {
+    /// The schema'd format, for `avro` and `protobuf`.
+    pub fn schemaful(self) -> Option<value::SchemaFormat> {
+        match self {
+            MessageFormat::Avro => Some(value::SchemaFormat::Avro),
+            MessageFormat::Protobuf => Some(value::SchemaFormat::Protobuf),
+            _ => None,
+        }
+    }
+
     /// The text format that decodes into columns, or `None` for payloads kept whole.
     pub fn text(self) -> Option<TextFormat> {
         match self {
             MessageFormat::Json => Some(TextFormat::Json),
             MessageFormat::Csv => Some(TextFormat::Csv { delimiter: b',' }),
-            MessageFormat::Jpeg | MessageFormat::Raw => None,
+            MessageFormat::Jpeg
+            | MessageFormat::Raw
+            | MessageFormat::Avro
+            | MessageFormat::Protobuf => None,
         }
     }
 }

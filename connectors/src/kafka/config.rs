@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
@@ -7,7 +8,9 @@ use riffle_dataflow::range::Range;
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
 
+use crate::formats::value::{AvroValueConfig, ProtobufValueConfig, SchemaFormat, SchemaSettings};
 use crate::formats::{ColumnType, DeclaredSchema, MessageFormat};
+use crate::schema_registry::RegistryConfig;
 pub use crate::kind::SourceGroup;
 use crate::kind::{shared, Limits, OffsetsWithOutput, SinkContext, SinkKind, SinkRole, SourceKind};
 
@@ -62,6 +65,15 @@ pub struct KafkaSourceConfig {
     /// partitions are assigned to workers statically.
     #[serde(default)]
     pub group_id: Option<String>,
+    /// `format: avro`: the reader schema (`schema: x.avsc`) and framing.
+    #[serde(default)]
+    pub avro: Option<AvroValueConfig>,
+    /// `format: protobuf`: the message (`proto: x.proto`, `message: pkg.Click`) and framing.
+    #[serde(default)]
+    pub protobuf: Option<ProtobufValueConfig>,
+    /// A schema registry (Confluent REST API) with the topic's writer schemas.
+    #[serde(default)]
+    pub schema_registry: Option<RegistryConfig>,
     /// Any librdkafka consumer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -123,6 +135,16 @@ pub struct KafkaSinkConfig {
     /// How long `flush` waits for every delivery report before failing.
     #[serde_inline_default(30_000)]
     pub delivery_timeout_ms: u64,
+    /// `format: avro`: the written schema (`schema: x.avsc`; unset: derived from the results'
+    /// columns) and framing.
+    #[serde(default)]
+    pub avro: Option<AvroValueConfig>,
+    /// `format: protobuf`: the message written (`proto: x.proto`, `message: pkg.Rec`).
+    #[serde(default)]
+    pub protobuf: Option<ProtobufValueConfig>,
+    /// A schema registry (Confluent REST API) the written schema is registered with.
+    #[serde(default)]
+    pub schema_registry: Option<RegistryConfig>,
     /// Any librdkafka producer option, passed through.
     #[serde(default)]
     pub options: BTreeMap<String, String>,
@@ -152,9 +174,46 @@ pub enum SinkFormat {
     #[default]
     Json,
     Ipc,
+    /// One Avro record per row (`avro:`, `schema_registry:`).
+    Avro,
+    /// One Protobuf message per row (`protobuf:`, `schema_registry:`).
+    Protobuf,
+}
+
+impl SinkFormat {
+    /// The schema'd format, for `avro` and `protobuf`.
+    pub fn schemaful(self) -> Option<SchemaFormat> {
+        match self {
+            SinkFormat::Avro => Some(SchemaFormat::Avro),
+            SinkFormat::Protobuf => Some(SchemaFormat::Protobuf),
+            SinkFormat::Json | SinkFormat::Ipc => None,
+        }
+    }
+}
+
+impl KafkaSourceConfig {
+    /// The avro/protobuf settings.
+    pub fn schema_settings(&self) -> SchemaSettings<'_> {
+        SchemaSettings {
+            topic: &self.topic,
+            avro: self.avro.as_ref(),
+            protobuf: self.protobuf.as_ref(),
+            registry: self.schema_registry.as_ref(),
+        }
+    }
 }
 
 impl KafkaSinkConfig {
+    /// The avro/protobuf settings.
+    pub fn schema_settings(&self) -> SchemaSettings<'_> {
+        SchemaSettings {
+            topic: &self.topic,
+            avro: self.avro.as_ref(),
+            protobuf: self.protobuf.as_ref(),
+            registry: self.schema_registry.as_ref(),
+        }
+    }
+
     /// An error in this sink's configuration or set-up, naming its topic and brokers.
     pub(crate) fn config_error(&self, message: impl std::fmt::Display) -> DataflowError {
         DataflowError::Config(format!(
@@ -178,6 +237,22 @@ impl KafkaSinkConfig {
 impl SourceKind for KafkaSourceConfig {
     fn kind(&self) -> &'static str {
         "kafka"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        let mut paths = SchemaSettings::paths_mut(self.avro.as_mut(), self.protobuf.as_mut());
+        paths.extend(self.schema_registry.as_mut().and_then(|r| r.ca_file.as_mut()));
+        paths
+    }
+    fn inputs(&self) -> Vec<&Path> {
+        let mut inputs: Vec<&Path> = Vec::new();
+        if let Some(a) = &self.avro {
+            inputs.extend(a.schema.as_deref());
+        }
+        if let Some(p) = &self.protobuf {
+            inputs.extend(p.proto.as_deref());
+            inputs.extend(p.descriptor_set.as_deref());
+        }
+        inputs
     }
     fn offsets_with_output(&self) -> Option<OffsetsWithOutput> {
         Some(OffsetsWithOutput {
@@ -210,6 +285,47 @@ impl SinkKind for KafkaSinkConfig {
         "kafka"
     }
 
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        let mut paths = SchemaSettings::paths_mut(self.avro.as_mut(), self.protobuf.as_mut());
+        paths.extend(self.schema_registry.as_mut().and_then(|r| r.ca_file.as_mut()));
+        paths
+    }
+
+    // Its paths are inputs (schemas, a CA file): `--output` has nothing to replace.
+    fn output_mut(&mut self) -> Option<&mut PathBuf> {
+        None
+    }
+
+    /// Avro and Protobuf: the results must fit the written schema (checked by building the
+    /// encoder, without registering anything).
+    fn check_input(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
+        let Some(format) = self.format.schemaful() else {
+            return Ok(());
+        };
+        let mut offline = self.schema_settings();
+        offline.registry = None;
+        let mut plain = offline;
+        let avro;
+        let protobuf;
+        match format {
+            SchemaFormat::Avro => {
+                avro = AvroValueConfig {
+                    framing: Some(crate::formats::value::WireFraming::Plain),
+                    ..self.avro.clone().unwrap_or_default()
+                };
+                plain.avro = Some(&avro);
+            }
+            SchemaFormat::Protobuf => {
+                protobuf = ProtobufValueConfig {
+                    framing: Some(crate::formats::value::WireFraming::Plain),
+                    ..self.protobuf.clone().unwrap_or_default()
+                };
+                plain.protobuf = Some(&protobuf);
+            }
+        }
+        plain.encoder(format, schema).map(|_| ())
+    }
+
     fn prepare(&mut self, ctx: &SinkContext<'_>) {
         match ctx.role {
             // One transactional.id per pipeline and topic, the same on every restart.
@@ -240,6 +356,9 @@ impl SinkKind for KafkaSinkConfig {
         let mut dlq = self.clone();
         dlq.topic = format!("{}-dead-letters", self.topic);
         dlq.format = SinkFormat::Json;
+        dlq.avro = None;
+        dlq.protobuf = None;
+        dlq.schema_registry = None;
         dlq.key = None;
         dlq.headers = [("reason", "reason"), ("stage", "stage")]
             .into_iter()

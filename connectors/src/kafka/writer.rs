@@ -1,5 +1,5 @@
-//! The Kafka sink's writer: one JSON message per row or one Arrow IPC message per batch, with
-//! the key and headers from columns. A message Kafka fails to deliver fails the next write or
+//! The Kafka sink's writer: one JSON, Avro or Protobuf message per row or one Arrow IPC message
+//! per batch, with the key and headers from columns. A message Kafka fails to deliver fails the next write or
 //! the flush: deliveries are never dropped silently.
 
 use std::sync::atomic::AtomicU64;
@@ -20,6 +20,7 @@ use super::config::{KafkaSinkConfig, SinkFormat};
 use super::delivery::{delivery_context, DeliveryContext, DeliveryState};
 use super::markers::{EPOCH_HEADER, GENERATION_HEADER};
 use super::transactions::Transaction;
+use crate::formats::value::ValueEncoder;
 
 /// Wait between polls while librdkafka's queue is full.
 const QUEUE_FULL_WAIT: Duration = Duration::from_millis(50);
@@ -39,6 +40,9 @@ pub struct KafkaSink {
     markers: bool,
     /// `(generation, epoch)` headers for the results being written, in marker runs.
     stamp: Option<(String, String)>,
+    /// Avro/Protobuf values: made (and the schema registered) with the first batch, when the
+    /// results' columns are known; again if they change.
+    encoder: Option<(arrow_schema::SchemaRef, ValueEncoder)>,
 }
 
 impl KafkaSink {
@@ -53,6 +57,7 @@ impl KafkaSink {
             state,
             markers,
             stamp: None,
+            encoder: None,
         })
     }
 
@@ -67,6 +72,7 @@ impl KafkaSink {
             state,
             markers: false,
             stamp: None,
+            encoder: None,
         })
     }
 
@@ -78,14 +84,35 @@ impl KafkaSink {
     }
 
     /// Encodes and sends one batch.
-    fn write_rows(&self, batch: &RecordBatch) -> DataflowResult<()> {
+    fn write_rows(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
         if batch.num_rows() == 0 {
             return Ok(());
         }
         match self.config.format {
             SinkFormat::Json => self.write_json(batch),
             SinkFormat::Ipc => self.write_ipc(batch),
+            SinkFormat::Avro | SinkFormat::Protobuf => self.write_schemaful(batch),
         }
+    }
+
+    /// One Avro or Protobuf message per row, framed with the registered schema's id.
+    fn write_schemaful(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
+        let Some(format) = self.config.format.schemaful() else {
+            return Ok(());
+        };
+        let schema = batch.schema();
+        let mut encoder = match self.encoder.take() {
+            Some((s, e)) if s == schema => e,
+            _ => self
+                .config
+                .schema_settings()
+                .encoder(format, &schema)
+                .map_err(|e| self.config.config_error(e))?,
+        };
+        let payloads = encoder.encode(batch);
+        self.encoder = Some((schema, encoder));
+        let payloads = payloads.map_err(|e| self.config.sink_error(e))?;
+        self.send_rows(batch, payloads.iter().map(|p| p.as_ref()))
     }
 
     /// The error of any failed delivery so far.
@@ -174,16 +201,6 @@ impl KafkaSink {
     }
 
     fn write_json(&self, batch: &RecordBatch) -> DataflowResult<()> {
-        let options = FormatOptions::default();
-        let key = match &self.config.key {
-            Some(name) => Some(Rendered::new(self.column(batch, name, "key")?, &options)?),
-            None => None,
-        };
-        let mut headers = Vec::with_capacity(self.config.headers.len());
-        for (header, column) in &self.config.headers {
-            let array = self.column(batch, column, &format!("header `{header}`"))?;
-            headers.push((header.as_str(), Rendered::new(array, &options)?));
-        }
         let lines = crate::jsonl::json_lines(batch).map_err(|e| {
             self.config
                 .sink_error(format!("encoding rows as JSON: {e}"))
@@ -199,7 +216,27 @@ impl KafkaSink {
                 batch.num_rows()
             )));
         }
-        for (row, value) in rows.into_iter().enumerate() {
+        self.send_rows(batch, rows.into_iter())
+    }
+
+    /// Sends one message per row of `batch`, with the values given and the key and headers
+    /// from its columns.
+    fn send_rows<'v>(
+        &self,
+        batch: &RecordBatch,
+        values: impl Iterator<Item = &'v [u8]>,
+    ) -> DataflowResult<()> {
+        let options = FormatOptions::default();
+        let key = match &self.config.key {
+            Some(name) => Some(Rendered::new(self.column(batch, name, "key")?, &options)?),
+            None => None,
+        };
+        let mut headers = Vec::with_capacity(self.config.headers.len());
+        for (header, column) in &self.config.headers {
+            let array = self.column(batch, column, &format!("header `{header}`"))?;
+            headers.push((header.as_str(), Rendered::new(array, &options)?));
+        }
+        for (row, value) in values.enumerate() {
             let key = key.as_ref().and_then(|k| k.get(row));
             let mut owned = None;
             for (name, rendered) in &headers {

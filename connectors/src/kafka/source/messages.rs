@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use arrow_schema::SchemaRef;
 
-use crate::formats::{raw, ColumnType, Decoder};
+use crate::formats::value::ValueDecoder;
+use crate::formats::{raw, ColumnType};
 
 /// Value columns (`None` when values are kept whole), the messages behind their rows, and dead
 /// letters for the messages that did not decode.
@@ -27,8 +28,8 @@ pub(super) struct Layout {
     pub(super) max_message_bytes: usize,
     /// Whether the message key is a column.
     pub(super) key: bool,
-    /// Decodes `json`/`csv` values (`None`: values are kept whole).
-    pub(super) decoder: Option<Decoder>,
+    /// Decodes `json`/`csv`/`avro`/`protobuf` values (`None`: values are kept whole).
+    pub(super) decoder: Option<ValueDecoder>,
     pub(super) schema: SchemaRef,
     pub(super) header_columns: Vec<(String, ColumnType)>,
 }
@@ -72,9 +73,8 @@ impl Layout {
             .iter()
             .map(|&i| pending.value(&pending.messages[i]))
             .collect();
-        let decoded = decoder.decode_or_reject(&values, |i, e| {
-            letter(&pending.messages[fits[i]], decoder.reason(e, None))
-        })?;
+        let decoded = decoder
+            .decode_or_reject(&values, |i, reason| letter(&pending.messages[fits[i]], reason))?;
         rejected.extend(decoded.rejected);
         let kept = decoded.kept.iter().map(|&i| fits[i]).collect();
         Ok((Some(decoded.batch), kept, rejected))

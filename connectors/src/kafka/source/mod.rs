@@ -34,7 +34,8 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use super::client::{client_config, Diagnosed, Role};
 use super::config::{KafkaSourceConfig, StartAt};
 use super::metrics;
-use crate::formats::Decoder;
+use crate::formats::MessageFormat;
+use crate::formats::value::ValueDecoder;
 
 /// Longest wait for metadata, watermarks and offset look-ups.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,8 +57,8 @@ pub struct KafkaSourceFactory {
     config: KafkaSourceConfig,
     /// Partition ids, sorted; worker `i` of `n` reads those at positions `p % n == i`.
     partitions: Vec<i32>,
-    /// Decodes the values of `json`/`csv` messages (`None` for `jpeg`/`raw`).
-    decoder: Option<Decoder>,
+    /// Decodes the values of `json`/`csv`/`avro`/`protobuf` messages (`None` for `jpeg`/`raw`).
+    decoder: Option<ValueDecoder>,
     schema: SchemaRef,
 }
 
@@ -82,11 +83,21 @@ impl KafkaSourceFactory {
             .create_with_context(Diagnosed::default())
             .map_err(|e| config_error(config, format!("creating a consumer: {e}")))?;
         let partitions = assignment::fetch_partitions(&consumer, config)?;
-        let decoder = match config.format.text() {
-            None => None,
-            Some(format) => Some(schema::value_decoder(config, format, &partitions)?),
+        let decoder = match (config.format.schemaful(), config.format.text()) {
+            (Some(format), _) => Some(
+                config
+                    .schema_settings()
+                    .decoder(format)
+                    .map_err(|e| config_error(config, e))?,
+            ),
+            (None, Some(format)) => Some(ValueDecoder::Text(schema::value_decoder(
+                config,
+                format,
+                &partitions,
+            )?)),
+            (None, None) => None,
         };
-        let schema = schema::output_schema(config, decoder.as_ref().map(Decoder::schema))?;
+        let schema = schema::output_schema(config, decoder.as_ref().map(ValueDecoder::schema))?;
         Ok(KafkaSourceFactory {
             config: config.clone(),
             partitions,
@@ -155,6 +166,25 @@ impl SourceFactory for KafkaSourceFactory {
 }
 
 fn validate(config: &KafkaSourceConfig) -> DataflowResult<()> {
+    let schemaful = config.format.schemaful().is_some();
+    if schemaful && config.schema.is_some() {
+        return Err(config_error(
+            config,
+            "`schema` declares JSON/CSV columns; Avro and Protobuf columns come from their own              schema: expected `avro.schema`, `protobuf.proto` or a `schema_registry`",
+        ));
+    }
+    let stray = [
+        ("avro", config.avro.is_some() && config.format != MessageFormat::Avro),
+        ("protobuf", config.protobuf.is_some() && config.format != MessageFormat::Protobuf),
+        ("schema_registry", config.schema_registry.is_some() && !schemaful),
+    ];
+    if let Some((key, _)) = stray.iter().find(|(_, stray)| *stray) {
+        return Err(config_error(
+            config,
+            format!("`{key}` applies to `format: avro` or `protobuf`, not `{:?}`", config.format)
+                .to_lowercase(),
+        ));
+    }
     if config.batch_size == 0 {
         return Err(config_error(config, "batch_size must be at least 1"));
     }
