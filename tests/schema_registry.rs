@@ -108,7 +108,13 @@ fn a_producer_moving_to_a_new_schema_version_mid_run_is_read_without_a_restart_a
     let v2 = write(tmp.path(), "v2.avsc", RATING_V2);
     let bad = write(tmp.path(), "bad.avsc", RATING_BAD);
     // The topic exists (and holds v1 messages) before the source opens.
-    produce_avro(&brokers, &input, &v1, &ratings(tmp.path(), "a.jsonl", 0, 100, None), &[]);
+    produce_avro(
+        &brokers,
+        &input,
+        &v1,
+        &ratings(tmp.path(), "a.jsonl", 0, 100, None),
+        &[],
+    );
     let out = tmp.path().join("out.jsonl");
     let dead = tmp.path().join("dead.jsonl");
     let pipeline = write(
@@ -134,16 +140,42 @@ runtime: {{ workers: 2, epoch_records: 16, epoch_ms: 200 }}
     );
     let child = common::spawn_run(&pipeline);
     let first = wait_for_rows(&out, 100, Duration::from_secs(60));
-    assert_eq!(first.len(), 100, "the v1 messages are read before v2 exists");
+    assert_eq!(
+        first.len(),
+        100,
+        "the v1 messages are read before v2 exists"
+    );
     // Mid-run: v2 (registered now, a new id) and then a schema no reader of v2 can read,
     // under a subject of its own (the registry would refuse it under the topic's).
-    produce_avro(&brokers, &input, &v2, &ratings(tmp.path(), "b.jsonl", 100, 100, Some("tv")), &[]);
+    produce_avro(
+        &brokers,
+        &input,
+        &v2,
+        &ratings(tmp.path(), "b.jsonl", 100, 100, Some("tv")),
+        &[],
+    );
     let bad_rows: String = (200..203)
-        .map(|i| format!("{{\"user_id\": {i}, \"item_id\": \"x{i}\", \"rating\": 1, \"timestamp\": 1}}\n"))
+        .map(|i| {
+            format!(
+                "{{\"user_id\": {i}, \"item_id\": \"x{i}\", \"rating\": 1, \"timestamp\": 1}}\n"
+            )
+        })
         .collect();
     let bad_input = write(tmp.path(), "c.jsonl", &bad_rows);
-    produce_avro(&brokers, &input, &bad, &bad_input, &["--subject-strategy", "topic_record"]);
-    produce_avro(&brokers, &input, &v2, &ratings(tmp.path(), "d.jsonl", 300, 50, Some("phone")), &[]);
+    produce_avro(
+        &brokers,
+        &input,
+        &bad,
+        &bad_input,
+        &["--subject-strategy", "topic_record"],
+    );
+    produce_avro(
+        &brokers,
+        &input,
+        &v2,
+        &ratings(tmp.path(), "d.jsonl", 300, 50, Some("phone")),
+        &[],
+    );
     let all = wait_for_rows(&out, 250, Duration::from_secs(60));
     let dead_letters = wait_for_rows(&dead, 3, Duration::from_secs(20));
     let stderr = stop(child);
@@ -167,7 +199,10 @@ runtime: {{ workers: 2, epoch_records: 16, epoch_ms: 200 }}
     for letter in &dead_letters {
         let reason = letter["reason"].as_str().unwrap();
         assert!(reason.contains("writer schema id"), "{reason}");
-        assert!(letter["record"].as_str().unwrap().contains(&input), "{letter}");
+        assert!(
+            letter["record"].as_str().unwrap().contains(&input),
+            "{letter}"
+        );
     }
 }
 
@@ -210,7 +245,14 @@ runtime: {{ workers: 1 }}
     riffle_ok(&["run", "-q", pipeline.to_str().unwrap()]);
     let read = rows(&run_client(
         "consume_avro.py",
-        &["--brokers", &brokers, "--topic", &output, "--registry", &url],
+        &[
+            "--brokers",
+            &brokers,
+            "--topic",
+            &output,
+            "--registry",
+            &url,
+        ],
     ));
     let mut got: Vec<(i64, f64, String, Vec<i64>)> = read
         .iter()
@@ -287,9 +329,18 @@ fn protobuf_from_confluent_kafkas_serializer_is_read_into_columns() {
     run_client(
         "produce_protobuf.py",
         &[
-            "--brokers", &brokers, "--topic", &input, "--registry", &url,
-            "--proto", proto.to_str().unwrap(), "--message", "riffle.test.Click",
-            "--input", values.to_str().unwrap(),
+            "--brokers",
+            &brokers,
+            "--topic",
+            &input,
+            "--registry",
+            &url,
+            "--proto",
+            proto.to_str().unwrap(),
+            "--message",
+            "riffle.test.Click",
+            "--input",
+            values.to_str().unwrap(),
         ],
     );
     // The reader schema is the subject's latest: no .proto in the pipeline.
@@ -315,7 +366,10 @@ runtime: {{ workers: 1 }}
     let validated = riffle_ok(&["validate", pipeline.to_str().unwrap()]);
     let text = String::from_utf8_lossy(&validated.stdout);
     assert!(text.contains("user_id: Int64"), "{text}");
-    assert!(text.contains("items: List(") && text.contains("device: Struct("), "{text}");
+    assert!(
+        text.contains("items: List(") && text.contains("device: Struct("),
+        "{text}"
+    );
     riffle_ok(&["run", "-q", pipeline.to_str().unwrap()]);
     let mut got = read_jsonl(&tmp.path().join("out.jsonl"));
     got.sort_by_key(|r| r["user_id"].as_i64().unwrap());
@@ -325,8 +379,16 @@ runtime: {{ workers: 1 }}
         assert_eq!(row["user_id"], json!(i), "{row}");
         assert_eq!(row["page"], json!(format!("/p/{i}")), "{row}");
         assert_eq!(row["items"], json!([i, 2 * i]), "{row}");
-        assert_eq!(row["device"]["os"], json!(if i % 2 == 0 { "linux" } else { "ios" }), "{row}");
-        assert_eq!(row["kind"], json!(if i % 3 == 0 { "BUY" } else { "VIEW" }), "{row}");
+        assert_eq!(
+            row["device"]["os"],
+            json!(if i % 2 == 0 { "linux" } else { "ios" }),
+            "{row}"
+        );
+        assert_eq!(
+            row["kind"],
+            json!(if i % 3 == 0 { "BUY" } else { "VIEW" }),
+            "{row}"
+        );
     }
 }
 
@@ -339,18 +401,41 @@ fn riffle_produce_writes_avro_from_json_lines_that_confluent_kafka_reads() {
     let schema = write(tmp.path(), "v1.avsc", RATING_V1);
     let input = ratings(tmp.path(), "in.jsonl", 0, 25, None);
     riffle_ok(&[
-        "produce", "--brokers", &brokers, "--topic", &output, "--jsonl",
-        input.to_str().unwrap(), "--key", "user_id", "--format", "avro", "--avro-schema",
-        schema.to_str().unwrap(), "--schema-registry", &url,
+        "produce",
+        "--brokers",
+        &brokers,
+        "--topic",
+        &output,
+        "--jsonl",
+        input.to_str().unwrap(),
+        "--key",
+        "user_id",
+        "--format",
+        "avro",
+        "--avro-schema",
+        schema.to_str().unwrap(),
+        "--schema-registry",
+        &url,
     ]);
     let read = rows(&run_client(
         "consume_avro.py",
-        &["--brokers", &brokers, "--topic", &output, "--registry", &url],
+        &[
+            "--brokers",
+            &brokers,
+            "--topic",
+            &output,
+            "--registry",
+            &url,
+        ],
     ));
-    let mut users: Vec<i64> = read.iter().map(|r| r["value"]["user_id"].as_i64().unwrap()).collect();
+    let mut users: Vec<i64> = read
+        .iter()
+        .map(|r| r["value"]["user_id"].as_i64().unwrap())
+        .collect();
     users.sort_unstable();
     assert_eq!(users, (0..25).collect::<Vec<_>>());
-    assert!(read.iter().all(|r| r["value"]["item_id"].as_i64().unwrap() == 1000 + r["value"]["user_id"].as_i64().unwrap()));
+    assert!(read.iter().all(|r| r["value"]["item_id"].as_i64().unwrap()
+        == 1000 + r["value"]["user_id"].as_i64().unwrap()));
 }
 
 #[test]
@@ -360,7 +445,13 @@ fn a_stage_needing_a_field_the_avro_schema_lacks_fails_validation_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
     let input = topic("ratings-validate");
     let v1 = write(tmp.path(), "v1.avsc", RATING_V1);
-    produce_avro(&brokers, &input, &v1, &ratings(tmp.path(), "a.jsonl", 0, 5, None), &[]);
+    produce_avro(
+        &brokers,
+        &input,
+        &v1,
+        &ratings(tmp.path(), "a.jsonl", 0, 5, None),
+        &[],
+    );
     for (reader, shown) in [("avro: { schema: v1.avsc },", "declared"), ("", "latest")] {
         let pipeline = write(
             tmp.path(),
@@ -378,12 +469,17 @@ sink: {{ jsonl: {{ path: out.jsonl }} }}
         let out = riffle(&["validate", pipeline.to_str().unwrap()]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{shown}: {err}");
-        assert!(err.contains("session_id") && err.contains("p.yaml"), "{shown}: {err}");
+        assert!(
+            err.contains("session_id") && err.contains("p.yaml"),
+            "{shown}: {err}"
+        );
         // Without the stage, validation shows the reader schema's columns.
         let ok = write(
             tmp.path(),
             "ok.yaml",
-            &std::fs::read_to_string(&pipeline).unwrap().replace(", session_id", ""),
+            &std::fs::read_to_string(&pipeline)
+                .unwrap()
+                .replace(", session_id", ""),
         );
         let shown_schema = riffle_ok(&["validate", ok.to_str().unwrap()]);
         let text = String::from_utf8_lossy(&shown_schema.stdout);
@@ -406,16 +502,36 @@ fn the_shipped_avro_clickstream_pipeline_answers_every_click_once_in_avro() {
     let csv = write(tmp.path(), "ratings.csv", &(prefix.join("\n") + "\n"));
     let (input, output) = (topic("ratings-avro"), topic("recs-avro"));
     riffle_ok(&[
-        "produce", "--brokers", &brokers, "--topic", &input, "--csv", csv.to_str().unwrap(),
-        "--key", "user_id", "--format", "avro", "--avro-schema",
-        repo().join("pipelines/schemas/rating.avsc").to_str().unwrap(),
-        "--schema-registry", &url,
+        "produce",
+        "--brokers",
+        &brokers,
+        "--topic",
+        &input,
+        "--csv",
+        csv.to_str().unwrap(),
+        "--key",
+        "user_id",
+        "--format",
+        "avro",
+        "--avro-schema",
+        repo()
+            .join("pipelines/schemas/rating.avsc")
+            .to_str()
+            .unwrap(),
+        "--schema-registry",
+        &url,
     ]);
     let yaml = std::fs::read_to_string(repo().join("pipelines/clickstream-recs-avro.yaml"))
         .unwrap()
         .replace("topic: ratings-avro", &format!("topic: {input}"))
         .replace("topic: recs-avro", &format!("topic: {output}"))
-        .replace("schemas/rating.avsc", repo().join("pipelines/schemas/rating.avsc").to_str().unwrap())
+        .replace(
+            "schemas/rating.avsc",
+            repo()
+                .join("pipelines/schemas/rating.avsc")
+                .to_str()
+                .unwrap(),
+        )
         .replace("../models", &repo().join("models").display().to_string())
         .replace("../out/", "");
     let file = write(tmp.path(), "recs-avro.yaml", &yaml);
@@ -425,10 +541,21 @@ fn the_shipped_avro_clickstream_pipeline_answers_every_click_once_in_avro() {
         .env("RIFFLE_REGISTRY_URL", &url)
         .output()
         .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let read = rows(&run_client(
         "consume_avro.py",
-        &["--brokers", &brokers, "--topic", &output, "--registry", &url],
+        &[
+            "--brokers",
+            &brokers,
+            "--topic",
+            &output,
+            "--registry",
+            &url,
+        ],
     ));
     let mut clicks: Vec<(i64, i64, i64)> = read
         .iter()
@@ -452,4 +579,195 @@ fn the_shipped_avro_clickstream_pipeline_answers_every_click_once_in_avro() {
         .collect();
     expected.sort_unstable();
     assert_eq!(clicks, expected, "every click answered exactly once");
+}
+
+#[test]
+fn protobuf_written_by_riffle_is_read_by_confluent_kafkas_deserializer() {
+    let brokers = brokers();
+    let url = registry();
+    let tmp = tempfile::tempdir().unwrap();
+    let output = topic("clicks-proto-out");
+    let proto = write(tmp.path(), "click.proto", CLICK_PROTO);
+    let input = write(
+        tmp.path(),
+        "in.jsonl",
+        &(0..20)
+            .map(|i| {
+                json!({"user_id": i, "page": format!("/p/{i}"), "items": [i, i + 1]}).to_string()
+                    + "\n"
+            })
+            .collect::<String>(),
+    );
+    let pipeline = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            r#"
+source: {{ jsonl: {{ path: "{}" }} }}
+stages: []
+sink:
+  kafka:
+    brokers: "{brokers}"
+    topic: {output}
+    key: user_id
+    format: protobuf
+    protobuf: {{ proto: click.proto, message: riffle.test.Click }}
+    schema_registry: {{ url: "{url}" }}
+"#,
+            input.display()
+        ),
+    );
+    riffle_ok(&["run", "-q", pipeline.to_str().unwrap()]);
+    let read = rows(&run_client(
+        "consume_protobuf.py",
+        &[
+            "--brokers",
+            &brokers,
+            "--topic",
+            &output,
+            "--registry",
+            &url,
+            "--proto",
+            proto.to_str().unwrap(),
+            "--message",
+            "riffle.test.Click",
+        ],
+    ));
+    let mut got: Vec<(i64, String, Vec<i64>)> = read
+        .iter()
+        .map(|r| {
+            let v = &r["value"];
+            // Protobuf's JSON mapping writes int64 as a string.
+            let user = match &v["user_id"] {
+                Value::String(s) => s.parse().unwrap(),
+                n => n.as_i64().unwrap_or(0),
+            };
+            let items = v["items"].as_array().map_or(Vec::new(), |a| {
+                a.iter().map(|x| x.as_i64().unwrap()).collect()
+            });
+            (user, v["page"].as_str().unwrap().to_string(), items)
+        })
+        .collect();
+    got.sort();
+    let expected: Vec<(i64, String, Vec<i64>)> = (0..20)
+        .map(|i| (i, format!("/p/{i}"), vec![i, i + 1]))
+        .collect();
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn a_registry_behind_tls_and_basic_auth_is_reached_with_credentials_from_variables() {
+    let brokers = brokers();
+    let tmp = tempfile::tempdir().unwrap();
+    let input = topic("ratings-tls");
+    let v1 = write(tmp.path(), "v1.avsc", RATING_V1);
+    produce_avro(
+        &brokers,
+        &input,
+        &v1,
+        &ratings(tmp.path(), "a.jsonl", 0, 10, None),
+        &[],
+    );
+    let (user, password) = common::registry::credentials();
+    let pipeline = |password_var: &str| {
+        write(
+            tmp.path(),
+            "p.yaml",
+            &format!(
+                r#"
+source:
+  kafka:
+    brokers: "{brokers}"
+    topic: {input}
+    format: avro
+    schema_registry:
+      url: "{}"
+      username: "${{REGISTRY_USER}}"
+      password: "${{{password_var}}}"
+      ca_file: "{}"
+    stop_at_end: true
+stages: []
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+"#,
+                common::registry::tls_url(),
+                common::registry::ca().display()
+            ),
+        )
+    };
+    let run = |file: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q", file.to_str().unwrap()])
+            .env("REGISTRY_USER", &user)
+            .env("REGISTRY_PASSWORD", &password)
+            .env("WRONG_PASSWORD", "not-the-password")
+            .output()
+            .unwrap()
+    };
+    let ok = run(&pipeline("REGISTRY_PASSWORD"));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert_eq!(read_jsonl(&tmp.path().join("out.jsonl")).len(), 10);
+    let refused = run(&pipeline("WRONG_PASSWORD"));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(err.contains("401") && err.contains("p.yaml"), "{err}");
+    assert!(
+        !err.contains("not-the-password") && !err.contains(&password),
+        "{err}"
+    );
+}
+
+#[test]
+fn avro_container_files_written_by_fastavro_are_read_into_their_reader_schema() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("avro");
+    std::fs::create_dir(&dir).unwrap();
+    let v1 = write(tmp.path(), "v1.avsc", RATING_V1);
+    let v2 = write(tmp.path(), "v2.avsc", RATING_V2);
+    // Two files from an independent writer: one with v1, one with v2.
+    common::registry::run_python(
+        r#"
+import json, sys, fastavro
+v1, v2, out = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+rows = lambda first, n, extra: [dict(user_id=i, item_id=1000 + i, rating=i % 5 + 1, timestamp=i, **extra) for i in range(first, first + n)]
+with open(out + "/a.avro", "wb") as f:
+    fastavro.writer(f, fastavro.parse_schema(v1), rows(0, 30, {}), codec="deflate")
+with open(out + "/b.avro", "wb") as f:
+    fastavro.writer(f, fastavro.parse_schema(v2), rows(30, 20, {"device": "tv"}))
+"#,
+        &[
+            v1.to_str().unwrap(),
+            v2.to_str().unwrap(),
+            dir.to_str().unwrap(),
+        ],
+    );
+    let pipeline = write(
+        tmp.path(),
+        "p.yaml",
+        r#"
+source: { avro: { path: avro, reader_schema: v2.avsc } }
+stages:
+  - select: { columns: [user_id, device] }
+sink: { jsonl: { path: out.jsonl } }
+runtime: { workers: 2 }
+"#,
+    );
+    riffle_ok(&["run", "-q", pipeline.to_str().unwrap()]);
+    let mut got: Vec<(i64, String)> = read_jsonl(&tmp.path().join("out.jsonl"))
+        .iter()
+        .map(|r| {
+            (
+                r["user_id"].as_i64().unwrap(),
+                r["device"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    let expected: Vec<(i64, String)> = (0..50)
+        .map(|i| (i, if i < 30 { "web" } else { "tv" }.to_string()))
+        .collect();
+    assert_eq!(got, expected);
 }

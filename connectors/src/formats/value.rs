@@ -168,15 +168,16 @@ impl SchemaSettings<'_> {
                     .into(),
             );
         }
-        let writers = client
-            .clone()
-            .map(|c| Arc::new(c) as Arc<dyn SchemaLookup>);
+        let writers = client.clone().map(|c| Arc::new(c) as Arc<dyn SchemaLookup>);
         match format {
             SchemaFormat::Avro => {
                 let declared = self.avro.and_then(|a| a.schema.as_deref());
                 let reader = match declared {
                     Some(path) => read_file(path, "avro.schema", "an Avro schema (.avsc)")?,
-                    None => self.latest(client.as_ref(), SchemaType::Avro, "avro.schema")?.schema.clone(),
+                    None => self
+                        .latest(client.as_ref(), SchemaType::Avro, "avro.schema")?
+                        .schema
+                        .clone(),
                 };
                 let framing = match framing {
                     WireFraming::Confluent => AvroFraming::Confluent,
@@ -196,8 +197,7 @@ impl SchemaSettings<'_> {
                         let latest =
                             self.latest(client.as_ref(), SchemaType::Protobuf, "protobuf.proto")?;
                         let client = client.as_ref().ok_or("no registry")?;
-                        let references =
-                            client.references(&latest).map_err(|e| e.to_string())?;
+                        let references = client.references(&latest).map_err(|e| e.to_string())?;
                         let message = self.protobuf.and_then(|p| p.message.as_deref());
                         ProtoSchema::from_registered(&latest, &references, message)
                             .map_err(|e| format!("the subject's latest Protobuf schema: {e}"))?
@@ -226,9 +226,9 @@ impl SchemaSettings<'_> {
             })
         };
         match (&p.proto, &p.descriptor_set) {
-            (Some(_), Some(_)) => Err(
-                "protobuf: give `proto` or `descriptor_set`, not both".into(),
-            ),
+            (Some(_), Some(_)) => {
+                Err("protobuf: give `proto` or `descriptor_set`, not both".into())
+            }
             (Some(proto), None) => ProtoSchema::from_proto_file(proto, &p.includes, message()?)
                 .map(Some)
                 .map_err(|e| format!("protobuf.proto ({}): {e}", proto.display())),
@@ -276,8 +276,9 @@ impl SchemaSettings<'_> {
                     .and_then(|a| a.schema.as_deref())
                     .map(|p| read_file(p, "avro.schema", "an Avro schema (.avsc)"))
                     .transpose()?;
-                let encoder = AvroEncoder::new(input, declared.as_deref(), &record_name(self.topic))
-                    .map_err(|e| format!("avro: {e}"))?;
+                let encoder =
+                    AvroEncoder::new(input, declared.as_deref(), &record_name(self.topic))
+                        .map_err(|e| format!("avro: {e}"))?;
                 let text = encoder.schema_text().to_string();
                 let record = encoder.record_name();
                 (Encoder::Avro(encoder), text, record, SchemaType::Avro)
@@ -299,7 +300,12 @@ impl SchemaSettings<'_> {
                             .into())
                     }
                 };
-                (Encoder::Protobuf(encoder), text, record, SchemaType::Protobuf)
+                (
+                    Encoder::Protobuf(encoder),
+                    text,
+                    record,
+                    SchemaType::Protobuf,
+                )
             }
         };
         let id = match (framing, client, self.registry) {
@@ -308,11 +314,16 @@ impl SchemaSettings<'_> {
                 Some(
                     client
                         .register(&subject, schema_type, &text, &[])
-                        .map_err(|e| format!("registering the output schema under `{subject}`: {e}"))?,
+                        .map_err(|e| {
+                            format!("registering the output schema under `{subject}`: {e}")
+                        })?,
                 )
             }
             (WireFraming::Confluent, _, _) => {
-                return Err("`framing: confluent` needs the schema's id: expected a `schema_registry`".into())
+                return Err(
+                    "`framing: confluent` needs the schema's id: expected a `schema_registry`"
+                        .into(),
+                )
             }
             (WireFraming::Plain, _, _) => None,
         };
@@ -324,7 +335,13 @@ impl SchemaSettings<'_> {
 fn record_name(topic: &str) -> String {
     let name: String = topic
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     match name.chars().next() {
         Some(c) if c.is_ascii_digit() => format!("riffle.r_{name}"),
@@ -333,8 +350,12 @@ fn record_name(topic: &str) -> String {
 }
 
 fn read_file(path: &Path, key: &str, expected: &str) -> Result<String, String> {
-    std::fs::read_to_string(path)
-        .map_err(|e| format!("{key}: cannot read {}: {e}; expected {expected}", path.display()))
+    std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{key}: cannot read {}: {e}; expected {expected}",
+            path.display()
+        )
+    })
 }
 
 /// The decoder of a Kafka source's values, whatever their format.
@@ -391,7 +412,9 @@ pub struct ValueEncoder {
 
 impl std::fmt::Debug for ValueEncoder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ValueEncoder").field("id", &self.id).finish()
+        f.debug_struct("ValueEncoder")
+            .field("id", &self.id)
+            .finish()
     }
 }
 
@@ -409,7 +432,8 @@ impl ValueEncoder {
                     Some(id) => super::avro::EncodeFraming::Confluent(id),
                     None => super::avro::EncodeFraming::Plain,
                 };
-                e.encode(batch, framing).map_err(|e| format!("encoding Avro: {e}"))
+                e.encode(batch, framing)
+                    .map_err(|e| format!("encoding Avro: {e}"))
             }
             Encoder::Protobuf(e) => {
                 let framing = match self.id {

@@ -173,6 +173,14 @@ impl AvroDecoder {
                     .extend(run.iter().map(|b| (b.index, reason.clone()))),
             }
         }
+        // A registry that cannot be reached (after the client's retries) says nothing about
+        // the messages: stop rather than turn good messages into dead letters.
+        if let Some(reason) = unreachable.values().next() {
+            return Err(riffle_dataflow::DataflowError::stage(
+                "source",
+                format!("{reason}; stopping rather than rejecting messages that may be good (raise schema_registry.timeout_ms to ride out longer outages)"),
+            ));
+        }
         out.finish(&shared.schema, &mut dead_letter)
     }
 }
@@ -280,7 +288,7 @@ fn fetch(shared: &Shared, writer: Option<u32>) -> Result<Ready, Unusable> {
         Ok(registered) => registered,
         Err(e @ RegistryError::Request { .. }) => {
             return Err(Unusable::Transient(format!(
-                "writer schema id {id} could not be fetched (asked again with the next batch): {e}"
+                "writer schema id {id} could not be fetched: {e}"
             )))
         }
         Err(e) => {

@@ -136,6 +136,14 @@ impl ProtobufDecoder {
             Some(outcome) => outcome,
             None => self.decode_keeping(payloads, &mut session)?,
         };
+        // A registry that cannot be reached (after the client's retries) says nothing about
+        // the messages: stop rather than turn good messages into dead letters.
+        if let Some(reason) = session.failed.values().next() {
+            return Err(riffle_dataflow::DataflowError::stage(
+                "source",
+                format!("{reason}; stopping rather than rejecting messages that may be good (raise schema_registry.timeout_ms to ride out longer outages)"),
+            ));
+        }
         bad.sort_by_key(|(i, _)| *i);
         let rejected = bad
             .iter()
@@ -356,7 +364,11 @@ enum Fetched {
 }
 
 fn fetch_writer(writers: &dyn SchemaLookup, id: u32) -> Result<FileDescriptor, Fetched> {
-    let failed = |e: RegistryError| Fetched::Failed(format!("writer schema id {id}: {e}"));
+    // Only an unreachable registry is worth asking again; its other answers are final.
+    let failed = |e: RegistryError| match e {
+        RegistryError::Request { .. } => Fetched::Failed(format!("writer schema id {id}: {e}")),
+        _ => Fetched::Refused(format!("writer schema id {id}: {e}")),
+    };
     let schema = writers.by_id(id).map_err(failed)?;
     if schema.schema_type != SchemaType::Protobuf {
         return Err(Fetched::Refused(format!(

@@ -750,7 +750,7 @@ fn writers_that_are_not_protobuf_or_unknown_are_rejected_by_id() {
 }
 
 #[test]
-fn registry_failures_are_asked_again_on_the_next_call() {
+fn an_unreachable_registry_stops_the_call_and_is_asked_again_on_the_next() {
     let registry = registry();
     registry.down.store(true, Ordering::SeqCst);
     let v1 = writer_message(CLICKS, "shop.Click");
@@ -758,11 +758,17 @@ fn registry_failures_are_asked_again_on_the_next_call() {
     let lookup: Arc<dyn SchemaLookup> = registry.clone();
     let decoder =
         ProtobufDecoder::new(reader("shop.Click"), ProtoFraming::Confluent, Some(lookup)).unwrap();
-    let d = decode(&decoder, &[m.clone(), m.clone(), m.clone()]);
-    assert_eq!(d.rejected.len(), 3);
+    let refs: Vec<&[u8]> = vec![&m, &m, &m];
+    // Good messages are not dead letters because the registry is down: the batch fails.
+    let error = decoder
+        .decode_or_reject(&refs, |_, _| {
+            unreachable!("no dead letter while the registry is down")
+        })
+        .unwrap_err()
+        .to_string();
     assert!(
-        d.rejected[0].reason.contains("writer schema id 1")
-            && d.rejected[0].reason.contains("connection refused")
+        error.contains("writer schema id 1") && error.contains("connection refused"),
+        "{error}"
     );
     assert_eq!(
         registry.lookups.load(Ordering::SeqCst),
