@@ -771,3 +771,60 @@ runtime: { workers: 2 }
         .collect();
     assert_eq!(got, expected);
 }
+
+#[test]
+fn a_sink_without_auto_register_only_looks_its_schema_up() {
+    let brokers = brokers();
+    let url = registry();
+    let tmp = tempfile::tempdir().unwrap();
+    let output = topic("looked-up");
+    let input = ratings(tmp.path(), "in.jsonl", 0, 5, None);
+    let schema = write(tmp.path(), "v1.avsc", RATING_V1);
+    let pipeline = |register: bool| {
+        write(
+            tmp.path(),
+            "p.yaml",
+            &format!(
+                r#"
+source: {{ jsonl: {{ path: "{}" }} }}
+stages: []
+sink:
+  kafka:
+    brokers: "{brokers}"
+    topic: {output}
+    format: avro
+    avro: {{ schema: v1.avsc }}
+    schema_registry: {{ url: "{url}", auto_register: {register} }}
+"#,
+                input.display()
+            ),
+        )
+    };
+    let refused = riffle(&["run", "-q", pipeline(false).to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains(&format!("not registered under `{output}-value`")),
+        "{err}"
+    );
+    // Registered by a deploy step (here: confluent-kafka's client), the lookup finds it.
+    common::registry::run_python(
+        "import sys; from confluent_kafka.schema_registry import SchemaRegistryClient, Schema; \
+         c = SchemaRegistryClient({'url': sys.argv[1]}); \
+         print(c.register_schema(sys.argv[2], Schema(open(sys.argv[3]).read(), 'AVRO')))",
+        &[&url, &format!("{output}-value"), schema.to_str().unwrap()],
+    );
+    riffle_ok(&["run", "-q", pipeline(false).to_str().unwrap()]);
+    let read = rows(&run_client(
+        "consume_avro.py",
+        &[
+            "--brokers",
+            &brokers,
+            "--topic",
+            &output,
+            "--registry",
+            &url,
+        ],
+    ));
+    assert_eq!(read.len(), 5);
+}

@@ -311,13 +311,27 @@ impl SchemaSettings<'_> {
         let id = match (framing, client, self.registry) {
             (WireFraming::Confluent, Some(client), Some(registry)) => {
                 let subject = self.subject(registry, record.as_deref())?;
-                Some(
-                    client
-                        .register(&subject, schema_type, &text, &[])
-                        .map_err(|e| {
-                            format!("registering the output schema under `{subject}`: {e}")
-                        })?,
-                )
+                if registry.auto_register {
+                    Some(
+                        client
+                            .register(&subject, schema_type, &text, &[])
+                            .map_err(|e| {
+                                format!("registering the output schema under `{subject}`: {e}")
+                            })?,
+                    )
+                } else {
+                    let found = client.lookup(&subject, schema_type, &text).map_err(|e| {
+                        format!("looking up the output schema under `{subject}`: {e}")
+                    })?;
+                    Some(found.ok_or_else(|| {
+                        format!(
+                            "the output schema is not registered under `{subject}` and \
+                             `schema_registry.auto_register` is false: register it first, or \
+                             set auto_register: true (the schema: {})",
+                            super::excerpt(&text)
+                        )
+                    })?)
+                }
             }
             (WireFraming::Confluent, _, _) => {
                 return Err(

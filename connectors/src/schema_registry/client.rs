@@ -854,6 +854,7 @@ mod tests {
             password: None,
             ca_file: None,
             timeout_ms: 2_000,
+            auto_register: true,
         }
     }
 
@@ -1046,6 +1047,7 @@ mod tests {
         )]);
         let client = RegistryClient::new(&RegistryConfig {
             timeout_ms: 300,
+            auto_register: true,
             ..config(&server.url())
         })
         .unwrap();
@@ -1075,6 +1077,7 @@ mod tests {
             .unwrap();
         let client = RegistryClient::new(&RegistryConfig {
             timeout_ms: 200,
+            auto_register: true,
             ..config(&format!("http://{addr}/"))
         })
         .unwrap();
@@ -1353,6 +1356,7 @@ mod tests {
         assert!(text.contains("password is set without username"), "{text}");
         let text = config_error(&RegistryConfig {
             timeout_ms: 0,
+            auto_register: true,
             ..config("http://registry")
         });
         assert!(text.contains("timeout_ms"), "{text}");

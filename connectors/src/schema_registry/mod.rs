@@ -40,6 +40,15 @@ pub struct RegistryConfig {
     /// Longest wait for one request, retries included.
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Sinks: register the written schema under the subject (`true`), or only look it up and
+    /// refuse to run when it is not registered there (`false`, for registries where schemas
+    /// are registered by a deploy step, as `auto.register.schemas=false`).
+    #[serde(default = "default_auto_register")]
+    pub auto_register: bool,
+}
+
+fn default_auto_register() -> bool {
+    true
 }
 
 fn default_timeout_ms() -> u64 {
@@ -126,10 +135,13 @@ pub struct StaticSchemas(pub HashMap<u32, Arc<RegisteredSchema>>);
 
 impl SchemaLookup for StaticSchemas {
     fn by_id(&self, id: u32) -> Result<Arc<RegisteredSchema>, RegistryError> {
-        self.0.get(&id).cloned().ok_or_else(|| RegistryError::NotFound {
-            url: "(fixed schemas)".into(),
-            what: format!("no schema with id {id}"),
-        })
+        self.0
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| RegistryError::NotFound {
+                url: "(fixed schemas)".into(),
+                what: format!("no schema with id {id}"),
+            })
     }
 
     fn references(

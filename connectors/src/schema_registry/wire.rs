@@ -37,8 +37,14 @@ mod tests {
         let mut framed = prefix(258).to_vec();
         framed.extend_from_slice(b"body");
         assert_eq!(split(&framed).unwrap(), (258, &b"body"[..]));
-        assert!(split(b"{\"json\":1}").unwrap_err().to_string().contains("0x7b"));
-        assert!(split(&[0, 0, 1]).unwrap_err().to_string().contains("shorter"));
+        assert!(split(b"{\"json\":1}")
+            .unwrap_err()
+            .to_string()
+            .contains("0x7b"));
+        assert!(split(&[0, 0, 1])
+            .unwrap_err()
+            .to_string()
+            .contains("shorter"));
         assert!(split(&[]).unwrap_err().to_string().contains("empty"));
     }
 }
