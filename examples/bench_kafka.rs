@@ -6,23 +6,39 @@
 //! median, with the range, of ROUNDS (default 5) interleaved rounds. Prints, from one run:
 //! 1. Kafka → Arrow ingest: Riffle's Kafka source vs a plain rdkafka consumer reading the same
 //!    topic and doing the same job the plain way (parsing each JSON message with serde_json;
-//!    keeping each raw payload), target ratio ≥ 0.9; and vs a bare poll that reads payload
-//!    lengths only (librdkafka's ceiling: no consumer that uses its data gets there). Set-up
-//!    (metadata, schema inference, partition assignment) is excluded from every timing.
+//!    decoding each Avro message with arrow-avro's `Decoder` into batches of 1,024 rows;
+//!    decoding each Protobuf message with prost-reflect's `DynamicMessage`; keeping each raw
+//!    payload), target ratio ≥ 0.9; and vs a bare poll that reads payload lengths only
+//!    (librdkafka's ceiling: no consumer that uses its data gets there). Set-up (metadata,
+//!    schema inference and fetching, partition assignment) is excluded from every timing. The
+//!    Avro and Protobuf topics are in the schema registry's framing: they need a registry at
+//!    `RIFFLE_REGISTRY_URL` (`scripts/registry.sh start`), and the plain consumer's output must
+//!    equal Riffle's (rows and a digest of every column) or the ratio says so.
 //! 2. The camera pipeline end to end, frames from Kafka vs the same frames from files, and
 //!    Kafka → Kafka with checkpoints (exactly-once through Kafka transactions).
 
 mod common;
 
 use common::spread;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int32Type, Int64Type};
+use arrow_array::{Array, RecordBatch};
+use arrow_avro::reader::{Decoder as AvroReader, ReaderBuilder as AvroReaderBuilder};
+use arrow_avro::schema::{AvroSchema, Fingerprint, FingerprintAlgorithm, SchemaStore};
+use arrow_schema::{DataType, Schema};
+use prost_reflect::{DynamicMessage, MessageDescriptor, Value};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use riffle_connectors::kafka::replay::{replay, Pace};
+use riffle_connectors::formats::avro::AvroEncoder;
+use riffle_connectors::kafka::replay::{replay, replay_schemaful, Pace};
 use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
-use riffle_connectors::kafka::{KafkaSourceConfig, KafkaSourceFactory};
+use riffle_connectors::kafka::{KafkaSinkConfig, KafkaSourceConfig, KafkaSourceFactory};
 use riffle_connectors::{CsvSourceConfig, ImagesConfig, PartitionBy, SourceConfig};
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::observe::registry::Metrics;
@@ -47,8 +63,16 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(rounds >= 1, "ROUNDS must be at least 1");
     let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let run_id = std::process::id();
+    let registry = std::env::var("RIFFLE_REGISTRY_URL").map_err(|_| {
+        anyhow::anyhow!(
+            "RIFFLE_REGISTRY_URL is not set: the Avro and Protobuf ingest rows need a schema \
+             registry (scripts/registry.sh start, then eval \"$(scripts/registry.sh env)\"; \
+             scripts/bench-kafka.sh does both)"
+        )
+    })?;
 
-    // 1. Ingest: 2,000 clicks replayed 20 times as JSON, and 1,000 frames as raw bytes.
+    // 1. Ingest: 2,000 clicks replayed 100 times as JSON, as Avro and as Protobuf, and the
+    // frames ×48 as raw bytes.
     let clicks = format!("bench-clicks-{run_id}");
     ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&clicks, 4))?;
     let csv = SourceConfig::Csv(CsvSourceConfig {
@@ -72,6 +96,64 @@ fn main() -> anyhow::Result<()> {
             },
         )?;
     }
+    // The same clicks as Avro and as Protobuf in the registry's framing, their schemas derived
+    // from the CSV's columns and registered by the sink that writes them.
+    let schemas = tempfile::tempdir()?;
+    let click_columns = csv.schema()?;
+    let avsc = schemas.path().join("click.avsc");
+    let avro_text = AvroEncoder::new(&click_columns, None, "bench.Click")?
+        .schema_text()
+        .to_string();
+    std::fs::write(&avsc, &avro_text)?;
+    let proto = schemas.path().join("click.proto");
+    std::fs::write(&proto, proto_text(&click_columns)?)?;
+    let avro_topic = format!("bench-clicks-avro-{run_id}");
+    let proto_topic = format!("bench-clicks-protobuf-{run_id}");
+    let avro_block = format!("avro: {{ schema: \"{}\" }}", avsc.display());
+    let proto_block = format!(
+        "protobuf: {{ proto: \"{}\", message: bench.Click }}",
+        proto.display()
+    );
+    let registry_block = format!("schema_registry: {{ url: \"{registry}\" }}");
+    for (topic, format, block) in [
+        (&avro_topic, "avro", &avro_block),
+        (&proto_topic, "protobuf", &proto_block),
+    ] {
+        ensure_topic(&brokers, &Default::default(), &TopicSpec::new(topic, 4))?;
+        // Keyed as the JSON clicks are.
+        let sink: KafkaSinkConfig = serde_saphyr::from_str(&format!(
+            "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, key: user_feature_0, {block}, {registry_block} }}"
+        ))?;
+        for _ in 0..CLICK_REPLAYS {
+            replay_schemaful(
+                &sink,
+                csv.as_ref(),
+                Pace {
+                    messages_per_second: None,
+                },
+            )?;
+        }
+    }
+    // The plain consumers' schemas, had before timing as a user would: the writer schema from
+    // the registry by subject, the .proto compiled with protox.
+    let avro_work = {
+        let (id, writer) = latest_schema(&registry, &format!("{avro_topic}-value"))?;
+        Work::Avro {
+            id,
+            writer,
+            reader: avro_text.clone(),
+        }
+    };
+    let proto_work = {
+        let mut compiler = protox::Compiler::new([schemas.path()])?;
+        compiler.open_file("click.proto")?;
+        let message = compiler
+            .descriptor_pool()
+            .get_message_by_name("bench.Click")
+            .context("bench.Click not in the compiled click.proto")?;
+        Work::Protobuf(message)
+    };
+
     let frames_topic = format!("bench-frames-{run_id}");
     ensure_topic(
         &brokers,
@@ -92,26 +174,55 @@ fn main() -> anyhow::Result<()> {
 
     println!("| ingest ({brokers}), median (range) of {rounds} rounds | messages | bare poll msg/s | plain consumer msg/s | riffle Kafka source rows/s | ratio to plain consumer | ratio to bare poll |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for (topic, format, label) in [
-        (&clicks, "json", "clicks as JSON → Arrow columns"),
-        (&frames_topic, "raw", "frames as raw bytes → Arrow"),
-    ] {
+    let avro_source = format!("{avro_block}, {registry_block}");
+    let proto_source = format!("{proto_block}, {registry_block}");
+    let rows: [(&str, &str, &str, Work, &str); 4] = [
+        (
+            &clicks,
+            "json",
+            "",
+            Work::Json,
+            "clicks as JSON → Arrow columns",
+        ),
+        (
+            &avro_topic,
+            "avro",
+            &avro_source,
+            avro_work,
+            "clicks as Avro (registry framing) → Arrow columns",
+        ),
+        (
+            &proto_topic,
+            "protobuf",
+            &proto_source,
+            proto_work,
+            "clicks as Protobuf (registry framing) → Arrow columns",
+        ),
+        (
+            &frames_topic,
+            "raw",
+            "",
+            Work::Keep,
+            "frames as raw bytes → Arrow",
+        ),
+    ];
+    for (topic, format, settings, work, label) in &rows {
         // Interleaved, so all three see the same broker and page-cache state.
         let (mut bare, mut plain, mut ours) = (Vec::new(), Vec::new(), Vec::new());
         let (mut to_plain, mut to_bare, mut n) = (Vec::new(), Vec::new(), 0);
+        let mut differ = false;
         for _ in 0..rounds {
-            let (count, t_bare) = plain_consumer(&brokers, topic, Work::Length)?;
-            let work = if format == "json" {
-                Work::Json
-            } else {
-                Work::Keep
-            };
-            let (kept, t_plain) = plain_consumer(&brokers, topic, work)?;
-            let (rows, t_ours) = riffle_source(&brokers, topic, format)?;
+            let (count, t_bare, _) = plain_consumer(&brokers, topic, &Work::Length)?;
+            let (kept, t_plain, plain_output) = plain_consumer(&brokers, topic, work)?;
+            let (rows, t_ours, our_output) = riffle_source(&brokers, topic, format, settings)?;
             anyhow::ensure!(
                 rows == count && kept == count,
                 "source read {rows} rows, consumers {count} and {kept} messages"
             );
+            if plain_output != our_output {
+                eprintln!("{label}: outputs differ\n  plain consumer: {plain_output:?}\n  riffle: {our_output:?}");
+                differ = true;
+            }
             n = count;
             bare.push(count as f64 / t_bare.as_secs_f64());
             plain.push(count as f64 / t_plain.as_secs_f64());
@@ -119,13 +230,17 @@ fn main() -> anyhow::Result<()> {
             to_plain.push(t_plain.as_secs_f64() / t_ours.as_secs_f64());
             to_bare.push(t_bare.as_secs_f64() / t_ours.as_secs_f64());
         }
+        // Project rule: no ratio between outputs that are not the same.
+        let (ratio_plain, ratio_bare) = if differ {
+            ("outputs differ".to_string(), "outputs differ".to_string())
+        } else {
+            (spread(&to_plain, 2), spread(&to_bare, 2))
+        };
         println!(
-            "| {label} | {n} | {} | {} | {} | {} | {} |",
+            "| {label} | {n} | {} | {} | {} | {ratio_plain} | {ratio_bare} |",
             spread(&bare, 0),
             spread(&plain, 0),
             spread(&ours, 0),
-            spread(&to_plain, 2),
-            spread(&to_bare, 2)
         );
     }
 
@@ -247,7 +362,6 @@ fn images(repo: &std::path::Path, repeat: usize) -> Box<dyn SourceFactory> {
 }
 
 /// What the plain consumer does with each message.
-#[derive(Clone, Copy)]
 enum Work {
     /// Reads the payload's length: librdkafka's own ceiling, a consumer that uses nothing.
     Length,
@@ -255,9 +369,27 @@ enum Work {
     Keep,
     /// Parses the payload with serde_json and keeps the value: the plain way to consume JSON.
     Json,
+    /// Feeds the payload (registry framing included) to an arrow-avro `Decoder` whose schema
+    /// store holds writer schema `id`, read into `reader`; batches of 1,024 rows are flushed
+    /// and kept: Arrow columns out, as Riffle's.
+    Avro {
+        id: u32,
+        writer: String,
+        reader: String,
+    },
+    /// Decodes the message after the registry's prefix and message index with prost-reflect
+    /// and keeps it (prost-reflect's own output: no Arrow columns).
+    Protobuf(MessageDescriptor),
 }
 
-fn plain_consumer(brokers: &str, topic: &str, work: Work) -> anyhow::Result<(u64, Duration)> {
+/// Rows and a digest of each column's values, to hold two readers' outputs side by side.
+type Output = Option<BTreeMap<String, u64>>;
+
+fn plain_consumer(
+    brokers: &str,
+    topic: &str,
+    work: &Work,
+) -> anyhow::Result<(u64, Duration, Output)> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", "bench-plain")
@@ -274,11 +406,27 @@ fn plain_consumer(brokers: &str, topic: &str, work: Work) -> anyhow::Result<(u64
         list.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
     }
     consumer.assign(&list)?;
-    // Steady-state ingest: set-up (metadata, watermarks, assignment) is not timed.
+    let mut avro: Option<AvroReader> = match work {
+        Work::Avro { id, writer, reader } => {
+            let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
+            store.set(Fingerprint::Id(*id), AvroSchema::new(writer.clone()))?;
+            Some(
+                AvroReaderBuilder::new()
+                    .with_batch_size(1024)
+                    .with_writer_schema_store(store)
+                    .with_reader_schema(AvroSchema::new(reader.clone()))
+                    .build_decoder()?,
+            )
+        }
+        _ => None,
+    };
+    // Steady-state ingest: set-up (metadata, watermarks, assignment, schemas) is not timed.
     let started = Instant::now();
     let (mut count, mut bytes) = (0u64, 0usize);
     let mut kept: Vec<Vec<u8>> = Vec::new();
     let mut values: Vec<serde_json::Value> = Vec::new();
+    let mut batches: Vec<RecordBatch> = Vec::new();
+    let mut messages: Vec<DynamicMessage> = Vec::new();
     while remaining > 0 {
         if let Some(message) = consumer.poll(Duration::from_millis(100)) {
             let message = message?;
@@ -287,30 +435,204 @@ fn plain_consumer(brokers: &str, topic: &str, work: Work) -> anyhow::Result<(u64
                 Work::Length => bytes += payload.len(),
                 Work::Keep => kept.push(payload.to_vec()),
                 Work::Json => values.push(serde_json::from_slice(payload)?),
+                Work::Avro { .. } => {
+                    let decoder = avro.as_mut().context("no Avro decoder")?;
+                    let read = decoder.decode(payload)?;
+                    anyhow::ensure!(
+                        read == payload.len(),
+                        "Avro: {read} of {} bytes decoded",
+                        payload.len()
+                    );
+                    if decoder.batch_is_full() {
+                        batches.extend(decoder.flush()?);
+                    }
+                }
+                Work::Protobuf(descriptor) => {
+                    // A zero byte, the 4-byte schema id, then the message index (0: the first).
+                    let body = match payload {
+                        [0, _, _, _, _, 0, body @ ..] => body,
+                        _ => anyhow::bail!("Protobuf: not the registry framing of message [0]"),
+                    };
+                    messages.push(DynamicMessage::decode(descriptor.clone(), body)?);
+                }
             }
             count += 1;
             remaining -= 1;
         }
     }
+    if let Some(decoder) = avro.as_mut() {
+        batches.extend(decoder.flush()?);
+    }
+    let elapsed = started.elapsed();
     std::hint::black_box((bytes, &kept, &values));
-    Ok((count, started.elapsed()))
+    let output = match work {
+        Work::Avro { .. } => Some(digest_batches(&batches)?),
+        Work::Protobuf(_) => Some(digest_messages(&messages)?),
+        _ => None,
+    };
+    Ok((count, elapsed, output))
 }
 
-fn riffle_source(brokers: &str, topic: &str, format: &str) -> anyhow::Result<(u64, Duration)> {
+/// Reads `topic` to its end with Riffle's Kafka source in `format`, with `settings` (more
+/// fields of its configuration); Avro and Protobuf batches are kept and digested after timing.
+fn riffle_source(
+    brokers: &str,
+    topic: &str,
+    format: &str,
+    settings: &str,
+) -> anyhow::Result<(u64, Duration, Output)> {
     // Batches of about 2 MB: 1,024 clicks, 64 frames.
     let batch = if format == "raw" { 64 } else { 1024 };
+    let settings = if settings.is_empty() {
+        String::new()
+    } else {
+        format!(", {settings}")
+    };
     let config: KafkaSourceConfig = serde_saphyr::from_str(&format!(
-        "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, stop_at_end: true, batch_size: {batch} }}"
+        "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, stop_at_end: true, batch_size: {batch}{settings} }}"
     ))?;
+    let keep = matches!(format, "avro" | "protobuf");
     let factory = KafkaSourceFactory::new(&config)?;
     let mut source = factory.partition(0, 1)?;
     // As for the plain consumer, set-up (metadata, schema inference, assignment) is not timed.
     let started = Instant::now();
     let mut rows = 0u64;
+    let mut batches = Vec::new();
     while let Some(batch) = source.next_batch()? {
         rows += batch.records.num_rows() as u64;
+        if keep {
+            batches.push(batch.records);
+        }
     }
-    Ok((rows, started.elapsed()))
+    let elapsed = started.elapsed();
+    let output = if keep {
+        Some(digest_batches(&batches)?)
+    } else {
+        None
+    };
+    Ok((rows, elapsed, output))
+}
+
+/// The latest schema of `subject` in the registry at `url`: its id and text.
+fn latest_schema(url: &str, subject: &str) -> anyhow::Result<(u32, String)> {
+    let address = format!("{url}/subjects/{subject}/versions/latest");
+    let answer: serde_json::Value = ureq::get(&address)
+        .call()
+        .with_context(|| format!("GET {address}"))?
+        .body_mut()
+        .read_json()?;
+    let id = answer["id"]
+        .as_u64()
+        .and_then(|id| u32::try_from(id).ok())
+        .with_context(|| format!("{address}: no schema id in {answer}"))?;
+    let schema = answer["schema"]
+        .as_str()
+        .with_context(|| format!("{address}: no schema text in {answer}"))?;
+    Ok((id, schema.to_string()))
+}
+
+/// A proto3 message `bench.Click` with a field per column of `schema`, in order.
+fn proto_text(schema: &Schema) -> anyhow::Result<String> {
+    let mut text = String::from("syntax = \"proto3\";\npackage bench;\n\nmessage Click {\n");
+    for (number, field) in (1..).zip(schema.fields()) {
+        let kind = match field.data_type() {
+            DataType::Int64 => "int64",
+            DataType::Float64 => "double",
+            DataType::Utf8 => "string",
+            DataType::Boolean => "bool",
+            other => anyhow::bail!(
+                "column `{}` is {other}: expected int64, float64, utf8 or bool for a Protobuf field",
+                field.name()
+            ),
+        };
+        let name = field.name();
+        anyhow::ensure!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && name.starts_with(|c: char| c.is_ascii_alphabetic()),
+            "column `{name}` is not a Protobuf field name"
+        );
+        writeln!(text, "  {kind} {name} = {number};")?;
+    }
+    text.push_str("}\n");
+    Ok(text)
+}
+
+/// One value, to hash the same whichever reader gave it.
+enum Cell<'a> {
+    Null,
+    Int(i64),
+    Float(f64),
+    Str(&'a str),
+    Bool(bool),
+}
+
+/// FNV-1a of the value's kind and bytes.
+fn cell_hash(cell: Cell<'_>) -> u64 {
+    let (kind, bytes): (u8, Vec<u8>) = match cell {
+        Cell::Null => (0, Vec::new()),
+        Cell::Int(v) => (1, v.to_le_bytes().to_vec()),
+        Cell::Float(v) => (2, v.to_bits().to_le_bytes().to_vec()),
+        Cell::Str(v) => (3, v.as_bytes().to_vec()),
+        Cell::Bool(v) => (4, vec![u8::from(v)]),
+    };
+    std::iter::once(kind)
+        .chain(bytes)
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// The rows, and per column the sum of its values' hashes (order does not matter).
+fn digest_batches(batches: &[RecordBatch]) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut digest = BTreeMap::new();
+    for batch in batches {
+        *digest.entry("(rows)".to_string()).or_default() += batch.num_rows() as u64;
+        for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            let sum: &mut u64 = digest.entry(field.name().clone()).or_default();
+            for i in 0..column.len() {
+                let cell = if column.is_null(i) {
+                    Cell::Null
+                } else {
+                    match column.data_type() {
+                        DataType::Int64 => Cell::Int(column.as_primitive::<Int64Type>().value(i)),
+                        DataType::Int32 => {
+                            Cell::Int(column.as_primitive::<Int32Type>().value(i).into())
+                        }
+                        DataType::Float64 => {
+                            Cell::Float(column.as_primitive::<Float64Type>().value(i))
+                        }
+                        DataType::Utf8 => Cell::Str(column.as_string::<i32>().value(i)),
+                        DataType::Boolean => Cell::Bool(column.as_boolean().value(i)),
+                        other => anyhow::bail!("column `{}`: no digest of {other}", field.name()),
+                    }
+                };
+                *sum = sum.wrapping_add(cell_hash(cell));
+            }
+        }
+    }
+    Ok(digest)
+}
+
+/// As [`digest_batches`], of prost-reflect messages (proto3: an absent field is its default).
+fn digest_messages(messages: &[DynamicMessage]) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut digest = BTreeMap::new();
+    for message in messages {
+        *digest.entry("(rows)".to_string()).or_default() += 1;
+        for field in message.descriptor().fields() {
+            let value = message.get_field(&field);
+            let cell = match value.as_ref() {
+                Value::I64(v) => Cell::Int(*v),
+                Value::I32(v) => Cell::Int((*v).into()),
+                Value::F64(v) => Cell::Float(*v),
+                Value::String(v) => Cell::Str(v),
+                Value::Bool(v) => Cell::Bool(*v),
+                other => anyhow::bail!("field `{}`: no digest of {other:?}", field.name()),
+            };
+            let sum: &mut u64 = digest.entry(field.name().to_string()).or_default();
+            *sum = sum.wrapping_add(cell_hash(cell));
+        }
+    }
+    Ok(digest)
 }
 
 fn run_pipeline(file: &std::path::Path, output: Option<&std::path::Path>) -> anyhow::Result<f64> {

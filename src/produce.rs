@@ -108,7 +108,9 @@ fn produce_schemaful(args: &ProduceArgs) -> Result<()> {
             max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
             schema: None,
         }),
-        _ => bail!("--format avro/protobuf writes the rows of a file: expected --jsonl FILE or --csv FILE"),
+        _ => bail!(
+            "--format avro/protobuf writes the rows of a file: expected --jsonl FILE or --csv FILE"
+        ),
     };
     let mut sink = serde_json::json!({
         "brokers": args.brokers,

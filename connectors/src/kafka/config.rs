@@ -10,9 +10,9 @@ use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
 
 use crate::formats::value::{AvroValueConfig, ProtobufValueConfig, SchemaFormat, SchemaSettings};
 use crate::formats::{ColumnType, DeclaredSchema, MessageFormat};
-use crate::schema_registry::RegistryConfig;
 pub use crate::kind::SourceGroup;
 use crate::kind::{shared, Limits, OffsetsWithOutput, SinkContext, SinkKind, SinkRole, SourceKind};
+use crate::schema_registry::RegistryConfig;
 
 /// Default of `max_message_bytes`: 16 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -240,7 +240,11 @@ impl SourceKind for KafkaSourceConfig {
     }
     fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
         let mut paths = SchemaSettings::paths_mut(self.avro.as_mut(), self.protobuf.as_mut());
-        paths.extend(self.schema_registry.as_mut().and_then(|r| r.ca_file.as_mut()));
+        paths.extend(
+            self.schema_registry
+                .as_mut()
+                .and_then(|r| r.ca_file.as_mut()),
+        );
         paths
     }
     fn inputs(&self) -> Vec<&Path> {
@@ -287,7 +291,11 @@ impl SinkKind for KafkaSinkConfig {
 
     fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
         let mut paths = SchemaSettings::paths_mut(self.avro.as_mut(), self.protobuf.as_mut());
-        paths.extend(self.schema_registry.as_mut().and_then(|r| r.ca_file.as_mut()));
+        paths.extend(
+            self.schema_registry
+                .as_mut()
+                .and_then(|r| r.ca_file.as_mut()),
+        );
         paths
     }
 

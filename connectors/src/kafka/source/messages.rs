@@ -73,8 +73,9 @@ impl Layout {
             .iter()
             .map(|&i| pending.value(&pending.messages[i]))
             .collect();
-        let decoded = decoder
-            .decode_or_reject(&values, |i, reason| letter(&pending.messages[fits[i]], reason))?;
+        let decoded = decoder.decode_or_reject(&values, |i, reason| {
+            letter(&pending.messages[fits[i]], reason)
+        })?;
         rejected.extend(decoded.rejected);
         let kept = decoded.kept.iter().map(|&i| fits[i]).collect();
         Ok((Some(decoded.batch), kept, rejected))

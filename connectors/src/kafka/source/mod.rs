@@ -34,8 +34,8 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use super::client::{client_config, Diagnosed, Role};
 use super::config::{KafkaSourceConfig, StartAt};
 use super::metrics;
-use crate::formats::MessageFormat;
 use crate::formats::value::ValueDecoder;
+use crate::formats::MessageFormat;
 
 /// Longest wait for metadata, watermarks and offset look-ups.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -174,15 +174,27 @@ fn validate(config: &KafkaSourceConfig) -> DataflowResult<()> {
         ));
     }
     let stray = [
-        ("avro", config.avro.is_some() && config.format != MessageFormat::Avro),
-        ("protobuf", config.protobuf.is_some() && config.format != MessageFormat::Protobuf),
-        ("schema_registry", config.schema_registry.is_some() && !schemaful),
+        (
+            "avro",
+            config.avro.is_some() && config.format != MessageFormat::Avro,
+        ),
+        (
+            "protobuf",
+            config.protobuf.is_some() && config.format != MessageFormat::Protobuf,
+        ),
+        (
+            "schema_registry",
+            config.schema_registry.is_some() && !schemaful,
+        ),
     ];
     if let Some((key, _)) = stray.iter().find(|(_, stray)| *stray) {
         return Err(config_error(
             config,
-            format!("`{key}` applies to `format: avro` or `protobuf`, not `{:?}`", config.format)
-                .to_lowercase(),
+            format!(
+                "`{key}` applies to `format: avro` or `protobuf`, not `{:?}`",
+                config.format
+            )
+            .to_lowercase(),
         ));
     }
     if config.batch_size == 0 {
