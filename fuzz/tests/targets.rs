@@ -1,5 +1,6 @@
 //! Fuzz targets for everything Riffle reads from outside: pipeline files, JSON and CSV records
-//! (file lines and Kafka messages), encoded images and checkpoint files.
+//! (file lines and Kafka messages), Avro and Protobuf messages, encoded images and checkpoint
+//! files.
 //!
 //! Under `cargo test` each target replays its seed corpus (`tests/__fuzz__/<target>/corpus`)
 //! and then random inputs for `RIFFLE_FUZZ_SECONDS` (default 10) seconds. With nightly and
@@ -7,6 +8,7 @@
 //! libFuzzer's coverage guidance. What each asserts: no panic, and every input accounted for
 //! (a result row or a dead letter with a reason; a checkpoint used or skipped).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -191,5 +193,147 @@ fn checkpoint_files() {
             if let Ok(Some(checkpoint)) = store.latest() {
                 assert_eq!(checkpoint.epoch, 1, "the body's epoch names its file");
             }
+        });
+}
+
+/// An Avro reader schema with every kind of length-prefixed value (strings, bytes, arrays,
+/// maps) and unions, where a malformed length is most likely to hurt.
+const AVRO_CLICK: &str = r#"{"type": "record", "name": "Click", "fields": [
+  {"name": "user_id", "type": "long"},
+  {"name": "page", "type": "string"},
+  {"name": "items", "type": {"type": "array", "items": "int"}},
+  {"name": "attrs", "type": {"type": "map", "values": "string"}},
+  {"name": "note", "type": ["null", "string"], "default": null},
+  {"name": "blob", "type": "bytes"},
+  {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": ["VIEW", "BUY"]}}]}"#;
+
+/// Every message (a line of the input; the first byte of the input picks the framing) is a
+/// row or a dead letter with a reason, and decoding never panics or aborts.
+fn schemaful_messages(
+    bytes: &[u8],
+    decode: &dyn Fn(&[&[u8]]) -> riffle_connectors::formats::Decoded,
+) {
+    let payloads: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
+    let decoded = decode(&payloads);
+    assert_eq!(decoded.batch.num_rows(), decoded.kept.len());
+    assert!(decoded.rejected.iter().all(|d| !d.reason.is_empty()));
+    let rejected: Vec<usize> = decoded
+        .rejected
+        .iter()
+        .map(|d| d.record.parse().unwrap())
+        .collect();
+    for i in 0..payloads.len() {
+        assert!(
+            decoded.kept.contains(&i) || rejected.contains(&i),
+            "message {i} is a row or a dead letter"
+        );
+    }
+}
+
+fn letter(i: usize, reason: &str) -> DeadLetter {
+    DeadLetter {
+        stage: "source".into(),
+        reason: reason.to_string(),
+        record: i.to_string(),
+    }
+}
+
+#[test]
+fn avro_messages() {
+    use riffle_connectors::formats::avro::{AvroDecoder, AvroFraming};
+    use riffle_connectors::schema_registry::{RegisteredSchema, SchemaType, StaticSchemas};
+    let schemas = StaticSchemas(
+        [(
+            1,
+            Arc::new(RegisteredSchema {
+                id: 1,
+                schema_type: SchemaType::Avro,
+                schema: AVRO_CLICK.to_string(),
+                references: Vec::new(),
+                subject: None,
+                version: None,
+            }),
+        )]
+        .into(),
+    );
+    // A panic fails the target: the decoders' state is not looked at after one.
+    let decoders = AssertUnwindSafe((
+        AvroDecoder::new(AVRO_CLICK, AvroFraming::Plain, None).unwrap(),
+        AvroDecoder::new(AVRO_CLICK, AvroFraming::Confluent, Some(Arc::new(schemas))).unwrap(),
+    ));
+    bolero::check!()
+        .with_test_time(budget())
+        .with_max_len(MAX_LEN)
+        .for_each(|bytes: &[u8]| {
+            let (plain, framed) = &*decoders;
+            let decoder = if bytes.first().is_some_and(|b| b % 2 == 0) {
+                plain
+            } else {
+                framed
+            };
+            schemaful_messages(bytes, &|payloads| {
+                decoder.decode_or_reject(payloads, letter).unwrap()
+            });
+        });
+}
+
+#[test]
+fn protobuf_messages() {
+    use riffle_connectors::formats::protobuf::{ProtoFraming, ProtoSchema, ProtobufDecoder};
+    let dir = tempfile::tempdir().unwrap();
+    let proto = dir.path().join("click.proto");
+    std::fs::write(
+        &proto,
+        r#"syntax = "proto3";
+package fuzz;
+import "google/protobuf/timestamp.proto";
+message Click {
+  int64 user_id = 1;
+  string page = 2;
+  repeated int32 items = 3;
+  map<string, string> attrs = 4;
+  optional string note = 5;
+  bytes blob = 6;
+  enum Kind { VIEW = 0; BUY = 1; }
+  Kind kind = 7;
+  Device device = 8;
+  google.protobuf.Timestamp at = 9;
+}
+message Device { string os = 1; repeated Device parts_unused = 2; }
+"#,
+    )
+    .unwrap();
+    // Recursive messages are refused when the schema is built: a flat one is fuzzed.
+    let schema = ProtoSchema::from_proto_file(&proto, &[], "fuzz.Click");
+    let schema = match schema {
+        Ok(s) => s,
+        Err(_) => {
+            std::fs::write(
+                &proto,
+                std::fs::read_to_string(&proto)
+                    .unwrap()
+                    .replace(" repeated Device parts_unused = 2;", ""),
+            )
+            .unwrap();
+            ProtoSchema::from_proto_file(&proto, &[], "fuzz.Click").unwrap()
+        }
+    };
+    let decoders = AssertUnwindSafe((
+        ProtobufDecoder::new(schema.clone(), ProtoFraming::Plain, None).unwrap(),
+        ProtobufDecoder::new(schema, ProtoFraming::Confluent, None).unwrap(),
+    ));
+    bolero::check!()
+        .with_test_time(budget())
+        .with_max_len(MAX_LEN)
+        .for_each(|bytes: &[u8]| {
+            let (plain, framed) = &*decoders;
+            let decoder = if bytes.first().is_some_and(|b| b % 2 == 0) {
+                plain
+            } else {
+                framed
+            };
+            schemaful_messages(bytes, &|payloads| {
+                decoder.decode_or_reject(payloads, letter).unwrap()
+            });
         });
 }
