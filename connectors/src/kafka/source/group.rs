@@ -334,6 +334,7 @@ fn consume(
                     &message,
                     &context.header_columns,
                     context.keep_headers_json,
+                    true,
                     context.max_message_bytes,
                 );
             }

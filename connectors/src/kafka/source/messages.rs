@@ -168,10 +168,13 @@ impl Pending {
         message: &BorrowedMessage<'_>,
         header_columns: &[(String, ColumnType)],
         keep_headers_json: bool,
+        keep_key: bool,
         max_value_bytes: usize,
     ) {
         let payload = message.payload().unwrap_or_default();
         let key = message.key();
+        // Copied out only when a column keeps it (still counted in the byte counter).
+        let kept_key = key.filter(|_| keep_key);
         let start = self.values.len();
         let oversized = (payload.len() > max_value_bytes).then_some(payload.len());
         if oversized.is_none() {
@@ -179,7 +182,9 @@ impl Pending {
         }
         let mut header_values = vec![None; header_columns.len()];
         let mut json = keep_headers_json.then(serde_json::Map::new);
-        if let Some(headers) = message.headers() {
+        // Parsing headers allocates in librdkafka: only when some are kept.
+        let wanted = !header_columns.is_empty() || keep_headers_json;
+        if let Some(headers) = wanted.then(|| message.headers()).flatten() {
             for header in headers.iter() {
                 let text = header
                     .value
@@ -199,7 +204,7 @@ impl Pending {
             partition: message.partition(),
             offset: message.offset(),
             timestamp: message.timestamp().to_millis(),
-            key: key.map(|k| String::from_utf8_lossy(k).into_owned()),
+            key: kept_key.map(|k| String::from_utf8_lossy(k).into_owned()),
             value: start..self.values.len(),
             size: payload.len() + key.map_or(0, <[u8]>::len),
             oversized,

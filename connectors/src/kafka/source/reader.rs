@@ -264,6 +264,7 @@ impl KafkaReader {
                         &message,
                         &self.layout.header_columns,
                         keep_headers_json,
+                        self.layout.key,
                         self.config.max_message_bytes,
                     );
                 }
