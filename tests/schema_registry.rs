@@ -71,7 +71,28 @@ fn produce_avro(brokers: &str, topic: &str, schema: &Path, input: &Path, extra: 
     let registry = registry();
     args.extend(["--registry", &registry]);
     args.extend_from_slice(extra);
-    run_client("produce_avro.py", &args);
+    // Apicurio's in-memory store can lose a race between concurrent first registrations
+    // (a unique-key violation, or "already exists" on the retry). The serializer registers
+    // before the first message is sent, so a registration error means nothing was produced
+    // and the call can be made again.
+    for attempt in 1.. {
+        let out = common::registry::python()
+            .arg(common::registry::clients_dir().join("produce_avro.py"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            return;
+        }
+        assert!(
+            attempt < 3
+                && (stderr.contains("SchemaRegistryError")
+                    || stderr.contains("ValueSerializationError")),
+            "produce_avro.py {args:?} failed ({}):\n{stderr}",
+            out.status
+        );
+    }
 }
 
 /// Lines of the JSON-lines file at `path` once it has at least `n` (waiting up to `timeout`).
