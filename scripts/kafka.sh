@@ -187,8 +187,12 @@ start() {
   make_certificates
   write_config
   # A cluster id is 16 random bytes in URL-safe base64 (what `kafka-storage random-uuid` prints).
-  local cluster_id
-  cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  # One id in 64 starts with `-`, which the storage tool takes for a flag; Kafka's own
+  # Uuid.randomUuid() draws again in that case, and so does this.
+  local cluster_id=-
+  while [ "${cluster_id#-}" != "$cluster_id" ]; do
+    cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+  done
   tool kafka.tools.StorageTool format --config "$state/server.properties" \
     --cluster-id "$cluster_id" \
     --add-scram "SCRAM-SHA-512=[name=$user,password=\"$password\"]" >"$state/format.log" 2>&1 ||

@@ -144,6 +144,29 @@ pub fn drain<C: rdkafka::producer::ProducerContext>(
     }
 }
 
+/// The context of consumers that read to the end of partitions (`enable.partition.eof`):
+/// the end of a partition is expected there, and librdkafka sometimes reports it through the
+/// error callback as well as through `poll`, which rdkafka's default context logs as an
+/// ERROR. Other client errors are logged as warnings (librdkafka retries them).
+#[derive(Default)]
+pub struct ReadsToEnd;
+
+impl ClientContext for ReadsToEnd {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if !is_partition_eof(&error) {
+            tracing::warn!("kafka client: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for ReadsToEnd {}
+
+/// Whether `error` is only the end of a partition.
+pub fn is_partition_eof(error: &KafkaError) -> bool {
+    matches!(error, KafkaError::PartitionEOF(_))
+        || error.rdkafka_error_code() == Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
+}
+
 /// A client context that keeps the first client-wide error librdkafka reports (failed
 /// authentication, TLS handshake, unreachable broker) instead of logging every retry, so a
 /// request that then fails can say why, once.
@@ -203,6 +226,18 @@ pub(super) fn sink_producer_config(config: &KafkaSinkConfig) -> ClientConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_end_of_a_partition_is_told_apart_from_real_errors() {
+        use rdkafka::error::RDKafkaErrorCode;
+        assert!(is_partition_eof(&KafkaError::PartitionEOF(3)));
+        assert!(is_partition_eof(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::PartitionEOF
+        )));
+        assert!(!is_partition_eof(&KafkaError::MessageConsumption(
+            RDKafkaErrorCode::BrokerTransportFailure
+        )));
+    }
 
     #[test]
     fn client_errors_name_their_likely_cause() {

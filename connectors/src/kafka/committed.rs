@@ -19,7 +19,7 @@ use rdkafka::message::{Headers, Message as _};
 use rdkafka::{Offset, TopicPartitionList};
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 
-use super::client::{client_config, Role};
+use super::client::{client_config, ReadsToEnd, Role};
 use super::markers::{COMMIT_HEADER, EPOCH_HEADER, FENCE_HEADER, GENERATION_HEADER};
 use super::topics::kafka_error;
 
@@ -203,8 +203,8 @@ pub fn read_to_end(
     mut show: impl FnMut(&[u8]) -> std::io::Result<()>,
 ) -> DataflowResult<ReadSummary> {
     let error = |e| kafka_error(brokers, topic, e);
-    let consumer: BaseConsumer = client_config(brokers, options, Role::ResultsReader)
-        .create()
+    let consumer: BaseConsumer<ReadsToEnd> = client_config(brokers, options, Role::ResultsReader)
+        .create_with_context(ReadsToEnd)
         .map_err(error)?;
     let metadata = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)

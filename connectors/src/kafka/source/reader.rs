@@ -35,9 +35,7 @@ impl ClientContext for SourceContext {
     // The end of a partition is expected (`stop_at_end`) and comes through `poll` too; other
     // client errors are transient and retried by librdkafka.
     fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_))
-            && error.rdkafka_error_code() != Some(rdkafka::error::RDKafkaErrorCode::PartitionEOF)
-        {
+        if !crate::kafka::client::is_partition_eof(&error) {
             warn!(topic = %self.topic, "kafka source: {error}: {reason}");
         }
         if super::is_oversized_fetch(reason) {

@@ -16,6 +16,7 @@ use tracing::debug;
 use super::assignment::{start_offsets, watermarks};
 use super::{config_error, consumer_config, POLL_SLICE};
 use crate::formats::{self, raw, Decoder, TextFormat};
+use crate::kafka::client::ReadsToEnd;
 use crate::kafka::config::{KafkaSourceConfig, StartAt};
 
 /// Messages read to infer a `json`/`csv` schema.
@@ -86,8 +87,8 @@ fn infer_schema(
 }
 
 fn sample_messages(config: &KafkaSourceConfig, partitions: &[i32]) -> DataflowResult<Vec<Vec<u8>>> {
-    let consumer: BaseConsumer = consumer_config(config, true, false)
-        .create()
+    let consumer: BaseConsumer<ReadsToEnd> = consumer_config(config, true, false)
+        .create_with_context(ReadsToEnd)
         .map_err(|e| config_error(config, format!("creating a consumer: {e}")))?;
     let per_partition = (INFER_MESSAGES / partitions.len()).max(1) as i64;
     let starts = start_offsets(&consumer, config, partitions)?;
