@@ -81,6 +81,9 @@ pub struct SchemaSettings<'a> {
     pub avro: Option<&'a AvroValueConfig>,
     pub protobuf: Option<&'a ProtobufValueConfig>,
     pub registry: Option<&'a RegistryConfig>,
+    /// Framing that overrides the blocks' (`None`: as configured): checks and replays that
+    /// work offline read and write plain payloads.
+    pub framing: Option<WireFraming>,
 }
 
 /// Which schema'd format.
@@ -110,10 +113,10 @@ impl SchemaSettings<'_> {
     }
 
     fn framing(&self, format: SchemaFormat) -> WireFraming {
-        let declared = match format {
+        let declared = self.framing.or(match format {
             SchemaFormat::Avro => self.avro.and_then(|a| a.framing),
             SchemaFormat::Protobuf => self.protobuf.and_then(|p| p.framing),
-        };
+        });
         declared.unwrap_or(if self.registry.is_some() {
             WireFraming::Confluent
         } else {
@@ -138,20 +141,8 @@ impl SchemaSettings<'_> {
     /// The Arrow columns a reader of the declared schema (or, with a registry, the subject's
     /// latest version) gets.
     pub fn read_schema(&self, format: SchemaFormat) -> Result<SchemaRef, String> {
-        let avro = self.avro.map(|a| AvroValueConfig {
-            framing: Some(WireFraming::Plain),
-            ..a.clone()
-        });
-        let protobuf = self.protobuf.map(|p| ProtobufValueConfig {
-            framing: Some(WireFraming::Plain),
-            ..p.clone()
-        });
         let plain = SchemaSettings {
-            avro: Some(avro.as_ref().unwrap_or(&AvroValueConfig {
-                schema: None,
-                framing: Some(WireFraming::Plain),
-            })),
-            protobuf: protobuf.as_ref(),
+            framing: Some(WireFraming::Plain),
             ..*self
         };
         Ok(plain.decoder(format)?.schema().clone())

@@ -199,6 +199,7 @@ impl KafkaSourceConfig {
             avro: self.avro.as_ref(),
             protobuf: self.protobuf.as_ref(),
             registry: self.schema_registry.as_ref(),
+            framing: None,
         }
     }
 }
@@ -211,6 +212,7 @@ impl KafkaSinkConfig {
             avro: self.avro.as_ref(),
             protobuf: self.protobuf.as_ref(),
             registry: self.schema_registry.as_ref(),
+            framing: None,
         }
     }
 
@@ -310,27 +312,11 @@ impl SinkKind for KafkaSinkConfig {
         let Some(format) = self.format.schemaful() else {
             return Ok(());
         };
-        let mut offline = self.schema_settings();
-        offline.registry = None;
-        let mut plain = offline;
-        let avro;
-        let protobuf;
-        match format {
-            SchemaFormat::Avro => {
-                avro = AvroValueConfig {
-                    framing: Some(crate::formats::value::WireFraming::Plain),
-                    ..self.avro.clone().unwrap_or_default()
-                };
-                plain.avro = Some(&avro);
-            }
-            SchemaFormat::Protobuf => {
-                protobuf = ProtobufValueConfig {
-                    framing: Some(crate::formats::value::WireFraming::Plain),
-                    ..self.protobuf.clone().unwrap_or_default()
-                };
-                plain.protobuf = Some(&protobuf);
-            }
-        }
+        let plain = SchemaSettings {
+            registry: None,
+            framing: Some(crate::formats::value::WireFraming::Plain),
+            ..self.schema_settings()
+        };
         plain.encoder(format, schema).map(|_| ())
     }
 
