@@ -13,30 +13,30 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
   echo "test: installing chromium and chromium-driver (Debian packages) for the live view's browser test (tests/ui.rs)"
   apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
-# Multi-host test (tests/netns.rs) in network namespaces, where the kernel allows them.
-if [ -z "${RIFFLE_NETNS:-}" ]; then
-  if ! command -v ip >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null || true
-  fi
-  if scripts/netns.sh check; then
-    export RIFFLE_NETNS=1
-  else
-    export RIFFLE_NETNS=0
-    echo "test: network namespaces are unavailable here (needs root and 'ip netns'): tests/netns.rs opts out (RIFFLE_NETNS=0)"
-  fi
+# Tests that need what only some machines have are `#[ignore = "needs CAPABILITY: why"]`, so a
+# plain `cargo test` (a developer without root) lists them as ignored, with why, never as ok.
+# Here every capability is probed and the tests needing it run (`--ignored`) where it works; one
+# left out where its capability works fails this script (CI runs as root: nothing is skipped).
+#   netns: network namespaces, root and `ip netns` (tests/netns.rs, many hosts);
+#   tmpfs: mounting a tmpfs, root (tests/supervisor.rs, the disk-full test).
+# RIFFLE_NETNS=0 / RIFFLE_TMPFS=0 leave those tests out: a failure where they could run.
+declare -A capable=([netns]=0 [tmpfs]=0)
+if ! command -v ip >/dev/null; then
+  apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null || true
 fi
-# The disk-full test (tests/supervisor.rs) mounts a small tmpfs, which needs root.
-if [ -z "${RIFFLE_TMPFS:-}" ]; then
-  probe=$(mktemp -d)
-  if mount -t tmpfs -o size=64k tmpfs "$probe" 2>/dev/null; then
-    umount "$probe"
-    export RIFFLE_TMPFS=1
-  else
-    export RIFFLE_TMPFS=0
-    echo "test: cannot mount a tmpfs here (needs root): the disk-full test opts out (RIFFLE_TMPFS=0)"
-  fi
-  rmdir "$probe"
+if scripts/netns.sh check; then capable[netns]=1; fi
+probe=$(mktemp -d)
+if mount -t tmpfs -o size=64k tmpfs "$probe" 2>/dev/null; then
+  umount "$probe"
+  capable[tmpfs]=1
 fi
+rmdir "$probe"
+declare -A wanted=([netns]="${RIFFLE_NETNS:-1}" [tmpfs]="${RIFFLE_TMPFS:-1}")
+for c in "${!capable[@]}"; do
+  if [ "${capable[$c]}" != 1 ]; then
+    echo "test: no $c here (needs root): the tests that need it are left out (listed at the end)"
+  fi
+done
 # NVRTC (no GPU needed) so that the tests compile every CUDA kernel here too.
 LD_LIBRARY_PATH="$(scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH RIFFLE_EXPECT_NVRTC=1
@@ -79,15 +79,52 @@ scripts/registry.sh start
 scripts/registry.sh clients >/dev/null
 eval "$(scripts/registry.sh env)"
 
-# Tests that need what this machine lacks are filtered out by name, and said so here (never
-# reported as passing).
-skip=()
-if [ "$RIFFLE_NETNS" != 1 ]; then
-  skip+=(--skip a_host_cut_off_mid_run --skip the_host_of_process_0_lost)
-  echo "test: skipping tests/netns.rs (no network namespaces here)"
+cargo test --workspace --all-targets 2>&1 | tee "$log"
+# The ignored tests (libtest: `test NAME ... ignored, REASON`), as NAME<TAB>REASON; then those
+# needing a capability that works here run.
+ignored=$(sed -nE 's/^test (.+) \.\.\. ignored(, (.*))?$/\1\t\3/p' "$log" | sort -u)
+ran=()
+opted_out=()
+unknown=()
+while IFS=$'\t' read -r name reason; do
+  [ -n "$name" ] || continue
+  case "$reason" in
+    needs\ *:*) ;;
+    *) continue ;;
+  esac
+  c=${reason#needs }
+  c=${c%%:*}
+  if [ -z "${capable[$c]+set}" ]; then
+    unknown+=("$name ($reason)")
+  elif [ "${capable[$c]}" = 1 ] && [ "${wanted[$c]}" = 1 ]; then
+    ran+=("$name")
+  elif [ "${capable[$c]}" = 1 ]; then
+    opted_out+=("$name ($c works here)")
+  fi
+done <<<"$ignored"
+if [ ${#ran[@]} -gt 0 ]; then
+  echo "test: running the ${#ran[@]} ignored test(s) whose capability works here"
+  cargo test --workspace --all-targets -- --ignored --exact "${ran[@]}" 2>&1 | tee -a "$log"
 fi
-
-cargo test --workspace --all-targets -- "${skip[@]}" 2>&1 | tee "$log"
 cargo test --workspace --doc 2>&1 | tee -a "$log"
+# What did not run, and why: never counted as passing.
+not_run=$(printf '%s\n' "$ignored" | awk -F'\t' -v ran="$(printf '%s\n' "${ran[@]}")" '
+  BEGIN { n = split(ran, r, "\n"); for (i = 1; i <= n; i++) if (r[i] != "") done[r[i]] = 1 }
+  $1 != "" && !($1 in done) { printf "  %s: %s\n", $1, ($2 == "" ? "(no reason given)" : $2) }')
 # One closing line over every test binary and the doc tests.
-awk '/^test result:/ { p += $4; f += $6 } END { printf "total: %d passed, %d failed\n", p, f }' "$log"
+awk -v left="$(printf '%s' "$not_run" | grep -c . || true)" '/^test result:/ { p += $4; f += $6 }
+  END { printf "total: %d passed, %d failed, %d not run (ignored)\n", p, f, left }' "$log"
+if [ -n "$not_run" ]; then
+  echo "test: not run here, and why:"
+  printf '%s\n' "$not_run"
+fi
+if [ ${#unknown[@]} -gt 0 ]; then
+  echo "test: FAILED: ignored for a capability scripts/test.sh does not probe (add a probe above):"
+  printf '  %s\n' "${unknown[@]}"
+  exit 1
+fi
+if [ ${#opted_out[@]} -gt 0 ]; then
+  echo "test: FAILED: left out on a machine that can run them (RIFFLE_NETNS=0 or RIFFLE_TMPFS=0?):"
+  printf '  %s\n' "${opted_out[@]}"
+  exit 1
+fi

@@ -1,6 +1,7 @@
 //! The [`GpuDevice`] of the tests: the kernels run on the CPU by [`crate::emulator`], cuBLAS's
 //! part on the host by its definition.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use cudarc::cublas::sys::cublasOperation_t;
@@ -11,6 +12,10 @@ use crate::device::{Arg, Elem, GpuDevice};
 use crate::emulator::{self, Emulator};
 use crate::error::{GpuError, GpuResult};
 
+/// The most values one emulated buffer holds: as a GPU's memory is finite, a larger
+/// allocation is an out-of-memory error (and a test gone wrong cannot take the host's memory).
+pub const MAX_BUFFER_VALUES: usize = 1 << 28;
+
 /// A GPU emulated on the CPU: launches queue on its stream and run when a copy needs their
 /// results, as with cudarc's synchronous copies.
 pub struct Emulated<'e> {
@@ -18,6 +23,8 @@ pub struct Emulated<'e> {
     memory: Mutex<emulator::Memory<'e>>,
     /// Whether new buffers hold a pattern of 0xa5 bytes instead of zeros.
     poison: bool,
+    /// Kernel launches and Sgemm calls queued so far.
+    launches: AtomicUsize,
 }
 
 impl<'e> Emulated<'e> {
@@ -27,7 +34,14 @@ impl<'e> Emulated<'e> {
             stage,
             memory: Mutex::new(emulator::Memory::new(emulator)),
             poison: false,
+            launches: AtomicUsize::new(0),
         }
+    }
+
+    /// How many kernel launches and Sgemm calls were queued on this device: tests of
+    /// refusals check that none was.
+    pub fn launches(&self) -> usize {
+        self.launches.load(Ordering::Relaxed)
     }
 
     /// The device with new buffers filled with 0xa5 bytes, not zeros: they stand for what
@@ -58,6 +72,11 @@ impl GpuDevice for Emulated<'_> {
     type Buf<T> = emulator::Buf;
 
     fn alloc_zeros<T: Elem>(&self, n: usize) -> GpuResult<emulator::Buf> {
+        if n > MAX_BUFFER_VALUES {
+            return Err(self.err(format!(
+                "out of memory: a buffer of {n} values asked for (at most {MAX_BUFFER_VALUES})"
+            )));
+        }
         let byte = if self.poison { 0xa5 } else { 0 };
         let value = T::get(&vec![byte; std::mem::size_of::<T>()]);
         Ok(self.memory().alloc_filled(n, value))
@@ -103,6 +122,7 @@ impl GpuDevice for Emulated<'_> {
         cfg: LaunchConfig,
         args: &[Arg<'_, Self>],
     ) -> GpuResult<()> {
+        self.launches.fetch_add(1, Ordering::Relaxed);
         let mut memory = self.memory();
         let mut b = memory.launch_builder(name);
         for a in args {
@@ -123,6 +143,7 @@ impl GpuDevice for Emulated<'_> {
         b: &emulator::Buf,
         c: &mut emulator::Buf,
     ) -> GpuResult<()> {
+        self.launches.fetch_add(1, Ordering::Relaxed);
         let mut memory = self.synchronized()?;
         let (a, b) = (memory.dtoh::<f32>(*a), memory.dtoh::<f32>(*b));
         let mut out = memory.dtoh::<f32>(*c);

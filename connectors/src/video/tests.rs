@@ -170,6 +170,29 @@ fn bad_configurations_are_refused_with_the_reason() {
     assert!(typo.is_err(), "unknown keys are refused");
 }
 
+/// `connect_attempts`' range (what validation checks and docs/pipeline-spec.md lists) and the
+/// source's own check agree: the range's least value is accepted, one less refused by both.
+#[test]
+fn connect_attempts_range_and_the_source_agree_on_the_least_value() {
+    use crate::kind::Limits;
+    let range = VideoConfig::RANGES
+        .iter()
+        .find(|r| r.key == "connect_attempts")
+        .unwrap();
+    let least = range.min as u32;
+    let f = videos().join("bikes-0.mp4");
+    let with = |n: u32| {
+        config(&format!(
+            "{{ cameras: [{}], connect_attempts: {n} }}",
+            file_camera("a", &f)
+        ))
+    };
+    with(least).resolve().unwrap();
+    assert!(range.check_int(least - 1).is_err());
+    let e = with(least - 1).resolve().unwrap_err().to_string();
+    assert!(e.contains("connect_attempts must be at least"), "{e}");
+}
+
 #[test]
 fn thinning_keeps_every_nth_frame_and_at_most_sample_fps() {
     let mut every = Thinning::new(5, None);

@@ -68,14 +68,24 @@ pub fn concat(parts: &[&[usize]], axis: i64) -> DataflowResult<(usize, usize, Ve
         return Err(err("Concat: axis out of range"));
     };
     let outer: usize = before.iter().product();
-    *size = parts
-        .iter()
-        .map(|p| {
-            p.get(axis)
-                .copied()
-                .ok_or_else(|| err("Concat: inputs of different ranks"))
-        })
-        .sum::<DataflowResult<usize>>()?;
+    // Every part matches the first outside the axis: the executors copy whole rows of each.
+    let same_outside = |p: &[usize]| {
+        p.len() == rank
+            && p.iter()
+                .zip(first.iter())
+                .enumerate()
+                .all(|(d, (x, y))| d == axis || x == y)
+    };
+    if let Some(other) = parts.iter().find(|p| !same_outside(p)) {
+        return Err(err(format!(
+            "Concat: input shapes {first:?} and {other:?} differ on an axis other than {axis}"
+        )));
+    }
+    *size = parts.iter().try_fold(0usize, |sum, p| {
+        p.get(axis)
+            .and_then(|d| sum.checked_add(*d))
+            .ok_or_else(|| err(format!("Concat: shapes {parts:?} along axis {axis}")))
+    })?;
     Ok((axis, outer, shape))
 }
 

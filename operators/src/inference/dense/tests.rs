@@ -61,3 +61,21 @@ fn a_split_gather_equals_the_whole_one() {
         &[12., 13., 0., 1., 6., 7., 6., 7., 10., 11., 2., 3.]
     );
 }
+
+/// Concat parts must match outside the axis: the executors copy whole rows of each part into
+/// rows of the output, which a part of other dimensions would overrun (on the GPU, past the
+/// output's buffer).
+#[test]
+fn concat_refuses_parts_that_differ_outside_the_axis() {
+    let e = shapes::concat(&[&[2, 3, 4], &[2, 1, 5]], 1).unwrap_err();
+    assert!(
+        e.to_string().contains("differ on an axis other than 1"),
+        "{e}"
+    );
+    assert!(shapes::concat(&[&[2, 3], &[3, 3]], 1).is_err());
+    assert!(shapes::concat(&[&[2, 3], &[2, 3, 1]], 1).is_err());
+    assert_eq!(
+        shapes::concat(&[&[2, 3, 4], &[2, 1, 4]], -2).unwrap(),
+        (1, 2, vec![2, 4, 4])
+    );
+}

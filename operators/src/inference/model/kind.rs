@@ -53,11 +53,7 @@ impl StageKind for ModelConfig {
     }
 
     fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
-        if self.batch.max_size == 0 {
-            return Err(
-                DataflowError::Config("expected a number ≥ 1, found 0".into()).at("batch.max_size"),
-            );
-        }
+        self.check_settings()?;
         let (version, config) = self.resolved()?;
         let input = match version {
             Some(_) => with_version_field(input)?,
@@ -104,12 +100,14 @@ impl StageKind for ModelConfig {
     }
 
     fn check(&self, ctx: &StageContext<'_>) -> DataflowResult<()> {
+        self.check_settings()?;
         let (version, config) = self.resolved()?;
         self.check_share(version)?;
         planned_engine(&config, ctx.worker, ctx.gpus).map(|_| ())
     }
 
     fn build(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
+        self.check_settings()?;
         let (version, config) = self.resolved()?;
         if version.is_none() && (!self.variants.is_empty() || self.shadow.is_some()) {
             variants::check(self)?;
@@ -134,7 +132,7 @@ impl StageKind for ModelConfig {
                 (version, config.path.clone()),
                 model.signature().clone(),
                 threads,
-                Duration::from_millis(self.poll_ms.max(10)),
+                Duration::from_millis(self.poll_ms),
             )?;
             return Ok(Step::Stateful(Box::new(Versioned {
                 config: self.clone(),
@@ -222,7 +220,38 @@ const POLICY: BatchPolicy = BatchPolicy {
     drop_late: false,
 };
 
+/// The shortest `poll_ms`: a repository looked at more often than this would spend a core on
+/// listing its directory.
+pub const MIN_POLL_MS: u64 = 10;
+
 impl ModelConfig {
+    /// Settings that cannot take effect as written are errors naming their key, never
+    /// silently changed or ignored.
+    pub fn check_settings(&self) -> DataflowResult<()> {
+        if self.batch.max_size == 0 {
+            return Err(
+                DataflowError::Config("expected a number ≥ 1, found 0".into()).at("batch.max_size"),
+            );
+        }
+        if self.batch.drop_late && self.batch.late_after_ms.is_none() {
+            return Err(DataflowError::Config(
+                "drop_late: true needs batch.late_after_ms, the budget after which a row is \
+                 late: without it no row is ever late and none would be dropped"
+                    .into(),
+            )
+            .at("batch.drop_late"));
+        }
+        if self.poll_ms < MIN_POLL_MS {
+            return Err(DataflowError::Config(format!(
+                "expected at least {MIN_POLL_MS} (ms between looks at the model repository), \
+                 found {}",
+                self.poll_ms
+            ))
+            .at("poll_ms"));
+        }
+        Ok(())
+    }
+
     /// A repository (`version` is its current one) is served per worker only.
     fn check_share(&self, version: Option<u64>) -> DataflowResult<()> {
         if version.is_some() && self.share == Share::Process {

@@ -37,6 +37,7 @@ mod variants;
 mod versions;
 
 pub use engine::{choose_engine, planned_engine, Engine};
+pub use kind::MIN_POLL_MS;
 pub use shared::SharedModel;
 pub use signature::{output_schema, Signature};
 pub use variants::{ShadowSpec, VariantSpec, CONTROL, VARIANT_COLUMN};
@@ -240,12 +241,7 @@ impl Model {
         worker: usize,
         gpu_map: &[usize],
     ) -> DataflowResult<Self> {
-        if config.batch.max_size == 0 {
-            return Err(
-                DataflowError::Config("batch.max_size must be at least 1".into())
-                    .at("batch.max_size"),
-            );
-        }
+        config.check_settings()?;
         let Decision {
             engine,
             graph,

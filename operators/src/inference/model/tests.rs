@@ -58,17 +58,17 @@ fn the_engine_follows_executor_device_and_what_is_installed() {
     );
 }
 
+/// ONNX Runtime's environment; a test that needs it fails without it (never passes unrun),
+/// saying how to install it.
+fn onnx_runtime() -> ort::environment::Environment {
+    onnx::environment().unwrap_or_else(|e| panic!("this test needs ONNX Runtime: {e}"))
+}
+
 /// The signature read from the protobuf is what ONNX Runtime reports, on every bundled model.
 #[test]
 fn signatures_read_from_the_file_agree_with_onnx_runtime() {
     let models = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models");
-    let Ok(env) = onnx::environment() else {
-        eprintln!("ONNX Runtime is not installed: only reading the signatures");
-        for name in ["ml100k_ncf_ctr.onnx", "ssdlite_person.onnx"] {
-            Signature::read(&models.join(name)).unwrap();
-        }
-        return;
-    };
+    let env = onnx_runtime();
     let mut read = 0;
     for entry in std::fs::read_dir(&models).unwrap() {
         let path = entry.unwrap().path();
@@ -118,6 +118,69 @@ fn output_schema_from_the_signature_locates_errors_at_keys() {
     assert_eq!(e.located().0, Some("batch.max_size"), "{e}");
 }
 
+/// Settings that cannot take effect as written are errors at their key, from validation
+/// (`check`), from building the stage and from loading the model, never ignored or changed:
+/// `drop_late` without a budget for lateness, and `poll_ms` under its minimum.
+#[test]
+fn settings_that_cannot_take_effect_are_errors_at_their_key() {
+    use crate::{StageContext, StageKind};
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/ml100k_ncf_ctr.onnx");
+    let config = |extra: serde_json::Value| -> ModelConfig {
+        let mut json = serde_json::json!({
+            "path": path,
+            "inputs": { "user_id": "user", "item_id": "item" },
+            "outputs": { "p_click": "p_click" },
+            "executor": "dense",
+        });
+        if let (Some(json), serde_json::Value::Object(extra)) = (json.as_object_mut(), extra) {
+            json.extend(extra);
+        }
+        serde_json::from_value(json).unwrap()
+    };
+    let ctx = StageContext {
+        worker: 0,
+        peers: 1,
+        intra_op_threads: 1,
+        gpus: &[],
+    };
+    let refused = [
+        (
+            serde_json::json!({ "batch": { "drop_late": true } }),
+            "batch.drop_late",
+            "needs batch.late_after_ms",
+        ),
+        (
+            serde_json::json!({ "poll_ms": MIN_POLL_MS - 1 }),
+            "poll_ms",
+            "expected at least 10",
+        ),
+        (serde_json::json!({ "poll_ms": 0 }), "poll_ms", "found 0"),
+    ];
+    for (extra, key, says) in refused {
+        let c = config(extra.clone());
+        let errors = [
+            c.check(&ctx).err(),
+            c.build(&ctx).err(),
+            Model::new(c.clone(), 1).err(),
+        ];
+        for e in errors {
+            let e = e.unwrap_or_else(|| panic!("{extra} was accepted"));
+            assert_eq!(e.located().0, Some(key), "{extra}: {e}");
+            assert!(e.to_string().contains(says), "{extra}: {e}");
+        }
+    }
+    // What can take effect is accepted: drop_late with a budget, the shortest poll_ms.
+    for extra in [
+        serde_json::json!({ "batch": { "drop_late": true, "late_after_ms": 0 } }),
+        serde_json::json!({ "poll_ms": MIN_POLL_MS }),
+    ] {
+        let c = config(extra.clone());
+        c.check(&ctx).unwrap_or_else(|e| panic!("{extra}: {e}"));
+        Model::new(c, 1).unwrap_or_else(|e| panic!("{extra}: {e}"));
+    }
+}
+
 /// The file's element types (validation) and ONNX Runtime's (running) map to the same Arrow
 /// types.
 #[test]
@@ -162,10 +225,7 @@ fn float16_bool_and_int_outputs_become_tensor_columns() {
     use ort::value::Tensor;
     type F16 = <Float16Type as ArrowPrimitiveType>::Native;
     use riffle_dataflow::tensor::{bool_tensor_values, tensor_field, tensor_values};
-    if onnx::environment().is_err() {
-        eprintln!("ONNX Runtime is not installed: skipped");
-        return;
-    }
+    onnx_runtime();
     let halves: Vec<F16> = [0.5f32, -2.0, 3.25, 1e-3].map(F16::from_f32).to_vec();
     let value = Tensor::from_array((vec![2i64, 2], halves.clone()))
         .unwrap()

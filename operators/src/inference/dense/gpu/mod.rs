@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cudarc::cublas::{sys::cublasOperation_t, GemmConfig};
 use cudarc::driver::LaunchConfig;
 use riffle_dataflow::DataflowResult;
-use riffle_gpu::{check_gpu, Arg, CudaDevice, GpuDevice, Kernels, Stream};
+use riffle_gpu::{check_gpu, Arg, CudaDevice, Elem, GpuDevice, Kernels, Stream};
 
 use crate::gpu_error;
 use crate::inference::dense::{
@@ -103,6 +103,53 @@ impl CudaDense {
     }
 }
 
+/// `v` as a kernel's `int` argument. The kernels index with `int`: a count past `i32::MAX`
+/// is refused here rather than wrapped into a launch that reads the wrong elements.
+fn int(what: &str, v: usize) -> DataflowResult<i32> {
+    i32::try_from(v).map_err(|_| {
+        err(format!(
+            "{what}: {v} elements is more than one GPU kernel launch indexes (at most {})",
+            i32::MAX
+        ))
+    })
+}
+
+/// The launch grid for `n` threads (at least one block), `n` checked as [`int`] does.
+fn grid(what: &str, n: usize) -> DataflowResult<LaunchConfig> {
+    let n = int(what, n.max(1))?;
+    let n = u32::try_from(n).map_err(|_| err(format!("{what}: {n} threads")))?;
+    Ok(LaunchConfig::for_num_elems(n))
+}
+
+/// `a · b`, an error when it overflows.
+fn mul(what: &str, a: usize, b: usize) -> DataflowResult<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| err(format!("{what}: {a} × {b} elements overflows")))
+}
+
+/// The elements of `shape`, an error when their count overflows.
+fn elements(what: &str, shape: &[usize]) -> DataflowResult<usize> {
+    shape.iter().try_fold(1, |n, &d| mul(what, n, d))
+}
+
+/// An error unless `buf` holds at least the `n` values a kernel will be told it has: a tensor
+/// whose data does not match its shape would be read or written past its end. (The CPU
+/// executor refuses such tensors as it reads them.)
+fn holds<D: GpuDevice, T: Elem>(
+    device: &D,
+    buf: &D::Buf<T>,
+    n: usize,
+    what: &str,
+) -> DataflowResult<()> {
+    let len = device.buf_len(buf);
+    if len < n {
+        return Err(err(format!(
+            "{what}: the data does not match its shape ({n} values expected, {len} on the GPU)"
+        )));
+    }
+    Ok(())
+}
+
 /// Rows `local` (each within `table`, `width` values a row) gathered into a new buffer.
 fn gather_rows<D: GpuDevice>(
     device: &D,
@@ -110,27 +157,28 @@ fn gather_rows<D: GpuDevice>(
     local: &[i64],
     width: usize,
 ) -> DataflowResult<D::Buf<f32>> {
-    let total = local.len() * width;
+    let what = "Gather";
+    let total = mul(what, local.len(), width)?;
+    let (width_arg, total_arg) = (int(what, width)?, int(what, total)?);
+    let cfg = grid(what, total)?;
+    // Every row read must lie within the table's buffer, as the CPU executor checks.
+    let rows = local
+        .iter()
+        .map(|&r| usize::try_from(r).map_err(|_| err(format!("{what}: row {r} is negative"))))
+        .try_fold(0, |most, r| r.map(|r| most.max(r + 1)))?;
+    holds(device, table, mul(what, rows, width)?, "Gather: the table")?;
     let idx = device.upload(local).map_err(gpu_error)?;
-    let out = device.alloc_zeros::<f32>(total).map_err(gpu_error)?;
+    let out = device.alloc_zeros::<f32>(total.max(1)).map_err(gpu_error)?;
     let args = [
         Arg::F32(table),
         Arg::I64(&idx),
         Arg::F32(&out),
-        Arg::Int(width as i32),
-        Arg::Int(total as i32),
+        Arg::Int(width_arg),
+        Arg::Int(total_arg),
     ];
     // SAFETY: the kernel checks its thread index against `total`; `out` holds `total` values,
-    // `idx` one per row of them, and the callers give only rows of `table` (indices checked and
-    // wrapped, or routed to their part, on the host).
-    unsafe {
-        device.launch(
-            "gather_f32",
-            LaunchConfig::for_num_elems(total as u32),
-            &args,
-        )
-    }
-    .map_err(gpu_error)?;
+    // `idx` one per row of them, and every row of `idx` lies within `table` (checked above).
+    unsafe { device.launch("gather_f32", cfg, &args) }.map_err(gpu_error)?;
     Ok(out)
 }
 
@@ -189,13 +237,16 @@ impl<D: GpuDevice> Dense<D> {
     fn gather_split(&self, table: &DeviceTable<D>, indices: &Tensor) -> DataflowResult<DTensor<D>> {
         let routes = table.rows.route(indices.as_i64()?)?;
         let width = table.width;
-        let mut host = vec![0f32; indices.len() * width];
+        let n = mul("Gather", elements("Gather", &indices.shape)?, width)?;
+        // Refused before the host buffer is allocated: no kernel could fill it.
+        int("Gather", n)?;
+        let mut host = vec![0f32; n];
         for (part, route) in table.parts.iter().zip(&routes) {
             if route.local.is_empty() || width == 0 {
                 continue;
             }
             let device = part.device.as_ref();
-            let total = route.local.len() * width;
+            let total = mul("Gather", route.local.len(), width)?;
             let out = gather_rows(device, &part.values, &route.local, width)?;
             let rows = device.download(&out, total).map_err(gpu_error)?;
             scatter_rows(&mut host, width, &route.positions, &rows)?;
@@ -313,8 +364,8 @@ impl<D: GpuDevice> Dense<D> {
                     .shape
                     .get(1..)
                     .ok_or_else(|| err("Gather of a scalar"))?;
-                let width: usize = row_shape.iter().product();
-                let total = indices.len() * width;
+                let width = elements("Gather", row_shape)?;
+                let total = mul("Gather", elements("Gather", &indices.shape)?, width)?;
                 let out = if total > 0 {
                     gather_rows(device, data.f32()?, &local, width)?
                 } else {
@@ -325,32 +376,30 @@ impl<D: GpuDevice> Dense<D> {
                 DTensor::with_f32(shape, out)
             }
             "Add" | "Sub" | "Mul" | "Div" => {
-                let code = ["Add", "Sub", "Mul", "Div"]
-                    .iter()
-                    .position(|o| *o == op)
-                    .unwrap_or(0) as i32;
+                let code = match op {
+                    "Add" => 0,
+                    "Sub" => 1,
+                    "Mul" => 2,
+                    _ => 3,
+                };
                 self.binary(get(0)?, get(1)?, code)?
             }
             "Relu" | "Sigmoid" => {
                 let x = get(0)?;
-                let n = x.len();
+                let n = x.len()?;
+                let (n_arg, cfg) = (int(op, n)?, grid(op, n)?);
+                let input = x.f32()?;
+                holds(device, input, n, op)?;
                 let out = device.alloc_zeros::<f32>(n.max(1)).map_err(gpu_error)?;
                 let args = [
-                    Arg::F32(x.f32()?),
+                    Arg::F32(input),
                     Arg::F32(&out),
                     Arg::Int(i32::from(op == "Sigmoid")),
-                    Arg::Int(n as i32),
+                    Arg::Int(n_arg),
                 ];
                 // SAFETY: the kernel checks its thread index against `n`, and both buffers
-                // hold `n` values.
-                unsafe {
-                    device.launch(
-                        "unary_f32",
-                        LaunchConfig::for_num_elems(n.max(1) as u32),
-                        &args,
-                    )
-                }
-                .map_err(gpu_error)?;
+                // hold `n` values (checked above).
+                unsafe { device.launch("unary_f32", cfg, &args) }.map_err(gpu_error)?;
                 DTensor::with_f32(x.shape.clone(), out)
             }
             "ReduceSum" => {
@@ -371,25 +420,24 @@ impl<D: GpuDevice> Dense<D> {
                     .shape
                     .split_at_checked(first)
                     .ok_or_else(|| err("ReduceSum: axis out of range"))?;
-                let outer: usize = kept.iter().product();
-                let inner: usize = reduced.iter().product();
+                let (outer, inner) = (elements(op, kept)?, elements(op, reduced)?);
+                // The kernel reads `x[t * inner + j]` in `int`: all of `x` must fit one.
+                let all = mul(op, outer, inner)?;
+                int(op, all)?;
+                let (outer_arg, inner_arg) = (int(op, outer)?, int(op, inner)?);
+                let cfg = grid(op, outer)?;
+                let input = x.f32()?;
+                holds(device, input, all, op)?;
                 let out = device.alloc_zeros::<f32>(outer.max(1)).map_err(gpu_error)?;
                 let args = [
-                    Arg::F32(x.f32()?),
+                    Arg::F32(input),
                     Arg::F32(&out),
-                    Arg::Int(outer as i32),
-                    Arg::Int(inner as i32),
+                    Arg::Int(outer_arg),
+                    Arg::Int(inner_arg),
                 ];
                 // SAFETY: the kernel checks its thread index against `outer`; `out` holds
-                // `outer` values and `x` `outer * inner`.
-                unsafe {
-                    device.launch(
-                        "reduce_inner_f32",
-                        LaunchConfig::for_num_elems(outer.max(1) as u32),
-                        &args,
-                    )
-                }
-                .map_err(gpu_error)?;
+                // `outer` values and `x` `outer * inner` (checked above).
+                unsafe { device.launch("reduce_inner_f32", cfg, &args) }.map_err(gpu_error)?;
                 let mut shape = kept.to_vec();
                 if attr_i(node, "keepdims", 1) != 0 {
                     shape.extend(std::iter::repeat_n(1, rank - first));
@@ -414,33 +462,42 @@ impl<D: GpuDevice> Dense<D> {
                 let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
                 let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
                 // `concat` checked that every part has the axis.
-                let dst_chunk: usize = shape.get(axis..).unwrap_or_default().iter().product();
-                let out = device
-                    .alloc_zeros::<f32>((outer * dst_chunk).max(1))
-                    .map_err(gpu_error)?;
+                let dst_chunk = elements(op, shape.get(axis..).unwrap_or_default())?;
+                // Every index the kernel computes (`o * dst_chunk + offset + c`) is below this.
+                let total = mul(op, outer, dst_chunk)?;
+                let (outer_arg, dst_chunk_arg) = (int(op, outer)?, int(op, dst_chunk)?);
+                int(op, total)?;
+                // Each part's launch, checked before any is queued.
+                let mut launches = Vec::with_capacity(parts.len());
                 let mut offset = 0usize;
                 for p in &parts {
-                    let chunk: usize = p.shape.get(axis..).unwrap_or_default().iter().product();
+                    let chunk = elements(op, p.shape.get(axis..).unwrap_or_default())?;
+                    let size = mul(op, outer, chunk)?;
+                    let input = p.f32()?;
+                    holds(device, input, size, op)?;
+                    if offset.checked_add(chunk).is_none_or(|end| end > dst_chunk) {
+                        return Err(err(format!(
+                            "Concat: the inputs' shapes {part_shapes:?} overrun the output's {shape:?}"
+                        )));
+                    }
+                    launches.push((input, int(op, chunk)?, int(op, offset)?, grid(op, size)?));
+                    offset += chunk;
+                }
+                let out = device.alloc_zeros::<f32>(total.max(1)).map_err(gpu_error)?;
+                for (input, chunk, offset, cfg) in launches {
                     let args = [
-                        Arg::F32(p.f32()?),
+                        Arg::F32(input),
                         Arg::F32(&out),
-                        Arg::Int(outer as i32),
-                        Arg::Int(chunk as i32),
-                        Arg::Int(dst_chunk as i32),
-                        Arg::Int(offset as i32),
+                        Arg::Int(outer_arg),
+                        Arg::Int(chunk),
+                        Arg::Int(dst_chunk_arg),
+                        Arg::Int(offset),
                     ];
                     // SAFETY: the kernel checks its thread index against `outer * chunk`, the
-                    // part's size; it writes row `o` at `o * dst_chunk + offset` and on, up to
-                    // `offset + chunk <= dst_chunk`, within `out`'s `outer * dst_chunk`.
-                    unsafe {
-                        device.launch(
-                            "copy_block_f32",
-                            LaunchConfig::for_num_elems((outer * chunk).max(1) as u32),
-                            &args,
-                        )
-                    }
-                    .map_err(gpu_error)?;
-                    offset += chunk;
+                    // part's size (which its buffer holds, checked above); it writes row `o` at
+                    // `o * dst_chunk + offset` and on, up to `offset + chunk <= dst_chunk`,
+                    // within `out`'s `outer * dst_chunk`, which fits an `int`.
+                    unsafe { device.launch("copy_block_f32", cfg, &args) }.map_err(gpu_error)?;
                 }
                 DTensor::with_f32(shape, out)
             }
@@ -458,12 +515,16 @@ impl<D: GpuDevice> Dense<D> {
                     return Err(err("Gemm on the GPU: beta must be 1"));
                 }
                 let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
+                let cfg = row_major_gemm(op, m, k, n, ta, tb, alpha)?;
+                let (a_buf, b_buf) = (a.f32()?, b.f32()?);
+                holds(device, a_buf, mul(op, m, k)?, op)?;
+                holds(device, b_buf, mul(op, k, n)?, op)?;
                 let mut out = device
-                    .alloc_zeros::<f32>((m * n).max(1))
+                    .alloc_zeros::<f32>(mul(op, m, n)?.max(1))
                     .map_err(gpu_error)?;
-                let cfg = row_major_gemm(m, k, n, ta, tb, alpha);
-                // SAFETY: the dimensions and leading dimensions above describe the buffers.
-                unsafe { device.gemm(cfg, b.f32()?, a.f32()?, &mut out) }.map_err(gpu_error)?;
+                // SAFETY: the dimensions and leading dimensions above describe the buffers,
+                // which hold that many values (checked above).
+                unsafe { device.gemm(cfg, b_buf, a_buf, &mut out) }.map_err(gpu_error)?;
                 let product = DTensor::with_f32(vec![m, n], out);
                 if gemm && node.input.get(2).is_some_and(|name| !name.is_empty()) {
                     self.binary(&product, get(2)?, 0)?
@@ -486,58 +547,74 @@ impl<D: GpuDevice> Dense<D> {
         let (&[_, d1, d2, d3], Some(out_shape)) = (shape.as_slice(), shape.get(4 - rank..)) else {
             return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
         };
-        let total: usize = shape.iter().product();
+        let what = "elementwise op";
+        let total = elements(what, &shape)?;
+        let cfg = grid(what, total)?;
+        let dims = [
+            int(what, total)?,
+            int(what, d1)?,
+            int(what, d2)?,
+            int(what, d3)?,
+        ];
+        let strides = sa
+            .iter()
+            .chain(&sb)
+            .map(|s| int(what, *s))
+            .collect::<DataflowResult<Vec<_>>>()?;
+        let (a_buf, b_buf) = (a.f32()?, b.f32()?);
+        holds(&self.device, a_buf, a.len()?, what)?;
+        holds(&self.device, b_buf, b.len()?, what)?;
         let out = self
             .device
             .alloc_zeros::<f32>(total.max(1))
             .map_err(gpu_error)?;
         let mut args = vec![
-            Arg::F32(a.f32()?),
-            Arg::F32(b.f32()?),
+            Arg::F32(a_buf),
+            Arg::F32(b_buf),
             Arg::F32(&out),
             Arg::Int(code),
-            Arg::Int(total as i32),
-            Arg::Int(d1 as i32),
-            Arg::Int(d2 as i32),
-            Arg::Int(d3 as i32),
         ];
-        args.extend(sa.iter().chain(&sb).map(|s| Arg::Int(*s as i32)));
+        args.extend(dims.into_iter().chain(strides).map(Arg::Int));
         // SAFETY: the kernel checks its thread index against `total`, `out`'s size; the
-        // broadcast strides (0 along broadcast axes) keep the reads within `a` and `b`.
-        unsafe {
-            self.device.launch(
-                "binary_f32",
-                LaunchConfig::for_num_elems(total.max(1) as u32),
-                &args,
-            )
-        }
-        .map_err(gpu_error)?;
+        // broadcast strides (0 along broadcast axes) keep the reads within `a` and `b`, whose
+        // buffers hold their shapes' values (checked above).
+        unsafe { self.device.launch("binary_f32", cfg, &args) }.map_err(gpu_error)?;
         Ok(DTensor::with_f32(out_shape.to_vec(), out))
     }
 }
 
 /// cuBLAS is column-major. Row-major C = op(A)·op(B) (m×k times k×n) is column-major
-/// Cᵀ = op(B)ᵀ·op(A)ᵀ: the same buffers, passed with B first.
-fn row_major_gemm(m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f32) -> GemmConfig<f32> {
-    let op = |t: bool| {
+/// Cᵀ = op(B)ᵀ·op(A)ᵀ: the same buffers, passed with B first. cuBLAS takes `int`
+/// dimensions: larger ones are an error naming `what`.
+fn row_major_gemm(
+    what: &str,
+    m: usize,
+    k: usize,
+    n: usize,
+    ta: bool,
+    tb: bool,
+    alpha: f32,
+) -> DataflowResult<GemmConfig<f32>> {
+    let trans = |t: bool| {
         if t {
             cublasOperation_t::CUBLAS_OP_T
         } else {
             cublasOperation_t::CUBLAS_OP_N
         }
     };
-    GemmConfig {
-        transa: op(tb),
-        transb: op(ta),
-        m: n as i32,
-        n: m as i32,
-        k: k as i32,
+    let (m, k, n) = (int(what, m)?, int(what, k)?, int(what, n)?);
+    Ok(GemmConfig {
+        transa: trans(tb),
+        transb: trans(ta),
+        m: n,
+        n: m,
+        k,
         alpha,
-        lda: if tb { k as i32 } else { n as i32 },
-        ldb: if ta { m as i32 } else { k as i32 },
+        lda: if tb { k } else { n },
+        ldb: if ta { m } else { k },
         beta: 0.0f32,
-        ldc: n as i32,
-    }
+        ldc: n,
+    })
 }
 
 mod tensor;

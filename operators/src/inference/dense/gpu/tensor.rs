@@ -39,8 +39,9 @@ impl<D: GpuDevice> Clone for DTensor<D> {
 }
 
 impl<D: GpuDevice> DTensor<D> {
-    pub(super) fn len(&self) -> usize {
-        self.shape.iter().product()
+    /// The elements its shape holds; an error when their count overflows.
+    pub(super) fn len(&self) -> DataflowResult<usize> {
+        super::elements("tensor", &self.shape)
     }
 
     pub(super) fn f32(&self) -> DataflowResult<&D::Buf<f32>> {
@@ -74,11 +75,11 @@ pub(super) fn download<D: GpuDevice>(device: &D, t: &DTensor<D>) -> DataflowResu
     Ok(match &t.data {
         DData::F32(s) => Tensor::f32(
             t.shape.clone(),
-            device.download(s, t.len()).map_err(gpu_error)?,
+            device.download(s, t.len()?).map_err(gpu_error)?,
         ),
         DData::I64(s) => Tensor::i64(
             t.shape.clone(),
-            device.download(s, t.len()).map_err(gpu_error)?,
+            device.download(s, t.len()?).map_err(gpu_error)?,
         ),
     })
 }

@@ -49,7 +49,7 @@ fn gemm_arguments_give_the_row_major_product() {
             &Tensor::f32(a_shape, a.clone()),
             &Tensor::f32(b_shape, b.clone()),
         );
-        let cfg = row_major_gemm(m, k, n, ta, tb, 1.0);
+        let cfg = row_major_gemm("Gemm", m, k, n, ta, tb, 1.0).unwrap();
         let mut c = vec![0f32; m * n];
         // As the executor calls it: B's buffer first.
         sgemm_reference(&cfg, &b, &a, &mut c);
@@ -70,6 +70,9 @@ fn kernels_compile_where_nvrtc_is_present() {
         for name in KERNEL_SET.names {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
+    } else {
+        let e = KERNEL_SET.compile(0).err().expect("compiled without NVRTC");
+        assert!(e.to_string().contains("NVRTC"), "{e}");
     }
     if let Err(why) = riffle_gpu::discover() {
         let graph = DenseGraph {
@@ -424,6 +427,145 @@ fn emulated_gather_rejects_indices_out_of_range() {
             .and_then(|dense| dense.run(&inputs))
             .expect_err("out of range");
         assert!(e.to_string().contains("out of range"), "{e}");
+    }
+}
+
+/// Runs `case` on a fresh emulated device: its error, and how many launches were queued.
+fn refused(emulator: &Emulator, case: &Case) -> (String, usize) {
+    let names: Vec<String> = (0..case.inputs.len()).map(|i| format!("x{i}")).collect();
+    let inputs: Vec<(&str, Tensor)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(case.inputs.iter().cloned())
+        .collect();
+    let dense = emulated_dense(emulator, case.graph(), 1).unwrap();
+    let e = match dense.run(&inputs) {
+        Ok(out) => panic!("{}: ran, giving {out:?}", case.label),
+        Err(e) => e.to_string(),
+    };
+    (e, dense.device.launches())
+}
+
+/// A tensor whose data does not match its shape (half its values missing) is refused before
+/// any launch, as the CPU executor refuses it: every kernel would read past its buffer
+/// (AddressSanitizer, which scripts/test.sh requires, would only report that afterwards).
+#[test]
+fn emulated_ops_refuse_data_that_does_not_match_its_shape_before_any_launch() {
+    let emulator = Emulator::shared(KERNEL_SET.source, KERNEL_SET.names);
+    let short = |shape: &[usize], seed: u64| {
+        let mut t = random(shape, seed);
+        if let Data::F32(v) = &mut t.data {
+            v.truncate(v.len() / 2);
+        }
+        t
+    };
+    let cases = [
+        Case::new("Relu".into(), "Relu", Vec::new(), vec![short(&[8], 1)]),
+        Case::new(
+            "Sigmoid".into(),
+            "Sigmoid",
+            Vec::new(),
+            vec![short(&[3, 5], 2)],
+        ),
+        Case::new(
+            "Add, first operand short".into(),
+            "Add",
+            Vec::new(),
+            vec![short(&[4, 5], 3), random(&[4, 5], 4)],
+        ),
+        Case::new(
+            "Mul, broadcast operand short".into(),
+            "Mul",
+            Vec::new(),
+            vec![random(&[4, 6], 5), short(&[6], 6)],
+        ),
+        Case::new(
+            "ReduceSum".into(),
+            "ReduceSum",
+            vec![ints_attr("axes", &[1])],
+            vec![short(&[6, 7], 7)],
+        ),
+        Case::new(
+            "Concat, second part short".into(),
+            "Concat",
+            vec![int_attr("axis", 1)],
+            vec![random(&[3, 2], 8), short(&[3, 4], 9)],
+        ),
+        Case::new(
+            "Gather, table short".into(),
+            "Gather",
+            Vec::new(),
+            vec![short(&[7, 3], 10), Tensor::i64(vec![2], vec![0, 6])],
+        ),
+        Case::new(
+            "MatMul, A short".into(),
+            "MatMul",
+            Vec::new(),
+            vec![short(&[3, 4], 11), random(&[4, 5], 12)],
+        ),
+        Case::new(
+            "MatMul, B short".into(),
+            "MatMul",
+            Vec::new(),
+            vec![random(&[3, 4], 13), short(&[4, 5], 14)],
+        ),
+    ];
+    for case in &cases {
+        let (e, launches) = refused(&emulator, case);
+        assert!(
+            e.contains("does not match its shape"),
+            "{}: {e}",
+            case.label
+        );
+        assert_eq!(launches, 0, "{}: launched before refusing", case.label);
+    }
+}
+
+/// Sizes past what a kernel's `int` indexes (2³¹ − 1 elements) are refused before any
+/// buffer or launch, never wrapped into a launch over the wrong elements: an output of
+/// 2³¹ + 65536 elements broadcast from small inputs, a Gather of as many, a tensor whose shape
+/// claims as many, and a shape whose element count overflows.
+#[test]
+fn emulated_ops_refuse_sizes_past_2_31_before_any_launch() {
+    let emulator = Emulator::shared(KERNEL_SET.source, KERNEL_SET.names);
+    let past = (1usize << 31) + 8;
+    let cases = [
+        Case::new(
+            "Add [65536, 1] + [1, 32769]".into(),
+            "Add",
+            Vec::new(),
+            vec![random(&[65536, 1], 1), random(&[1, 32769], 2)],
+        ),
+        Case::new(
+            "Gather of 32769 rows of 65536".into(),
+            "Gather",
+            Vec::new(),
+            vec![
+                random(&[2, 65536], 3),
+                Tensor::i64(vec![32769], vec![1; 32769]),
+            ],
+        ),
+        Case::new(
+            format!("Relu of a [{past}] tensor"),
+            "Relu",
+            Vec::new(),
+            vec![Tensor::f32(vec![past], values(8, 4))],
+        ),
+        Case::new(
+            "Sigmoid of [2^40, 2^40]".into(),
+            "Sigmoid",
+            Vec::new(),
+            vec![Tensor::f32(vec![1 << 40, 1 << 40], values(8, 5))],
+        ),
+    ];
+    for case in &cases {
+        let (e, launches) = refused(&emulator, case);
+        assert!(
+            e.contains(&format!("at most {}", i32::MAX)) || e.contains("overflows"),
+            "{}: {e}",
+            case.label
+        );
+        assert_eq!(launches, 0, "{}: launched before refusing", case.label);
     }
 }
 
