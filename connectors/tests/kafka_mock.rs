@@ -641,8 +641,17 @@ fn sink_writes_ipc_batches() {
 
 #[test]
 fn sink_finish_fails_when_the_broker_is_unreachable() {
+    // Unreachable at the start: the sink's connection check fails its open.
+    let unreachable = KafkaSinkFactory::new(&sink_config(
+        json!({"brokers": "127.0.0.1:1", "topic": "nowhere"}),
+    ))
+    .unwrap();
+    let err = unreachable.open().err().expect("no broker at 127.0.0.1:1");
+    assert!(err.to_string().contains("brokers are unreachable"), "{err}");
+    // Gone after the start: the end of the run fails.
+    let (cluster, brokers) = cluster("nowhere", 1);
     let factory = KafkaSinkFactory::new(&sink_config(json!({
-        "brokers": "127.0.0.1:1", "topic": "nowhere", "delivery_timeout_ms": 3000,
+        "brokers": brokers, "topic": "nowhere", "delivery_timeout_ms": 3000,
         "options": {"message.timeout.ms": "1000"},
     })))
     .unwrap();
@@ -651,8 +660,9 @@ fn sink_finish_fails_when_the_broker_is_unreachable() {
         Arc::new(Int64Array::from(vec![1, 2])) as Arc<dyn Array>,
     )])
     .unwrap();
-    let started = Instant::now();
     let mut sink = factory.open().unwrap();
+    cluster.broker_down(1).unwrap();
+    let started = Instant::now();
     sink.write_batch(&batch).unwrap();
     // Epoch flushes do not wait for the broker; the end of the run does.
     sink.flush().unwrap();

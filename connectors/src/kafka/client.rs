@@ -2,13 +2,14 @@
 //! topic creation, `riffle produce` and `riffle consume` all start from [`client_config`].
 
 use std::collections::BTreeMap;
-
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::consumer::ConsumerContext;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::metadata::Metadata;
 use rdkafka::ClientConfig;
 
 use super::config::{KafkaSinkConfig, StartAt};
@@ -173,6 +174,9 @@ pub fn is_partition_eof(error: &KafkaError) -> bool {
 #[derive(Default)]
 pub struct Diagnosed {
     first: Mutex<Option<String>>,
+    /// The first error that retrying cannot cure (credentials, SASL mechanism, TLS): a wait
+    /// for the brokers ends at once when one comes.
+    fatal: Mutex<Option<String>>,
 }
 
 impl ClientContext for Diagnosed {
@@ -193,28 +197,187 @@ impl ConsumerContext for Diagnosed {}
 
 impl Diagnosed {
     fn keep(&self, what: String) {
+        if Cause::is_fatal(&what) {
+            let mut fatal = self.fatal.lock().unwrap_or_else(|p| p.into_inner());
+            fatal.get_or_insert_with(|| what.clone());
+        }
         let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
         first.get_or_insert(what);
     }
 
-    /// What most likely went wrong, and the first error behind it. librdkafka queues its
-    /// logs and errors for the client's poll: serve them first (`poll`).
+    /// The first error reported that retrying cannot cure, if one came.
+    pub fn fatal(&self) -> Option<String> {
+        self.fatal.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The first error reported, if any.
+    pub fn first(&self) -> Option<String> {
+        self.first.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// What most likely went wrong, and the error behind it: the first that retrying cannot
+    /// cure, else the first of all. librdkafka queues its logs and errors for the client's
+    /// poll: serve them first (`poll`).
     pub fn explain(&self, fallback: &dyn std::fmt::Display) -> String {
-        let first = self.first.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let detail = first.unwrap_or_else(|| fallback.to_string());
-        format!("{}: {detail}", likely_cause(&detail))
+        let detail = self
+            .fatal()
+            .or_else(|| self.first())
+            .unwrap_or_else(|| fallback.to_string());
+        format!("{}: {detail}", Cause::of(&detail).describe())
+    }
+}
+
+/// What a client error most likely comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    /// The brokers offer no SASL mechanism of those configured.
+    Mechanism,
+    Authentication,
+    Tls,
+    /// Anything else: most often brokers that are down or unreachable, which may pass.
+    Unreachable,
+}
+
+impl Cause {
+    fn of(detail: &str) -> Cause {
+        let mut d = detail.to_ascii_lowercase();
+        // Broker names carry their protocol (`sasl_ssl://host:9093/1`), whatever failed.
+        for protocol in ["sasl_ssl://", "sasl_plaintext://", "ssl://", "plaintext://"] {
+            d = d.replace(protocol, "");
+        }
+        // "SASL SCRAM-SHA-256 mechanism handshake failed: Broker: Unsupported SASL mechanism":
+        // a handshake, but SASL's, not TLS's.
+        if d.contains("mechanism")
+            && (d.contains("unsupported") || d.contains("not supported") || d.contains("handshake"))
+        {
+            Cause::Mechanism
+        } else if d.contains("authentication") || d.contains("invalid credentials") {
+            Cause::Authentication
+        } else if d.contains("ssl") || d.contains("certificate") || d.contains("handshake") {
+            Cause::Tls
+        } else {
+            Cause::Unreachable
+        }
+    }
+
+    /// Whether `detail` is an error that retrying cannot cure. A disconnection that only
+    /// may come from a wrong `security.protocol` is not: a restarting broker does the same.
+    fn is_fatal(detail: &str) -> bool {
+        match Cause::of(detail) {
+            Cause::Mechanism | Cause::Authentication => true,
+            Cause::Tls => {
+                let d = detail.to_ascii_lowercase();
+                d.contains("handshake") || d.contains("certificate")
+            }
+            Cause::Unreachable => false,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Cause::Mechanism => {
+                "the brokers do not offer this SASL mechanism (check sasl.mechanisms against \
+                 the mechanisms they list)"
+            }
+            Cause::Authentication => {
+                "authentication failed (check sasl.username, sasl.password and sasl.mechanisms)"
+            }
+            Cause::Tls => "the TLS connection failed (check security.protocol and ssl.ca.location)",
+            Cause::Unreachable => {
+                "the brokers are unreachable (check brokers and security.protocol)"
+            }
+        }
     }
 }
 
 /// A plain-words cause for a client error.
+#[cfg(test)]
 fn likely_cause(detail: &str) -> &'static str {
-    let d = detail.to_ascii_lowercase();
-    if d.contains("authentication") || d.contains("invalid credentials") {
-        "authentication failed (check sasl.username, sasl.password and sasl.mechanisms)"
-    } else if d.contains("ssl") || d.contains("certificate") || d.contains("handshake") {
-        "the TLS connection failed (check security.protocol and ssl.ca.location)"
-    } else {
-        "the brokers are unreachable (check brokers and security.protocol)"
+    Cause::of(detail).describe()
+}
+
+/// The first slice of a wait for metadata; later ones double, up to [`METADATA_SLICE_MAX`].
+const METADATA_SLICE: Duration = Duration::from_millis(250);
+const METADATA_SLICE_MAX: Duration = Duration::from_secs(2);
+
+/// The cluster's metadata (of `topic` only, when given), waiting up to `timeout` for the
+/// brokers, but no longer than it takes librdkafka to report an error retrying cannot cure
+/// (wrong credentials, SASL mechanism or CA: reported within a second, while a plain
+/// request would wait out its whole timeout). The error says what most likely went wrong.
+pub fn fetch_metadata(
+    consumer: &BaseConsumer<Diagnosed>,
+    topic: Option<&str>,
+    timeout: Duration,
+) -> Result<Metadata, String> {
+    let deadline = Instant::now() + timeout;
+    let mut slice = METADATA_SLICE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match consumer.fetch_metadata(topic, slice.min(left)) {
+            Ok(metadata) => return Ok(metadata),
+            Err(e) => {
+                // Serves the queued logs and errors that say why.
+                let _ = consumer.poll(Duration::from_millis(20));
+                if consumer.context().fatal().is_some() {
+                    return Err(consumer.context().explain(&e));
+                }
+                if Instant::now() >= deadline {
+                    return Err(format!(
+                        "no answer within {} s: {}",
+                        timeout.as_secs_f64(),
+                        consumer.context().explain(&e)
+                    ));
+                }
+            }
+        }
+        slice = (slice * 2).min(METADATA_SLICE_MAX);
+    }
+}
+
+/// Options naming files librdkafka reads when a client is created. It reports a missing one
+/// without its path (`ssl.ca.location failed: error:05880002:x509 certificate
+/// routines::system lib`).
+const FILE_OPTIONS: [(&str, &str); 6] = [
+    (
+        "ssl.ca.location",
+        "the CA certificate(s), PEM, that signed the brokers' certificates",
+    ),
+    ("ssl.certificate.location", "the client's certificate, PEM"),
+    ("ssl.key.location", "the client's private key, PEM"),
+    ("ssl.keystore.location", "the client's keystore, PKCS#12"),
+    ("ssl.crl.location", "a certificate revocation list"),
+    ("sasl.kerberos.keytab", "a Kerberos keytab"),
+];
+
+/// Every file the client `options` name exists, or an error naming the option and the path.
+pub fn check_files(options: &BTreeMap<String, String>) -> Result<(), String> {
+    for (key, expected) in FILE_OPTIONS {
+        let Some(path) = options.get(key) else {
+            continue;
+        };
+        // librdkafka's own value: the system's CA store.
+        if key == "ssl.ca.location" && path == "probe" {
+            continue;
+        }
+        if !std::path::Path::new(path).exists() {
+            return Err(format!(
+                "options.\"{key}\": no file or directory at `{path}` (expected {expected})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A client creation error, with the path of the file option it names, if any
+/// (`ssl.ca.location failed: … PEM lib`: a file that is there but unreadable).
+pub fn creation_error(options: &BTreeMap<String, String>, e: &KafkaError) -> String {
+    let text = e.to_string();
+    let named = FILE_OPTIONS
+        .iter()
+        .find_map(|(key, _)| Some((key, options.get(*key)?)).filter(|_| text.contains(key)));
+    match named {
+        Some((key, path)) => format!("{text} ({key}: `{path}`)"),
+        None => text,
     }
 }
 
@@ -261,6 +424,78 @@ mod tests {
         let none = Diagnosed::default().explain(&"Broker transport failure");
         assert!(none.starts_with("the brokers are unreachable"), "{none}");
         assert!(likely_cause("SSL handshake failed").starts_with("the TLS"));
+    }
+
+    /// librdkafka's own lines (2.12, against scripts/kafka.sh's SASL_SSL listener).
+    #[test]
+    fn sasl_mechanisms_credentials_and_tls_are_told_apart() {
+        let mechanism = "[thrd:sasl_ssl://127.0.0.1:19093/bootstrap]: \
+            sasl_ssl://127.0.0.1:19093/bootstrap: SASL SCRAM-SHA-256 mechanism handshake \
+            failed: Broker: Unsupported SASL mechanism: broker's supported mechanisms: \
+            SCRAM-SHA-512,PLAIN (after 302ms in state AUTH_HANDSHAKE)";
+        assert!(
+            likely_cause(mechanism).starts_with("the brokers do not offer this SASL mechanism"),
+            "not a TLS hint: {}",
+            likely_cause(mechanism)
+        );
+        let password = "sasl_ssl://127.0.0.1:19093/bootstrap: SASL authentication error: \
+            Authentication failed during authentication due to invalid credentials with SASL \
+            mechanism SCRAM-SHA-512 (after 311ms in state AUTH_REQ)";
+        assert!(likely_cause(password).starts_with("authentication failed"));
+        let ca = "sasl_ssl://127.0.0.1:19093/bootstrap: SSL handshake failed: \
+            error:0A000086:SSL routines::certificate verify failed";
+        assert!(likely_cause(ca).starts_with("the TLS connection failed"));
+        // The protocol in a broker's name is not what failed.
+        let refused = "sasl_ssl://127.0.0.1:19093/bootstrap: Connect to ipv4#127.0.0.1:19093 \
+            failed: Connection refused (after 0ms in state CONNECT)";
+        assert!(likely_cause(refused).starts_with("the brokers are unreachable"));
+        for (detail, fatal) in [
+            (mechanism, true),
+            (password, true),
+            (ca, true),
+            (refused, false),
+            (
+                "Disconnected while requesting ApiVersion: might be caused by incorrect \
+              security.protocol configuration (connecting to a SSL listener?)",
+                false,
+            ),
+        ] {
+            assert_eq!(Cause::is_fatal(detail), fatal, "{detail}");
+        }
+        // A refused connection, then wrong credentials: the credentials are the cause.
+        let d = Diagnosed::default();
+        d.log(RDKafkaLogLevel::Error, "FAIL", refused);
+        assert_eq!(d.fatal(), None);
+        d.log(RDKafkaLogLevel::Error, "FAIL", password);
+        assert!(d.explain(&"timed out").starts_with("authentication failed"));
+    }
+
+    #[test]
+    fn a_missing_file_option_is_named_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let options = |path: &std::path::Path| {
+            BTreeMap::from([
+                ("ssl.ca.location".to_string(), path.display().to_string()),
+                ("security.protocol".to_string(), "SSL".to_string()),
+            ])
+        };
+        let err = check_files(&options(&ca)).unwrap_err();
+        assert!(
+            err.contains("ssl.ca.location") && err.contains(&ca.display().to_string()),
+            "{err}"
+        );
+        std::fs::write(&ca, "not a certificate").unwrap();
+        assert_eq!(check_files(&options(&ca)), Ok(()));
+        let probe = BTreeMap::from([("ssl.ca.location".to_string(), "probe".to_string())]);
+        assert_eq!(check_files(&probe), Ok(()));
+        // A file that is there but is no certificate: librdkafka's error, with the path.
+        let e = client_config("127.0.0.1:9", &options(&ca), Role::Admin)
+            .create::<BaseConsumer>()
+            .err()
+            .expect("librdkafka refuses a CA file that is no certificate");
+        let text = creation_error(&options(&ca), &e);
+        assert!(text.contains(&ca.display().to_string()), "{text}");
     }
 
     #[test]

@@ -8,9 +8,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use prometheus::IntCounter;
 use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use riffle_dataflow::DataflowResult;
 
+use super::client::Diagnosed;
 use super::config::KafkaSinkConfig;
 use super::metrics::kafka_metrics;
 
@@ -27,6 +30,9 @@ pub(super) struct DeliveryState {
     sequence: Mutex<Sequence>,
     /// Every message numbered below this is acknowledged by the broker.
     durable: Arc<AtomicU64>,
+    /// The client's own errors (authentication, TLS, unreachable brokers): what a delivery
+    /// timeout names as its likely cause.
+    pub(super) client: Diagnosed,
 }
 
 #[derive(Default)]
@@ -54,6 +60,14 @@ impl DeliveryState {
         self.durable.clone()
     }
 
+    /// What the client reported while messages waited, if it reported anything: the likely
+    /// cause of a delivery timeout.
+    pub(super) fn client_error(&self) -> Option<String> {
+        self.client
+            .first()
+            .map(|_| self.client.explain(&"no client error"))
+    }
+
     /// How many deliveries failed and the first failure's error, if any did.
     pub(super) fn failures(&self) -> Option<(u64, String)> {
         let failed = self.failed.load(Ordering::Relaxed);
@@ -75,7 +89,35 @@ pub(super) struct DeliveryContext {
     produce_errors: IntCounter,
 }
 
-impl ClientContext for DeliveryContext {}
+impl ClientContext for DeliveryContext {
+    // Logged as rdkafka's default context does; the first error is also kept for the sink's
+    // messages.
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.state.client.log(level, facility, message);
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(target: "librdkafka", "librdkafka: {facility} {message}")
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::error!("librdkafka: {error}: {reason}");
+        self.state.client.error(error, reason);
+    }
+}
 
 impl ProducerContext for DeliveryContext {
     type DeliveryOpaque = usize;

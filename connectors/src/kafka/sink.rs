@@ -6,11 +6,16 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::RDKafkaErrorCode;
 use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::sink::{Committer, Recovery, Sink, SinkFactory};
 use riffle_dataflow::DataflowResult;
 
-use super::client::sink_producer_config;
+use super::client::{
+    check_files, client_config, creation_error, fetch_metadata, sink_producer_config, Diagnosed,
+    Role,
+};
 use super::config::{ExactlyOnce, KafkaSinkConfig};
 use super::delivery::{delivery_context, lock};
 use super::markers::MarkerWriter;
@@ -27,6 +32,9 @@ pub struct KafkaSinkFactory {
     config: KafkaSinkConfig,
     /// How this run's output is exactly-once, settled by `recover` (runs with checkpoints).
     mode: Mutex<Mode>,
+    /// The brokers answered with the sink's credentials (checked once, by `recover` or
+    /// `open`).
+    connected: Mutex<bool>,
 }
 
 /// A run's exactly-once mode.
@@ -55,6 +63,10 @@ impl std::fmt::Debug for KafkaSinkFactory {
 /// resolved by the process that opens the sink.
 const PENDING_WAIT: Duration = Duration::from_secs(90);
 
+/// Longest wait for the brokers when the sink checks its connection at the start of a run
+/// (as the source waits for its topic's metadata).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl KafkaSinkFactory {
     /// Checks the configuration (including that librdkafka accepts every option).
     pub fn new(config: &KafkaSinkConfig) -> DataflowResult<Self> {
@@ -67,10 +79,62 @@ impl KafkaSinkFactory {
         sink_producer_config(config)
             .create_native_config()
             .map_err(|e| config.config_error(e))?;
+        check_files(&config.options).map_err(|e| config.config_error(e))?;
         Ok(KafkaSinkFactory {
             config: config.clone(),
             mode: Mutex::new(Mode::Unsettled),
+            connected: Mutex::new(false),
         })
+    }
+
+    /// Connects as the sink's clients do (its brokers and `options`: security protocol,
+    /// SASL, TLS) and reads the topic's metadata, once per factory. Wrong credentials, a SASL
+    /// mechanism the brokers do not offer or a failed TLS handshake then stop the run at its
+    /// start, naming the cause, within a second; a producer would only report them as
+    /// undelivered messages once its delivery timeout had passed.
+    fn check_connection(&self) -> DataflowResult<()> {
+        let mut connected = lock(&self.connected);
+        if *connected {
+            return Ok(());
+        }
+        let config = &self.config;
+        // A consumer: a producer's metadata request may create the topic with the brokers'
+        // defaults, before `ensure_topic` creates it as configured.
+        let consumer: BaseConsumer<Diagnosed> =
+            client_config(&config.brokers, &config.options, Role::Admin)
+                .create_with_context(Diagnosed::default())
+                .map_err(|e| {
+                    config.config_error(format!(
+                        "creating a client: {}",
+                        creation_error(&config.options, &e)
+                    ))
+                })?;
+        let metadata = fetch_metadata(&consumer, Some(&config.topic), CONNECT_TIMEOUT)
+            .map_err(|e| config.config_error(format!("cannot connect: {e}")))?;
+        let error = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == config.topic)
+            .and_then(|t| t.error())
+            .map(RDKafkaErrorCode::from);
+        match error {
+            Some(RDKafkaErrorCode::TopicAuthorizationFailed) => {
+                return Err(config.config_error(
+                    "the brokers refuse this client the topic (TopicAuthorizationFailed): \
+                     check the ACLs of sasl.username",
+                ))
+            }
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) if !config.create_topic => {
+                tracing::warn!(
+                    topic = %config.topic,
+                    "kafka sink: the topic does not exist and `create_topic` is false: results \
+                     wait until the brokers create it (auto.create.topics.enable)"
+                );
+            }
+            _ => {}
+        }
+        *connected = true;
+        Ok(())
     }
 
     /// The producer's `transactional.id` in `transactions` mode.
@@ -117,6 +181,7 @@ impl KafkaSinkFactory {
 
 impl SinkFactory for KafkaSinkFactory {
     fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        self.check_connection()?;
         // Brokers differ on auto-creating topics; create ours explicitly, at run time only.
         if self.config.create_topic {
             self.ensure_topic(
@@ -159,6 +224,7 @@ impl SinkFactory for KafkaSinkFactory {
     }
 
     fn recover(&self, leader: bool) -> DataflowResult<Recovery> {
+        self.check_connection()?;
         let id = self.transactional_id();
         // The leader's own initialisation tells whether the brokers have transactions; other
         // processes ask with a throw-away id (the real one would fence the leader).

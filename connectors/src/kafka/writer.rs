@@ -15,7 +15,7 @@ use riffle_dataflow::sink::Sink;
 use riffle_dataflow::DataflowResult;
 use tracing::warn;
 
-use super::client::{drain, sink_producer_config};
+use super::client::{creation_error, drain, sink_producer_config};
 use super::config::{KafkaSinkConfig, SinkFormat};
 use super::delivery::{delivery_context, DeliveryContext, DeliveryState};
 use super::markers::{EPOCH_HEADER, GENERATION_HEADER};
@@ -43,6 +43,9 @@ pub struct KafkaSink {
     /// Avro/Protobuf values: made (and the schema registered) with the first batch, when the
     /// results' columns are known; again if they change.
     encoder: Option<(arrow_schema::SchemaRef, ValueEncoder)>,
+    /// `finish` failed (a delivery failed, or it waited out the delivery timeout): dropping
+    /// the sink waits no second time.
+    gave_up: bool,
 }
 
 impl KafkaSink {
@@ -50,7 +53,12 @@ impl KafkaSink {
         let (context, state) = delivery_context(config)?;
         let producer = sink_producer_config(config)
             .create_with_context(context)
-            .map_err(|e| config.config_error(format!("creating a producer: {e}")))?;
+            .map_err(|e| {
+                config.config_error(format!(
+                    "creating a producer: {}",
+                    creation_error(&config.options, &e)
+                ))
+            })?;
         Ok(KafkaSink {
             config: config.clone(),
             writer: Writer::Plain(producer),
@@ -58,6 +66,7 @@ impl KafkaSink {
             markers,
             stamp: None,
             encoder: None,
+            gave_up: false,
         })
     }
 
@@ -73,6 +82,7 @@ impl KafkaSink {
             markers: false,
             stamp: None,
             encoder: None,
+            gave_up: false,
         })
     }
 
@@ -336,12 +346,18 @@ impl Sink for KafkaSink {
     fn finish(&mut self) -> DataflowResult<()> {
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
         let flushed = drain(self.producer(), timeout);
+        self.gave_up = true;
         self.check_deliveries()?;
         if flushed {
+            self.gave_up = false;
             return Ok(());
         }
+        let cause = self
+            .state
+            .client_error()
+            .map_or(String::new(), |c| format!("; the client reported: {c}"));
         Err(self.config.sink_error(format!(
-            "{} message(s) still undelivered after {} ms",
+            "{} message(s) still undelivered after {} ms (delivery_timeout_ms){cause}",
             self.producer().in_flight_count(),
             self.config.delivery_timeout_ms
         )))
@@ -350,6 +366,11 @@ impl Sink for KafkaSink {
 
 impl Drop for KafkaSink {
     fn drop(&mut self) {
+        // A failed run's results are not covered by its checkpoints: waiting again for them
+        // would only delay the failure.
+        if self.gave_up || self.state.failures().is_some() {
+            return;
+        }
         // Best effort: a run that ends without `flush` still gets its messages out.
         let timeout = Duration::from_millis(self.config.delivery_timeout_ms);
         if !drain(self.producer(), timeout) {

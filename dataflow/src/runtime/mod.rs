@@ -148,7 +148,10 @@ static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 
 /// Asks every worker of this process to stop reading: the input ends where each worker is,
 /// the epochs already read complete, are written and checkpointed, and [`run`] returns as at
-/// the end of the input. Safe to call from a signal handler's thread.
+/// the end of the input. A worker stuck in one call (a sink waiting for its brokers, a source
+/// blocked in a read) for [`STOP_STALL`] after the request does not hold the run: [`run`] then
+/// returns an error naming it, and a restart resumes from the last checkpoint. Safe to call
+/// from a signal handler's thread.
 pub fn request_stop() {
     STOP.store(true, std::sync::atomic::Ordering::SeqCst);
 }
@@ -247,6 +250,62 @@ pub(crate) struct StartGate {
     pub(crate) workers: usize,
     /// When the first worker went on: the origin of epochs numbered by time.
     pub(crate) released: Arc<std::sync::OnceLock<Instant>>,
+    /// When each worker of this process was last in its loop (the run's watch reads them).
+    pub(crate) pulses: Arc<liveness::Pulses>,
+}
+
+/// How long a run with a failed worker waits for its other workers to wind down before it
+/// returns the error anyway: one may be stuck in a call (a sink waiting out its delivery
+/// timeout) and would hold the failure back for as long.
+const FAILED_GRACE: Duration = Duration::from_secs(5);
+
+/// After a stop request, how long a worker may stay in one call (away from its loop) before
+/// the run ends without it.
+pub const STOP_STALL: Duration = Duration::from_secs(10);
+
+/// Why the run stopped waiting for its workers before they all finished.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A worker failed, and the others did not finish within [`FAILED_GRACE`].
+    Failed,
+    /// A stop was requested, and worker `worker` (its index in the cluster) has not been back
+    /// in its loop for `away`, [`STOP_STALL`] of it since the request.
+    Stuck { worker: usize, away: Duration },
+}
+
+/// What the thread that waits for the workers has seen: when a failure, and a stop request,
+/// first showed.
+#[derive(Default)]
+struct Watch {
+    failed_at: Option<Instant>,
+    stop_at: Option<Instant>,
+}
+
+impl Watch {
+    /// Whether to stop waiting at `now`. `unfinished`: each worker of this process still
+    /// running, as its index in the cluster and when it was last in its loop.
+    fn check(
+        &mut self,
+        now: Instant,
+        failed: bool,
+        stop: bool,
+        unfinished: impl IntoIterator<Item = (usize, Instant)>,
+    ) -> Option<Verdict> {
+        if failed {
+            let at = *self.failed_at.get_or_insert(now);
+            return (now.saturating_duration_since(at) >= FAILED_GRACE).then_some(Verdict::Failed);
+        }
+        if !stop {
+            return None;
+        }
+        let at = *self.stop_at.get_or_insert(now);
+        unfinished.into_iter().find_map(|(worker, last)| {
+            (now.saturating_duration_since(last.max(at)) >= STOP_STALL).then(|| Verdict::Stuck {
+                worker,
+                away: now.saturating_duration_since(last),
+            })
+        })
+    }
 }
 
 pub fn run(
@@ -277,10 +336,12 @@ pub fn run(
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();
     let worker_context = context.clone();
+    let pulses = Arc::new(liveness::Pulses::new(cluster.threads));
     let gate = StartGate {
         ready: Arc::default(),
         workers: cluster.threads,
         released: Arc::default(),
+        pulses: pulses.clone(),
     };
     let guards = timely::execute::execute_from(
         builders,
@@ -295,13 +356,7 @@ pub fn run(
                     errs.push(e);
                 }
             }
-            // After a failure the dataflows can never complete (a peer stopped feeding them);
-            // timely would wait for them forever, so drop them.
-            if !worker::healthy(&worker_errors) {
-                for id in worker.installed_dataflows() {
-                    worker.drop_dataflow(id);
-                }
-            }
+            worker::wind_down(worker, &worker_errors, &gate);
         },
     )
     .map_err(DataflowError::Cluster)?;
@@ -319,7 +374,28 @@ pub fn run(
     // failure here the peers would wait for this process until their peer timeout: once the
     // workers are done, the error is returned with those threads left to the process's exit,
     // which closes the connections and tells the peers at once.
+    // A worker that failed stops the run within seconds, and a stop request always stops it:
+    // a worker stuck in a call is left behind (the process's exit ends it).
+    let mut watch = Watch::default();
+    let first_worker = cluster.process * cluster.threads;
     while !guards.guards().iter().all(|g| g.is_finished()) {
+        let unfinished = guards
+            .guards()
+            .iter()
+            .enumerate()
+            .filter(|(_, g)| !g.is_finished())
+            .map(|(local, _)| (first_worker + local, pulses.last(local)));
+        let verdict = watch.check(
+            Instant::now(),
+            !worker::healthy(&errors),
+            stop_requested(),
+            unfinished,
+        );
+        if let Some(verdict) = verdict {
+            let first = errors.lock().ok().and_then(|mut e| e.drain(..).next());
+            std::mem::forget(guards);
+            return Err(first.unwrap_or_else(|| abandoned(&verdict)));
+        }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     if cluster.processes() > 1 && !worker::healthy(&errors) {
@@ -342,4 +418,21 @@ pub fn run(
         summary: context.summary(started.elapsed()),
         workers: cluster.total_workers(),
     })
+}
+
+/// The error of a run whose workers were left behind without an error of their own.
+fn abandoned(verdict: &Verdict) -> DataflowError {
+    match verdict {
+        Verdict::Stuck { worker, away } => DataflowError::stage(
+            "runtime",
+            format!(
+                "stopped on request, but worker {worker} has been in one call (a stage, the \
+                 source or a sink) for {:.1} s: the run ends without finishing its open epochs; \
+                 a restart resumes from the last checkpoint",
+                away.as_secs_f64()
+            ),
+        ),
+        // The failure's own error was taken already (or its lock poisoned by a panic).
+        Verdict::Failed => DataflowError::Cluster("a worker failed".into()),
+    }
 }

@@ -18,7 +18,10 @@ use crate::checkpoint::CheckpointStore;
 use crate::operators::worker_for;
 use crate::state::SavedState;
 use crate::{Compression, DataflowResult};
-use doubles::{key_of, Collect, CountPerKey, Failing, KeyCount, Numbers, Tag, Transactional, KEYS};
+use doubles::{
+    key_of, Collect, CountPerKey, Failing, FailsAtTheEnd, KeyCount, Numbers, PauseOnce, Tag,
+    Transactional, KEYS,
+};
 
 /// A run that has not ended by then is hung: the test fails instead of blocking the suite.
 /// (A guard only; runs here take milliseconds.)
@@ -86,13 +89,19 @@ fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc
 
 /// Runs `job` on `workers` threads of this process.
 fn run_on(job: Arc<Job>, workers: usize) -> DataflowResult<RunReport> {
+    run_within(job, workers, HUNG)
+}
+
+/// Runs `job` on `workers` threads of this process, failing the test if it has not ended
+/// within `hung`.
+fn run_within(job: Arc<Job>, workers: usize, hung: Duration) -> DataflowResult<RunReport> {
     let (done, result) = mpsc::channel();
     std::thread::spawn(move || {
         let context = RunContext::new().expect("metrics");
         let _ = done.send(run(job, &ClusterConfig::single_process(workers), context));
     });
     result
-        .recv_timeout(HUNG)
+        .recv_timeout(hung)
         .expect("the run neither finished nor failed")
 }
 
@@ -348,4 +357,93 @@ fn a_sink_that_cannot_write_fails_the_run() {
         let err = run_on(job, workers).expect_err("the sink fails");
         assert_eq!(err.to_string(), "disk full", "{workers} worker(s)");
     }
+}
+
+/// The sink fails after the other workers are done with their part (as a topic sink whose
+/// deliveries all failed): the run ends with the sink's error instead of waiting for those
+/// workers, whose dataflows can no longer complete.
+#[test]
+fn a_sink_that_fails_after_the_other_workers_finished_ends_the_run_with_its_error() {
+    for workers in [2, 3] {
+        let (mut job, _) = job(Numbers::new(4, 50), vec![tag("read_by")], None);
+        Arc::get_mut(&mut job).expect("unshared").sink = Arc::new(FailsAtTheEnd {
+            after: Duration::from_millis(300),
+        });
+        let err = run_within(job, workers, Duration::from_secs(60)).expect_err("the sink fails");
+        assert_eq!(
+            err.to_string(),
+            "sink: 300 message(s) not delivered",
+            "{workers} workers"
+        );
+    }
+}
+
+/// A worker of this process busy in one call for longer than `peer_timeout` is not taken for a
+/// lost process, by its peers or, once back, by itself.
+#[test]
+fn a_worker_busy_in_a_call_is_not_taken_for_a_lost_process() {
+    for busy in [0, 1] {
+        let pause = stage("pause", move |me, _| {
+            Ok(Step::Apply(Box::new(PauseOnce {
+                worker: busy,
+                me,
+                pause: Duration::from_millis(1500),
+                paused: false,
+            })))
+        });
+        let (mut job, out) = job(Numbers::new(2, 40), vec![pause], None);
+        Arc::get_mut(&mut job).expect("unshared").peer_timeout = Duration::from_millis(300);
+        let report = run_on(job, 2);
+        assert!(report.is_ok(), "worker {busy} busy: {:?}", report.err());
+        assert_eq!(out.results.rows(), 80, "worker {busy} busy");
+    }
+}
+
+#[test]
+fn the_watch_ends_a_failed_run_after_a_grace_and_a_stopped_one_when_a_worker_is_stuck() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let grace = FAILED_GRACE.as_millis() as u64;
+    let stall = STOP_STALL.as_millis() as u64;
+
+    // A failure: the others get a grace to wind down, however busy they are.
+    let mut watch = Watch::default();
+    assert_eq!(watch.check(at(1000), true, false, [(1, at(1000))]), None);
+    assert_eq!(
+        watch.check(at(1000 + grace), true, false, [(1, at(1000 + grace))]),
+        Some(Verdict::Failed)
+    );
+
+    // Neither failed nor asked to stop: a quiet worker is waited for.
+    let mut watch = Watch::default();
+    assert_eq!(watch.check(at(100_000), false, false, [(0, t0)]), None);
+
+    // Asked to stop at 1 s: worker 3, in one call since 0.5 s, is left after STOP_STALL from
+    // the request; worker 2, back in its loop all along, is waited for.
+    let mut watch = Watch::default();
+    assert_eq!(
+        watch.check(at(1000), false, true, [(2, at(1000)), (3, at(500))]),
+        None
+    );
+    let late = at(1000 + stall);
+    assert_eq!(
+        watch.check(late - Duration::from_millis(1), false, true, [(3, at(500))]),
+        None
+    );
+    assert_eq!(
+        watch.check(late, false, true, [(2, late), (3, at(500))]),
+        Some(Verdict::Stuck {
+            worker: 3,
+            away: Duration::from_millis(500 + stall)
+        })
+    );
+    let message = abandoned(&Verdict::Stuck {
+        worker: 3,
+        away: Duration::from_millis(500 + stall),
+    })
+    .to_string();
+    assert!(
+        message.starts_with("runtime: stopped on request, but worker 3 has been in one call"),
+        "{message}"
+    );
 }

@@ -34,7 +34,7 @@ pub(crate) fn run_worker(
     let peers = worker.peers();
     let metrics = &context.metrics;
     // Built first, and by every worker, so the dataflows match across the cluster.
-    let mut liveness = Liveness::build(worker, job.peer_timeout);
+    let mut liveness = Liveness::build(worker, job.peer_timeout, gate.workers, gate.pulses.clone());
     let steps = worker_steps(&job.steps, index, peers, job.slow_worker.as_ref())?;
     // Only worker 0 writes: the sink operator routes every batch there. After a restart the
     // results sink continues from the checkpointed position.
@@ -251,6 +251,7 @@ pub(crate) fn run_worker(
         if polls >= 2 {
             // No heartbeat check here: peers that are done have stopped beating.
             worker.step_or_park(Some(Duration::from_millis(10)));
+            liveness.pulse();
         }
         checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
         polls += 1;
@@ -280,6 +281,28 @@ fn checkpoint(
     match checkpointer {
         Some(c) => c.poll(positions, sink, state),
         None => Ok(()),
+    }
+}
+
+/// Steps `worker`'s dataflows until they complete, or drops them once any worker of this
+/// process has failed (they can never complete then: a peer stopped feeding them). timely
+/// would step them itself after the worker's closure, but parked without a timeout: a worker
+/// done before a peer failed would wait there forever, and the run with it.
+pub(crate) fn wind_down(
+    worker: &mut timely::worker::Worker,
+    errors: &Arc<Mutex<Vec<DataflowError>>>,
+    gate: &super::StartGate,
+) {
+    let local = worker.index() % gate.workers.max(1);
+    while worker.has_dataflows() {
+        if !healthy(errors) {
+            for id in worker.installed_dataflows() {
+                worker.drop_dataflow(id);
+            }
+            break;
+        }
+        gate.pulses.beat(local);
+        worker.step_or_park(Some(Duration::from_millis(10)));
     }
 }
 

@@ -6,7 +6,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use riffle_dataflow::DataflowResult;
 
 use super::{config_error, read_error, METADATA_TIMEOUT};
-use crate::kafka::client::Diagnosed;
+use crate::kafka::client::{fetch_metadata, Diagnosed};
 use crate::kafka::config::{KafkaSourceConfig, StartAt};
 
 /// The topic's partition ids, sorted; fails if the topic is missing, has no partitions, or the
@@ -15,20 +15,8 @@ pub(super) fn fetch_partitions(
     consumer: &BaseConsumer<Diagnosed>,
     config: &KafkaSourceConfig,
 ) -> DataflowResult<Vec<i32>> {
-    let metadata = consumer
-        .fetch_metadata(Some(&config.topic), METADATA_TIMEOUT)
-        .map_err(|e| {
-            // Serves the queued logs and errors that say why.
-            let _ = consumer.poll(std::time::Duration::from_millis(100));
-            config_error(
-                config,
-                format!(
-                    "cannot read topic metadata within {} s: {}",
-                    METADATA_TIMEOUT.as_secs(),
-                    consumer.context().explain(&e)
-                ),
-            )
-        })?;
+    let metadata = fetch_metadata(consumer, Some(&config.topic), METADATA_TIMEOUT)
+        .map_err(|e| config_error(config, format!("cannot read topic metadata: {e}")))?;
     let topic = metadata
         .topics()
         .iter()

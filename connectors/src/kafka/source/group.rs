@@ -121,6 +121,11 @@ impl ConsumerContext for GroupContext {
                 // the group's offsets cover it.
                 self.hand_over();
                 let partitions: Vec<i32> = tpl.elements().iter().map(|e| e.partition()).collect();
+                info!(
+                    topic = %self.topic,
+                    "kafka group: revoked partitions {partitions:?}: handing them over once \
+                     their offsets are committed"
+                );
                 self.wait_for_commits(&partitions);
             }
             Rebalance::Error(e) => warn!(topic = %self.topic, "kafka group: rebalance: {e}"),

@@ -31,7 +31,7 @@ use rdkafka::consumer::BaseConsumer;
 use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 
-use super::client::{client_config, Diagnosed, Role};
+use super::client::{check_files, client_config, creation_error, Diagnosed, Role};
 use super::config::{KafkaSourceConfig, StartAt};
 use super::metrics;
 use crate::formats::value::ValueDecoder;
@@ -81,7 +81,15 @@ impl KafkaSourceFactory {
         validate(config)?;
         let consumer: BaseConsumer<Diagnosed> = consumer_config(config, false, false)
             .create_with_context(Diagnosed::default())
-            .map_err(|e| config_error(config, format!("creating a consumer: {e}")))?;
+            .map_err(|e| {
+                config_error(
+                    config,
+                    format!(
+                        "creating a consumer: {}",
+                        creation_error(&config.options, &e)
+                    ),
+                )
+            })?;
         let partitions = assignment::fetch_partitions(&consumer, config)?;
         let decoder = match (config.format.schemaful(), config.format.text()) {
             (Some(format), _) => Some(
@@ -207,6 +215,7 @@ fn validate(config: &KafkaSourceConfig) -> DataflowResult<()> {
         ));
     }
     receive_max_bytes(config)?;
+    check_files(&config.options).map_err(|e| config_error(config, e))?;
     if let StartAt::Offsets(offsets) = &config.start {
         if let Some((p, o)) = offsets.iter().find(|(_, &o)| o < 0) {
             return Err(config_error(

@@ -228,6 +228,68 @@ impl Sink for Failing {
     }
 }
 
+/// A sink that takes every write, then fails when the input ends (`finish`), `after` the call
+/// began: as a topic sink whose deliveries all failed. By then the workers that do not hold
+/// the sink have finished their part of the run.
+pub struct FailsAtTheEnd {
+    pub after: std::time::Duration,
+}
+
+impl SinkFactory for FailsAtTheEnd {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        Ok(Box::new(FailsAtTheEnd { after: self.after }))
+    }
+}
+
+impl Sink for FailsAtTheEnd {
+    fn write_batch(&mut self, _: &RecordBatch) -> DataflowResult<()> {
+        Ok(())
+    }
+
+    fn flush(&mut self) -> DataflowResult<()> {
+        Ok(())
+    }
+
+    fn finish(&mut self) -> DataflowResult<()> {
+        std::thread::sleep(self.after);
+        Err(crate::DataflowError::stage(
+            "sink",
+            "300 message(s) not delivered",
+        ))
+    }
+}
+
+/// Passes batches on; worker `worker`'s first call sleeps `pause` first (a long model run,
+/// a slow flush).
+pub struct PauseOnce {
+    pub worker: usize,
+    pub me: usize,
+    pub pause: std::time::Duration,
+    pub paused: bool,
+}
+
+impl Stage for PauseOnce {
+    fn name(&self) -> &str {
+        "pause"
+    }
+
+    fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+        Ok(input.clone())
+    }
+
+    fn preserves_rows(&self) -> bool {
+        true
+    }
+
+    fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+        if self.me == self.worker && !self.paused {
+            self.paused = true;
+            std::thread::sleep(self.pause);
+        }
+        Ok(StageOutput::all(batch.clone()))
+    }
+}
+
 /// `batch` with one more column.
 fn with_column(batch: &RecordBatch, name: &str, values: ArrayRef) -> DataflowResult<RecordBatch> {
     let mut fields: Vec<_> = batch.schema().fields().iter().cloned().collect();
