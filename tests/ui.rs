@@ -1,13 +1,14 @@
 //! The live view in a real browser: headless Chromium (Debian's `chromium` and
 //! `chromium-driver`, which scripts/test.sh installs) opens the page of a running four-camera
 //! detection pipeline and must show every camera with the boxes its results hold, drawn on the
-//! frame, and counters that advance. A screenshot is saved (`live-view.png` in Cargo's
+//! frame where the results' `x1..y2` fall once scaled to the canvas (checked on the canvas's
+//! pixels), and counters that advance. A screenshot is saved (`live-view.png` in Cargo's
 //! test temp directory, and at `$RIFFLE_UI_SCREENSHOT` when set: scripts/ui-screenshot.sh
 //! makes the README's this way).
 
 mod common;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,7 +28,26 @@ fn require_browser() {
     }
 }
 
-/// The bundled perception pipeline, paced so the page is watched while it runs.
+/// The bundled frames enlarged to 960×408 (a canvas of 640 shows them at ⅔, so a
+/// box drawn without scaling, or scaled by the wrong side, lands elsewhere), as `<tmp>/frames/big`.
+fn enlarged_frames(tmp: &Path) -> PathBuf {
+    let root = tmp.join("frames");
+    let dir = root.join("big");
+    std::fs::create_dir_all(&dir).unwrap();
+    let status = Command::new("ffmpeg")
+        .args(["-v", "error", "-start_number", "0", "-i"])
+        .arg(frames_dir().join("%04d.jpg"))
+        .args(["-frames:v", "250", "-vf", "scale=960:408", "-q:v", "3"])
+        .args(["-start_number", "0"])
+        .arg(dir.join("%04d.jpg"))
+        .status()
+        .expect("running ffmpeg (scripts/setup.sh installs it)");
+    assert!(status.success(), "ffmpeg enlarging the frames");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 250);
+    root
+}
+
+/// The perception pipeline over the enlarged frames, paced so the page is watched while it runs.
 fn paced_perception(tmp: &Path) -> PathBuf {
     write(
         tmp,
@@ -42,7 +62,7 @@ stages:{stages}
 sink: {{ jsonl: {{ path: out.jsonl }} }}
 runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
 "#,
-            frames = frames_dir().display(),
+            frames = enlarged_frames(tmp).display(),
             stages = detector_stages(0.3, 4),
         ),
     )
@@ -65,35 +85,262 @@ fn wait_until(what: &str, timeout: Duration, mut ready: impl FnMut() -> bool) {
     }
 }
 
-/// What the page shows of each camera: its frame, the boxes drawn, and whether the last box's
-/// bottom edge has the box's colour on the canvas.
-const CAMERAS_JS: &str = r##"
+/// Each camera canvas that shows a frame: its camera and frame (which result it draws), its
+/// size, and its pixels (RGBA, base64): the boxes are checked on the pixels, never on what the
+/// page says it drew.
+const CANVASES_JS: &str = r##"
 const out = [];
-const rgb = (hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
 for (const c of document.querySelectorAll("canvas.camera-frame")) {
   if (!c.dataset.frame) continue;
-  const drawn = JSON.parse(c.dataset.drawn || "[]");
-  let painted = null;
-  if (drawn.length > 0) {
-    // The last box's bottom edge (nothing is drawn over it: labels sit above top edges); a
-    // line at fractional coordinates is blended at its rim, so the closest pixel of the rows
-    // around the edge must carry the box's colour.
-    const b = drawn[drawn.length - 1];
-    const want = rgb(b.colour);
-    const x = b.x + Math.floor(b.w / 2);
-    const ctx = c.getContext("2d");
-    let best = Infinity;
-    for (let y = b.y + b.h - 3; y <= b.y + b.h + 3; y++) {
-      if (y < 0 || y >= c.height) continue;
-      const px = ctx.getImageData(x, y, 1, 1).data;
-      best = Math.min(best, Math.max(...want.map((v, i) => Math.abs(v - px[i]))));
-    }
-    painted = best <= 24 ? true : `closest pixel ${best} off ${b.colour} at x ${x} of ${JSON.stringify(drawn)}`;
+  const data = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+  let bytes = "";
+  for (let i = 0; i < data.length; i += 0x8000) {
+    bytes += String.fromCharCode.apply(null, data.subarray(i, i + 0x8000));
   }
-  out.push({ camera: c.dataset.camera, frame: Number(c.dataset.frame), boxes: drawn.length, painted });
+  out.push({ camera: c.dataset.camera, frame: Number(c.dataset.frame), width: c.width, height: c.height, rgba: btoa(bytes) });
 }
 return out;
 "##;
+
+/// The page's box colours, by `track_id`, else `class_id`, else the detection's index.
+const PALETTE: [[u8; 3]; 8] = [
+    [0xff, 0x4d, 0x4d],
+    [0x4d, 0xd2, 0xff],
+    [0xff, 0xd2, 0x4d],
+    [0x7d, 0xff, 0x4d],
+    [0xff, 0x4d, 0xd2],
+    [0x4d, 0x7d, 0xff],
+    [0xff, 0x9f, 0x4d],
+    [0xb8, 0x4d, 0xff],
+];
+
+/// A pixel matches a colour when no channel is further than this from it.
+const TOLERANCE: u8 = 24;
+
+/// A camera canvas as read from the page.
+struct Canvas {
+    camera: String,
+    frame: i64,
+    width: usize,
+    height: usize,
+    rgba: Vec<u8>,
+}
+
+impl Canvas {
+    fn from_json(c: &serde_json::Value) -> Canvas {
+        use base64::Engine as _;
+        let canvas = Canvas {
+            camera: c["camera"].as_str().unwrap().to_string(),
+            frame: c["frame"].as_i64().unwrap(),
+            width: c["width"].as_u64().unwrap() as usize,
+            height: c["height"].as_u64().unwrap() as usize,
+            rgba: base64::engine::general_purpose::STANDARD
+                .decode(c["rgba"].as_str().unwrap())
+                .unwrap(),
+        };
+        assert_eq!(canvas.rgba.len(), canvas.width * canvas.height * 4);
+        canvas
+    }
+
+    /// How far pixel (x, y) is from `colour` (the largest channel difference); 255 outside.
+    fn off(&self, x: i64, y: i64, colour: [u8; 3]) -> u8 {
+        if x < 0 || y < 0 || x as usize >= self.width || y as usize >= self.height {
+            return u8::MAX;
+        }
+        let at = (y as usize * self.width + x as usize) * 4;
+        (0..3)
+            .map(|i| self.rgba[at + i].abs_diff(colour[i]))
+            .max()
+            .unwrap()
+    }
+}
+
+/// A box where the results say it is, in canvas pixels.
+#[derive(Debug)]
+struct Expected {
+    x1: f64,
+    y1: f64,
+    x2: f64,
+    y2: f64,
+    colour: [u8; 3],
+}
+
+impl Expected {
+    /// Distance from (x, y) (a pixel's centre) to the box's outline.
+    fn to_outline(&self, x: f64, y: f64) -> f64 {
+        let inside_x = x >= self.x1 && x <= self.x2;
+        let inside_y = y >= self.y1 && y <= self.y2;
+        let dx = if inside_x {
+            0.0
+        } else {
+            (self.x1 - x).max(x - self.x2)
+        };
+        let dy = if inside_y {
+            0.0
+        } else {
+            (self.y1 - y).max(y - self.y2)
+        };
+        if inside_x && inside_y {
+            [x - self.x1, self.x2 - x, y - self.y1, self.y2 - y]
+                .into_iter()
+                .fold(f64::INFINITY, f64::min)
+        } else {
+            dx.hypot(dy)
+        }
+    }
+
+    /// Whether (x, y) may be under the box's label: a filled tab of the box's colour above
+    /// its top edge (16 px high, as wide as its text).
+    fn under_label(&self, x: f64, y: f64) -> bool {
+        let top = (self.y1 - 17.0).max(0.0);
+        x >= self.x1 - 3.0 && x <= self.x1 + 140.0 && y >= top - 2.0 && y <= top + 18.0
+    }
+}
+
+/// The boxes of a result row scaled to a `width` × `height` canvas, from the row's own frame
+/// size and `x1..y2` (source pixels).
+fn expected_boxes(row: &serde_json::Value, width: usize, height: usize) -> Vec<Expected> {
+    let sx = width as f64 / row["width"].as_f64().unwrap();
+    let sy = height as f64 / row["height"].as_f64().unwrap();
+    row["detections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let key = d["track_id"]
+                .as_i64()
+                .or(d["class_id"].as_i64())
+                .unwrap_or(i as i64);
+            Expected {
+                x1: d["x1"].as_f64().unwrap() * sx,
+                y1: d["y1"].as_f64().unwrap() * sy,
+                x2: d["x2"].as_f64().unwrap() * sx,
+                y2: d["y2"].as_f64().unwrap() * sy,
+                colour: PALETTE[key.unsigned_abs() as usize % PALETTE.len()],
+            }
+        })
+        .collect()
+}
+
+/// Checks that `canvas` shows the boxes of `row`: each box's 3-pixel stroke lies on its four
+/// edges (the pixel under each edge, or one beside it, has the box's colour), the lines 5 pixels
+/// inside and outside each edge do not, and no pixel of a box colour lies away from every
+/// expected outline and label. Returns the number of boxes checked.
+fn check_drawing(canvas: &Canvas, row: &serde_json::Value) -> Result<usize, String> {
+    let boxes = expected_boxes(row, canvas.width, canvas.height);
+    let what = |b: &Expected| format!("{} frame {} box {b:?}", canvas.camera, canvas.frame);
+    let explained = |x: f64, y: f64, margin: f64| {
+        boxes
+            .iter()
+            .any(|b| b.to_outline(x, y) <= margin || b.under_label(x, y))
+    };
+    const SAMPLES: usize = 9;
+    for b in &boxes {
+        // (edge coordinate, horizontal?) with the span it runs along.
+        let edges = [
+            (b.y1, true, b.x1, b.x2, "top"),
+            (b.y2, true, b.x1, b.x2, "bottom"),
+            (b.x1, false, b.y1, b.y2, "left"),
+            (b.x2, false, b.y1, b.y2, "right"),
+        ];
+        for (at, horizontal, from, to, name) in edges {
+            let mut on = 0;
+            let mut beside = 0;
+            let mut beside_checked = 0;
+            for k in 0..SAMPLES {
+                let along = from + (to - from) * (0.15 + 0.7 * k as f64 / (SAMPLES - 1) as f64);
+                let pixel = |across: f64| -> (i64, i64) {
+                    if horizontal {
+                        (along.floor() as i64, across.floor() as i64)
+                    } else {
+                        (across.floor() as i64, along.floor() as i64)
+                    }
+                };
+                // The stroke covers [at - 1.5, at + 1.5]: the pixel holding `at` is inside it.
+                let best = (-1..=1)
+                    .map(|d| {
+                        let (x, y) = pixel(at + d as f64);
+                        canvas.off(x, y, b.colour)
+                    })
+                    .min()
+                    .unwrap();
+                if best <= TOLERANCE {
+                    on += 1;
+                }
+                for across in [at - 5.0, at + 5.0] {
+                    let (x, y) = pixel(across);
+                    let centre = (x as f64 + 0.5, y as f64 + 0.5);
+                    // Only where no expected box or label accounts for that colour.
+                    if x < 0 || y < 0 || explained(centre.0, centre.1, 3.0) {
+                        continue;
+                    }
+                    if (x as usize) < canvas.width && (y as usize) < canvas.height {
+                        beside_checked += 1;
+                        if canvas.off(x, y, b.colour) <= TOLERANCE {
+                            beside += 1;
+                        }
+                    }
+                }
+            }
+            // Another box's label text may cover a few points of an edge.
+            if on * 3 < SAMPLES * 2 {
+                return Err(format!(
+                    "{}: its {name} edge is not drawn where the results put it ({on} of \
+                     {SAMPLES} points have its colour)",
+                    what(b)
+                ));
+            }
+            if beside * 4 > beside_checked.max(1) {
+                return Err(format!(
+                    "{}: its colour lies 5 px beside its {name} edge ({beside} of \
+                     {beside_checked} points): the box is drawn off its place",
+                    what(b)
+                ));
+            }
+        }
+    }
+    // Box colours nowhere else: no box drawn off its place, or without a result.
+    let colours: BTreeSet<[u8; 3]> = boxes.iter().map(|b| b.colour).chain([PALETTE[1]]).collect();
+    let mut stray = Vec::new();
+    for y in 0..canvas.height as i64 {
+        for x in 0..canvas.width as i64 {
+            if colours.iter().any(|&c| canvas.off(x, y, c) <= TOLERANCE)
+                && !explained(x as f64 + 0.5, y as f64 + 0.5, 2.5)
+            {
+                stray.push((x, y));
+            }
+        }
+    }
+    if stray.len() > 30 {
+        return Err(format!(
+            "{} frame {}: {} pixels of a box colour away from every box of the results \
+             (e.g. {:?}); boxes {boxes:?}",
+            canvas.camera,
+            canvas.frame,
+            stray.len(),
+            &stray[..5]
+        ));
+    }
+    Ok(boxes.len())
+}
+
+/// The results file's rows by (camera, frame).
+fn results_by_frame(out: &Path) -> BTreeMap<(String, i64), serde_json::Value> {
+    let text = std::fs::read_to_string(out).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|r| {
+            (
+                (
+                    r["camera_id"].as_str().unwrap().to_string(),
+                    r["frame"].as_i64().unwrap(),
+                ),
+                r,
+            )
+        })
+        .collect()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
@@ -143,52 +390,50 @@ async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
     });
     browser.goto(&page).await.unwrap();
 
-    // Every camera must show a frame with boxes drawn (the street has people in most frames).
-    let mut verified: BTreeMap<String, (i64, usize)> = BTreeMap::new();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while verified.len() < 4 {
+    // Every camera must show frames whose drawn boxes are where the results put them, scaled
+    // to the canvas (the street has people in most frames). Canvases are read as they are
+    // shown; each is checked once its result is in the results file.
+    let out = tmp.path().join("out.jsonl");
+    let mut pending: Vec<Canvas> = Vec::new();
+    let mut checked: BTreeMap<String, (usize, usize)> = BTreeMap::new(); // frames, boxes
+    let done = |checked: &BTreeMap<String, (usize, usize)>| {
+        checked.len() == 4
+            && checked
+                .values()
+                .all(|&(frames, boxes)| frames >= 3 && boxes >= 1)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !done(&checked) {
         assert!(
             Instant::now() < deadline,
-            "every camera shows a frame with boxes within 90 s; verified {verified:?}"
+            "every camera shows 3 checked frames and a box within 120 s; checked {checked:?}"
         );
-        let shown = browser.execute(CAMERAS_JS, vec![]).await.unwrap();
+        let shown = browser.execute(CANVASES_JS, vec![]).await.unwrap();
         for c in shown.as_array().unwrap() {
-            if c["boxes"].as_u64().unwrap_or(0) > 0 {
-                assert_eq!(c["painted"], true, "the box is drawn on the canvas: {c}");
-                verified.insert(
-                    c["camera"].as_str().unwrap().to_string(),
-                    (
-                        c["frame"].as_i64().unwrap(),
-                        c["boxes"].as_u64().unwrap() as usize,
-                    ),
-                );
+            let canvas = Canvas::from_json(c);
+            if !pending
+                .iter()
+                .any(|p| p.camera == canvas.camera && p.frame == canvas.frame)
+            {
+                pending.push(canvas);
             }
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-
-    // The boxes are the results' boxes for that frame.
-    let out = tmp.path().join("out.jsonl");
-    for (camera, (frame, boxes)) in &verified {
-        let mut found = None;
-        wait_until(
-            &format!("{camera} frame {frame} in the results"),
-            Duration::from_secs(30),
-            || {
-                let text = std::fs::read_to_string(&out).unwrap_or_default();
-                found = text
-                    .lines()
-                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-                    .find(|r| r["camera_id"] == camera.as_str() && r["frame"] == *frame);
-                found.is_some()
-            },
-        );
-        let row = found.unwrap();
-        assert_eq!(
-            row["detections_count"].as_u64(),
-            Some(*boxes as u64),
-            "{camera} frame {frame}: the page drew {boxes} boxes, the results say {row}"
-        );
+        let results = results_by_frame(&out);
+        pending.retain(|canvas| {
+            let Some(row) = results.get(&(canvas.camera.clone(), canvas.frame)) else {
+                return true;
+            };
+            let boxes = check_drawing(canvas, row).unwrap_or_else(|e| panic!("{e}"));
+            let seen = checked.entry(canvas.camera.clone()).or_default();
+            seen.0 += 1;
+            seen.1 += boxes;
+            false
+        });
+        // Results come once their epoch completes: a few canvases wait for theirs.
+        if pending.len() > 32 {
+            pending.drain(..pending.len() - 32);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
     // Counters advance while the run goes on.
@@ -217,13 +462,14 @@ async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
     // comes within a while.
     let deadline = Instant::now() + Duration::from_secs(20);
     while Instant::now() < deadline {
-        let shown = browser.execute(CAMERAS_JS, vec![]).await.unwrap();
-        let boxed = shown
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|c| c["boxes"].as_u64().unwrap_or(0) > 0)
-            .count();
+        let boxed = browser
+            .execute(
+                "return [...document.querySelectorAll('canvas.camera-frame')].filter(c => Number(c.dataset.boxes) > 0).length;",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let boxed = boxed.as_u64().unwrap_or(0);
         if boxed == 4 {
             break;
         }

@@ -119,6 +119,7 @@ impl<'scope> Announce<'scope> for BatchStream<'scope> {
         F: FnMut(Option<&V>) -> Option<V> + 'static,
     {
         let decides = self.scope().index() == 0;
+        let operator = name.to_string();
         let record = |from_epoch: Epoch, value: V| -> Option<String> {
             encode(&Switch { from_epoch, value })
                 .map_err(|e| tracing::error!("{e}"))
@@ -160,6 +161,8 @@ impl<'scope> Announce<'scope> for BatchStream<'scope> {
                             let at = *held.time();
                             let mut session = output.session(&*held);
                             if let Some(r) = record(at, v.clone()) {
+                                // Observable: tests kill a process between this and epoch `at`.
+                                tracing::info!("{operator}: announced {r}");
                                 session.give(Announced::State(r, 1));
                             }
                             session.give(Announced::Switch(at, v.clone()));

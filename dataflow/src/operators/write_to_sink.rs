@@ -196,7 +196,13 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                             if let (Some(g), Some(sink)) = (generation, results.as_mut()) {
                                 sink.begin_epoch(g, epoch);
                             }
-                            for batch in pending.remove(&epoch).unwrap_or_default() {
+                            let batches = pending.remove(&epoch).unwrap_or_default();
+                            // Which rows of the output are which epoch's (tests read it).
+                            tracing::debug!(
+                                "epoch {epoch}: {} result row(s) written",
+                                batches.iter().map(Batch::num_rows).sum::<usize>()
+                            );
+                            for batch in batches {
                                 if failed {
                                     continue;
                                 }
