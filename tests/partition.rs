@@ -71,7 +71,7 @@ fn input_tensor() -> Vec<f32> {
         scale: None,
         offset: None,
         mode: Default::default(),
-        antialias: true,
+        antialias: Some(true),
         pad_value: 114,
         keep_input: false,
         device: Default::default(),

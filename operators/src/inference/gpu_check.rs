@@ -271,7 +271,7 @@ fn check_resize(
         scale: None,
         offset: None,
         mode: Default::default(),
-        antialias: true,
+        antialias: Some(true),
         pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,

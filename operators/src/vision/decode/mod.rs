@@ -45,6 +45,21 @@ pub struct DecodeConfig {
     /// Most decoded bytes in one output batch; a batch that would exceed it is split and its
     /// halves decoded apart (an image alone may exceed it), so no image fails for its neighbours.
     pub max_batch_bytes: u64,
+    /// The JPEG decoder: `zune` (zune-jpeg, the default) or `libjpeg-turbo`, whose pixels are
+    /// OpenCV's and PIL's bit for bit (zune-jpeg's IDCT and upsampling differ by a few levels
+    /// in some pixels).
+    pub jpeg: JpegLibrary,
+}
+
+/// Which library decodes JPEGs (`decode.jpeg`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JpegLibrary {
+    /// zune-jpeg (Rust, SIMD).
+    #[default]
+    Zune,
+    /// libjpeg-turbo with its defaults (islow IDCT, fancy upsampling), as `cv2.imdecode` and PIL.
+    LibjpegTurbo,
 }
 
 /// Default `max_pixels`: 40 megapixels (120 MB of RGB).
@@ -62,6 +77,7 @@ impl Default for DecodeConfig {
             keep_input: false,
             max_pixels: DEFAULT_MAX_PIXELS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            jpeg: JpegLibrary::Zune,
         }
     }
 }
@@ -100,6 +116,8 @@ impl Default for DecodeConfig {
 pub struct Decode {
     config: DecodeConfig,
     options: DecoderOptions,
+    /// `jpeg: libjpeg-turbo`'s decompressor, made at the first JPEG.
+    turbo: Option<turbojpeg::Decompressor>,
 }
 
 impl Decode {
@@ -110,7 +128,11 @@ impl Decode {
         let options = DecoderOptions::new_fast()
             .set_strict_mode(true)
             .jpeg_set_out_colorspace(ColorSpace::RGB);
-        Decode { config, options }
+        Decode {
+            config,
+            options,
+            turbo: None,
+        }
     }
 
     /// Indices of the input columns carried into the output.
@@ -230,6 +252,63 @@ fn decode_jpeg_into(
     // `out` was just resized to `start + size`: the slice is never missing.
     let image = out.get_mut(start..).unwrap_or_default();
     if let Err(e) = decoder.decode_into(image) {
+        out.truncate(start);
+        return Err(invalid(e).into());
+    }
+    Ok((w, h))
+}
+
+/// [`decode_jpeg_into`] with libjpeg-turbo (`jpeg: libjpeg-turbo`); `turbo` is its
+/// decompressor, made here the first time.
+fn decode_turbo_into(
+    bytes: &[u8],
+    turbo: &mut Option<turbojpeg::Decompressor>,
+    limits: Limits,
+    out: &mut Vec<u8>,
+    rows_left: usize,
+) -> Result<(u32, u32), Refused> {
+    if bytes.is_empty() {
+        return Err(Refused::Image("empty image payload".to_string()));
+    }
+    if bytes.starts_with(PNG_MAGIC) {
+        return decode_png_into(bytes, limits, out, rows_left);
+    }
+    if bytes.get(..4) == Some(b"RIFF") && bytes.get(8..12) == Some(b"WEBP") {
+        return decode_webp_into(bytes, limits, out, rows_left);
+    }
+    let invalid = |e: turbojpeg::Error| format!("invalid JPEG: {e}");
+    let decompressor = match turbo {
+        Some(d) => d,
+        None => turbo.insert(
+            turbojpeg::Decompressor::new()
+                .map_err(|e| format!("libjpeg-turbo cannot start: {e}"))?,
+        ),
+    };
+    let header = decompressor.read_header(bytes).map_err(invalid)?;
+    check_pixels(header.width as u64, header.height as u64, limits)?;
+    let (w, h) = match (u32::try_from(header.width), u32::try_from(header.height)) {
+        (Ok(w), Ok(h)) if w > 0 && h > 0 => (w, h),
+        _ => {
+            return Err(format!(
+                "invalid JPEG: image size {}x{}",
+                header.width, header.height
+            )
+            .into())
+        }
+    };
+    let (start, size) = make_room(out, (w, h), limits, rows_left, "JPEG")?;
+    out.resize(start + size, 0);
+    // `out` was just resized to `start + size`: the slice is never missing.
+    let pixels = out.get_mut(start..).unwrap_or_default();
+    let image = turbojpeg::Image {
+        pixels,
+        width: header.width,
+        pitch: header.width * 3,
+        height: header.height,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    // A warning (a truncated or corrupt stream) is an error too, as zune-jpeg's strict mode.
+    if let Err(e) = decompressor.decompress(bytes, image) {
         out.truncate(start);
         return Err(invalid(e).into());
     }
@@ -465,6 +544,9 @@ impl Stage for Decode {
         for row in 0..rows {
             let decoded = match payloads.get(row) {
                 None => Err(Refused::Image("null image payload".to_string())),
+                Some(bytes) if self.config.jpeg == JpegLibrary::LibjpegTurbo => {
+                    decode_turbo_into(bytes, &mut self.turbo, limits, &mut values, rows - row)
+                }
                 Some(bytes) => {
                     decode_jpeg_into(bytes, self.options, limits, &mut values, rows - row)
                 }

@@ -421,3 +421,63 @@ const GRAY_8X8_JPEG: &[u8] = &[
     0x01, 0x01, 0x00, 0x00, 0x3f, 0x00, 0x02, 0x77, 0x14, 0x63, 0x19, 0x9a,
     0x1f, 0xff, 0xd9,
 ];
+
+#[test]
+fn libjpeg_turbo_gives_opencvs_pixels_and_refuses_a_truncated_stream() {
+    // fnv1a64 of `cv2.cvtColor(cv2.imdecode(f), cv2.COLOR_BGR2RGB).tobytes()` (cv2 5.0,
+    // libjpeg-turbo 3.1): the Python peers' decoded frames.
+    let cv2 = [
+        ("0000", 0x0ca2_efe6_e5f5_1cfe_u64),
+        ("0061", 0x5069_c366_6fc8_83da),
+        ("0249", 0xc0d8_9464_31e3_20bc),
+    ];
+    let fnv1a64 = |data: &[u8]| {
+        data.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        })
+    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/frames/bikes");
+    let jpegs: Vec<Vec<u8>> = cv2
+        .iter()
+        .map(|(name, _)| std::fs::read(dir.join(format!("{name}.jpg"))).unwrap())
+        .collect();
+    let mut payloads: Vec<Option<&[u8]>> = jpegs.iter().map(|j| Some(j.as_slice())).collect();
+    let truncated = &jpegs[0][..jpegs[0].len() / 2];
+    payloads.push(Some(truncated));
+    let config = DecodeConfig {
+        input: "bytes".to_string(),
+        jpeg: JpegLibrary::LibjpegTurbo,
+        ..DecodeConfig::default()
+    };
+    let out = Decode::new(config)
+        .process_batch(&batch_of(payloads.clone()))
+        .unwrap();
+    let pixels = out
+        .records
+        .column_by_name("pixels")
+        .unwrap()
+        .as_binary::<i32>();
+    assert_eq!(pixels.len(), 3);
+    for (i, (name, hash)) in cv2.iter().enumerate() {
+        assert_eq!(fnv1a64(pixels.value(i)), *hash, "frame {name}");
+    }
+    assert_eq!(out.rejected.len(), 1);
+    assert!(
+        out.rejected[0].reason.starts_with("invalid JPEG"),
+        "{}",
+        out.rejected[0].reason
+    );
+    // zune-jpeg's pixels are not OpenCV's (what `jpeg: libjpeg-turbo` is for).
+    let zune = Decode::new(DecodeConfig {
+        input: "bytes".to_string(),
+        ..DecodeConfig::default()
+    })
+    .process_batch(&batch_of(payloads))
+    .unwrap();
+    let zune_pixels = zune
+        .records
+        .column_by_name("pixels")
+        .unwrap()
+        .as_binary::<i32>();
+    assert_ne!(fnv1a64(zune_pixels.value(0)), cv2[0].1);
+}

@@ -1,13 +1,18 @@
-//! The CPU engine: fast_image_resize's SIMD bilinear convolution into one reused destination
+//! The CPU engine: fast_image_resize's SIMD bilinear convolution (`antialias: true`) or
+//! OpenCV's two-tap `INTER_LINEAR` ([`TwoTap`], `antialias: false`) into one reused destination
 //! image, and letterboxing (scale to fit, centre, pad).
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{PixelType, ResizeOptions, Resizer};
 
-/// fast_image_resize with one destination image reused for every row.
+use super::two_tap::TwoTap;
+
+/// fast_image_resize (or OpenCV's two taps) with one destination image reused for every row.
 pub(super) struct CpuResizer {
     pub(super) resizer: Resizer,
     pub(super) options: ResizeOptions,
+    /// `Some` for `antialias: false`: resized as OpenCV does, not by `resizer`.
+    pub(super) two_tap: Option<TwoTap>,
     /// Destination of every row's resize, reused so rows allocate nothing.
     pub(super) dst: Image<'static>,
     /// A letterboxed row's scaled image before it is placed in `dst`; reallocated only
@@ -18,11 +23,13 @@ pub(super) struct CpuResizer {
 impl CpuResizer {
     /// Resizes one checked row (see [`check_row`](super::check_row)) into `self.dst`.
     pub(super) fn resize(&mut self, pixels: &[u8], width: u32, height: u32) -> Result<(), String> {
-        let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
-            .map_err(|e| format!("bad source image: {e}"))?;
-        self.resizer
-            .resize(&src, &mut self.dst, &self.options)
-            .map_err(|e| format!("resize failed: {e}"))
+        scale_into(
+            &mut self.resizer,
+            &self.options,
+            self.two_tap.as_mut(),
+            (pixels, width, height),
+            &mut self.dst,
+        )
     }
 
     /// Letterboxes one checked row into `self.dst` (filled with `pad` around the scaled
@@ -44,11 +51,13 @@ impl CpuResizer {
             if self.inner.width() != inner_w || self.inner.height() != inner_h {
                 self.inner = Image::new(inner_w, inner_h, PixelType::U8x3);
             }
-            let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
-                .map_err(|e| format!("bad source image: {e}"))?;
-            self.resizer
-                .resize(&src, &mut self.inner, &self.options)
-                .map_err(|e| format!("resize failed: {e}"))?;
+            scale_into(
+                &mut self.resizer,
+                &self.options,
+                self.two_tap.as_mut(),
+                (pixels, width, height),
+                &mut self.inner,
+            )?;
             self.inner.buffer()
         };
         let dst_w = self.dst.width() as usize;
@@ -64,6 +73,31 @@ impl CpuResizer {
         }
         Ok([fit.gain, fit.left as f32, fit.top as f32])
     }
+}
+
+/// Resizes one checked RGB8 image into `dst` with OpenCV's two taps when `two_tap` is given,
+/// fast_image_resize otherwise.
+fn scale_into(
+    resizer: &mut Resizer,
+    options: &ResizeOptions,
+    two_tap: Option<&mut TwoTap>,
+    (pixels, width, height): (&[u8], u32, u32),
+    dst: &mut Image<'static>,
+) -> Result<(), String> {
+    if let Some(two_tap) = two_tap {
+        let size = (dst.width() as usize, dst.height() as usize);
+        return two_tap.resize(
+            pixels,
+            (width as usize, height as usize),
+            dst.buffer_mut(),
+            size,
+        );
+    }
+    let src = ImageRef::new(width, height, pixels, PixelType::U8x3)
+        .map_err(|e| format!("bad source image: {e}"))?;
+    resizer
+        .resize(&src, dst, options)
+        .map_err(|e| format!("resize failed: {e}"))
 }
 
 /// Where a letterboxed image lands in the target.

@@ -1,12 +1,20 @@
 //! `resize`: decoded RGB8 images → one model-ready tensor column.
 //!
-//! Each row is resized (bilinear convolution, fast_image_resize's SIMD paths) into one reused
-//! destination image, then scaled / normalised and laid out (NCHW or NHWC) straight into the
-//! batch's single value buffer, which becomes the tensor column without another copy.
+//! Each row is resized into one reused destination image, then scaled / normalised and laid
+//! out (NCHW or NHWC) straight into the batch's single value buffer, which becomes the tensor
+//! column without another copy. Two resize filters:
+//! - `antialias: true` (the default for `mode: stretch`): bilinear convolution, every source
+//!   pixel under an output pixel counts when shrinking, as PIL and torchvision resize
+//!   (fast_image_resize's SIMD paths);
+//! - `antialias: false` (the default for `mode: letterbox`): two taps per axis at any scale,
+//!   bit for bit OpenCV's `cv2.resize(..., interpolation=cv2.INTER_LINEAR)` on u8 images
+//!   (the `two_tap` module), which Ultralytics' letterbox and most OpenCV-based pre-processing use.
 //!
 //! [`Resize::on_gpu`] runs the same stage as CUDA kernels (`gpu`, kernels in riffle-gpu) that
 //! reproduce fast_image_resize's fixed-point arithmetic ([`mod@reference`]), so both paths give the
-//! same tensor; [`check::compare_on_gpu`] measures that on a GPU host.
+//! same tensor; [`check::compare_on_gpu`] measures that on a GPU host. The kernels do the
+//! antialiased stretch only: with `device: auto` a letterbox or `antialias: false` resize runs
+//! on the CPU (logged once), and with `device: cuda:N` it is a configuration error at the key.
 //!
 //! [`output_schema`] is the stage's schema rule without a stage: validation calls it with no
 //! kernels compiled and no GPU touched.
@@ -31,6 +39,7 @@ use crate::vision::decode::{is_binary, Payloads, HEIGHT_COLUMN, WIDTH_COLUMN};
 use cpu::CpuResizer;
 pub use cpu::{letterbox_fit, LetterboxFit};
 use gpu::CudaResize;
+use two_tap::TwoTap;
 use values::{normalisation_lut, Normalise};
 pub(crate) use values::{Lut, Values};
 
@@ -45,6 +54,7 @@ pub use check::{compare_on_gpu, GpuResizeCheck};
 pub use reference::{reference_tensor, resize_rgb8, Taps};
 
 mod kind;
+mod two_tap;
 mod values;
 
 const STAGE: &str = "resize";
@@ -136,12 +146,14 @@ pub struct ResizeConfig {
     pub offset: Option<PerChannel>,
     #[serde(default)]
     pub mode: ResizeMode,
-    /// Average over every source pixel under each output pixel when shrinking (bilinear
-    /// convolution, as PIL and torchvision resize). `false`: two taps per axis whatever the
-    /// scale, as OpenCV's `INTER_LINEAR` (and Ultralytics' letterbox, which uses it) does, for
-    /// models trained on that pre-processing; CPU only.
-    #[serde_inline_default(true)]
-    pub antialias: bool,
+    /// `true`: average over every source pixel under each output pixel when shrinking
+    /// (bilinear convolution, as PIL and torchvision resize). `false`: two taps per axis
+    /// whatever the scale, bit for bit OpenCV's u8 `INTER_LINEAR` (and so Ultralytics'
+    /// letterbox), for models trained on that pre-processing; CPU only. Unset: `false` for
+    /// `mode: letterbox` (YOLO models expect it), `true` otherwise; see
+    /// [`ResizeConfig::antialiased`].
+    #[serde(default)]
+    pub antialias: Option<bool>,
     /// Pixel value of the letterbox's padding (114, Ultralytics' grey, by default).
     #[serde_inline_default(114)]
     pub pad_value: u8,
@@ -153,6 +165,26 @@ pub struct ResizeConfig {
     /// ([`Resize::new`] or [`Resize::on_gpu`]); the stage itself does not look at it.
     #[serde(default)]
     pub device: DeviceSpec,
+}
+
+impl ResizeConfig {
+    /// Whether the resize antialiases: `antialias` when set, else `true` except for a letterbox,
+    /// which resizes as Ultralytics' `LetterBox` does (OpenCV's two-tap `INTER_LINEAR`).
+    pub fn antialiased(&self) -> bool {
+        self.antialias.unwrap_or(self.mode != ResizeMode::Letterbox)
+    }
+
+    /// The key and the reason the GPU kernels cannot run this resize, if they cannot: they do
+    /// the antialiased stretch only.
+    pub fn gpu_unsupported(&self) -> Option<(&'static str, &'static str)> {
+        if self.mode == ResizeMode::Letterbox {
+            Some(("mode", "mode letterbox"))
+        } else if !self.antialiased() {
+            Some(("antialias", "antialias: false"))
+        } else {
+            None
+        }
+    }
 }
 
 /// The `resize` stage.
@@ -378,17 +410,11 @@ fn kept_columns(config: &ResizeConfig, input: &Schema) -> Vec<usize> {
 impl Resize {
     /// The stage on GPU `ordinal`: same checks, schema and values as [`Resize::new`]'s.
     pub fn on_gpu(config: ResizeConfig, ordinal: usize) -> DataflowResult<Self> {
-        if config.mode == ResizeMode::Letterbox {
+        if let Some((key, what)) = config.gpu_unsupported() {
             return Err(DataflowError::Config(format!(
-                "{STAGE}: mode letterbox runs on the CPU only; set `device: cpu`"
+                "{STAGE}: {what} runs on the CPU only; set `device: cpu` or `auto`"
             ))
-            .at("mode"));
-        }
-        if !config.antialias {
-            return Err(DataflowError::Config(format!(
-                "{STAGE}: antialias: false runs on the CPU only; set `device: cpu`"
-            ))
-            .at("antialias"));
+            .at(key));
         }
         let mut stage = Resize::new(config)?;
         let gpu =
@@ -400,15 +426,14 @@ impl Resize {
     /// The stage on the CPU; `config.device` is not looked at.
     pub fn new(config: ResizeConfig) -> DataflowResult<Self> {
         let Checked { field, normalise } = checked(&config)?;
+        let antialiased = config.antialiased();
         Ok(Resize {
             engine: Engine::Cpu(Box::new(CpuResizer {
                 dst: Image::new(config.width, config.height, PixelType::U8x3),
                 inner: Image::new(1, 1, PixelType::U8x3),
-                options: ResizeOptions::new().resize_alg(if config.antialias {
-                    ResizeAlg::Convolution(FilterType::Bilinear)
-                } else {
-                    ResizeAlg::Interpolation(FilterType::Bilinear)
-                }),
+                options: ResizeOptions::new()
+                    .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)),
+                two_tap: (!antialiased).then(TwoTap::default),
                 resizer: Resizer::new(),
             })),
             field,

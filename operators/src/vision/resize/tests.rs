@@ -15,7 +15,7 @@ fn config(width: u32, height: u32) -> ResizeConfig {
         scale: None,
         offset: None,
         mode: ResizeMode::Stretch,
-        antialias: true,
+        antialias: Some(true),
         pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
@@ -97,7 +97,7 @@ fn without_antialiasing_each_output_pixel_blends_its_two_nearest_source_pixels()
     // of columns 0 and 1, x=1 of columns 2 and 3, whatever lies further out. Antialiased,
     // the same image gives 36 and 219 (see above): columns 0..2 all count.
     let mut stage = Resize::new(ResizeConfig {
-        antialias: false,
+        antialias: Some(false),
         ..config(2, 1)
     })
     .unwrap();
@@ -118,7 +118,7 @@ fn without_antialiasing_each_output_pixel_blends_its_two_nearest_source_pixels()
 fn antialias_false_is_refused_on_a_gpu_before_any_device_is_touched() {
     let e = Resize::on_gpu(
         ResizeConfig {
-            antialias: false,
+            antialias: Some(false),
             ..config(2, 1)
         },
         0,
@@ -297,7 +297,7 @@ fn letterbox_fits_ultralytics_rounding() {
 fn letterbox_pads_around_the_unscaled_image_and_reports_the_fit() {
     let mut stage = Resize::new(ResizeConfig {
         mode: ResizeMode::Letterbox,
-        antialias: true,
+        antialias: Some(true),
         pad_value: 114,
         dtype: TensorDtype::U8,
         layout: Layout::Nhwc,
@@ -365,4 +365,123 @@ fn scale_and_offset_normalise_raw_pixels() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("scale"), "{e}");
+}
+
+/// A config as the YAML block `json` gives it (unset keys take their defaults).
+fn parsed(json: serde_json::Value) -> ResizeConfig {
+    serde_json::from_value(json).unwrap()
+}
+
+#[test]
+fn a_letterbox_resizes_as_opencv_by_default_and_a_stretch_antialiases() {
+    let letterbox = parsed(serde_json::json!({
+        "width": 8, "height": 8, "mode": "letterbox", "dtype": "u8", "layout": "nhwc",
+    }));
+    assert!(!letterbox.antialiased());
+    let stretch = parsed(serde_json::json!({ "width": 8, "height": 8 }));
+    assert!(stretch.antialiased());
+    let explicit = parsed(serde_json::json!({
+        "width": 8, "height": 8, "mode": "letterbox", "antialias": true,
+    }));
+    assert!(explicit.antialiased());
+
+    // 16×8 of stripes into an 8×8 letterbox: the 8×4 inner image is OpenCV's two-tap resize
+    // (pixel 0 of each output pair is the mean of two source columns), padded with 114.
+    let mut px = Vec::new();
+    for _ in 0..8 {
+        for x in 0..16u8 {
+            px.extend([x * 16, 255 - x * 16, 7]);
+        }
+    }
+    let out = Resize::new(letterbox)
+        .unwrap()
+        .process_batch(&batch_of(vec![(px.clone(), 16, 8)]))
+        .unwrap();
+    let values = tensor_values::<UInt8Type>(out.records.column_by_name("tensor").unwrap())
+        .unwrap()
+        .to_vec();
+    let mut inner = vec![0u8; 8 * 4 * 3];
+    two_tap::TwoTap::default()
+        .resize(&px, (16, 8), &mut inner, (8, 4))
+        .unwrap();
+    // Rows 2..6 of the 8×8 canvas hold the image; the first row of it blends columns 0, 1.
+    assert_eq!(&values[2 * 24..6 * 24], &inner[..]);
+    assert_eq!(&values[..2 * 24], &[114u8; 48]);
+    assert_eq!(
+        values[2 * 24],
+        8,
+        "(0 + 16) / 2: two taps, not a wider average"
+    );
+    // Antialiased, the first output pixel also weighs column 2 (and so is not 8).
+    let mut antialiased = Resize::new(ResizeConfig {
+        antialias: Some(true),
+        mode: ResizeMode::Letterbox,
+        dtype: TensorDtype::U8,
+        layout: Layout::Nhwc,
+        ..config(8, 8)
+    })
+    .unwrap();
+    let out = antialiased
+        .process_batch(&batch_of(vec![(px, 16, 8)]))
+        .unwrap();
+    let values = tensor_values::<UInt8Type>(out.records.column_by_name("tensor").unwrap())
+        .unwrap()
+        .to_vec();
+    assert_ne!(&values[2 * 24..6 * 24], &inner[..]);
+}
+
+/// The key a located error is at.
+fn key_of(e: &DataflowError) -> String {
+    e.located().0.unwrap_or_default().to_string()
+}
+
+#[test]
+fn cuda_with_a_resize_the_kernels_cannot_do_is_an_error_at_its_key_before_any_gpu_is_looked_for() {
+    let looked = std::cell::Cell::new(false);
+    let resolve = |_: &DeviceSpec| {
+        looked.set(true);
+        Ok(Some(0))
+    };
+    let letterbox = parsed(serde_json::json!({
+        "width": 8, "height": 8, "mode": "letterbox", "device": "cuda:0",
+    }));
+    let e = letterbox.placement(resolve).unwrap_err();
+    assert_eq!(key_of(&e), "mode");
+    assert!(
+        e.to_string()
+            .contains("mode letterbox runs on the CPU only"),
+        "{e}"
+    );
+    let two_tap = parsed(serde_json::json!({
+        "width": 8, "height": 8, "antialias": false, "device": "cuda:1",
+    }));
+    let e = two_tap.placement(resolve).unwrap_err();
+    assert_eq!(key_of(&e), "antialias");
+    assert!(e.to_string().contains("`device: cuda:1`"), "{e}");
+    assert!(!looked.get(), "no GPU is looked for");
+    // What the kernels do passes on to the GPU the device names.
+    let stretch = parsed(serde_json::json!({ "width": 8, "height": 8, "device": "cuda:0" }));
+    assert_eq!(stretch.placement(resolve).unwrap(), Some(0));
+}
+
+#[test]
+fn auto_on_a_gpu_host_runs_what_the_kernels_cannot_do_on_the_cpu() {
+    // A host with one GPU: `auto` resolves to cuda:0.
+    let gpu_host = |_: &DeviceSpec| Ok(Some(0));
+    for json in [
+        serde_json::json!({ "width": 8, "height": 8, "mode": "letterbox", "device": "auto" }),
+        serde_json::json!({ "width": 8, "height": 8, "antialias": false, "device": "auto" }),
+    ] {
+        let config = parsed(json.clone());
+        assert_eq!(config.placement(gpu_host).unwrap(), None, "{json}");
+        assert!(!crate::StageKind::may_use_gpu(&config), "{json}");
+    }
+    let stretch = parsed(serde_json::json!({ "width": 8, "height": 8, "device": "auto" }));
+    assert_eq!(stretch.placement(gpu_host).unwrap(), Some(0));
+    assert!(crate::StageKind::may_use_gpu(&stretch));
+    // A resolution error (e.g. no such GPU) is still reported, at `device`.
+    let e = stretch
+        .placement(|_: &DeviceSpec| Err("no GPU".to_string()))
+        .unwrap_err();
+    assert_eq!(key_of(&e), "device");
 }

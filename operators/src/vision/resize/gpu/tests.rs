@@ -28,7 +28,7 @@ fn config(width: u32, height: u32, layout: Layout, dtype: TensorDtype) -> Resize
         scale: None,
         offset: None,
         mode: crate::vision::resize::ResizeMode::Stretch,
-        antialias: true,
+        antialias: Some(true),
         pad_value: 114,
         keep_input: false,
         device: DeviceSpec::Cpu,
@@ -555,5 +555,53 @@ fn emulated_tests_catch_broken_resize_kernels() {
             });
             assert!(caught, "replacing `{from}` by `{to}` went unnoticed");
         }
+    }
+}
+
+/// The tensor a worker of an (emulated) one-GPU host gives for `config` and `images`, placed
+/// as the stage kind places it (`device: auto` resolves to cuda:0 here), and how many kernel
+/// launches the GPU saw.
+fn on_a_gpu_host(
+    emulator: &Emulator,
+    config: &ResizeConfig,
+    images: &[(Vec<u8>, u32, u32)],
+) -> (Vec<f32>, usize) {
+    match config.placement(|_| Ok(Some(0))).unwrap() {
+        Some(_) => {
+            let mut resize = emulated_resize(emulator, config, MAX_GRID_Y);
+            let refs: Vec<(&[u8], u32, u32)> =
+                images.iter().map(|i| (i.0.as_slice(), i.1, i.2)).collect();
+            let values = as_f32(resize.run(&refs).unwrap());
+            (values, resize.device.launches())
+        }
+        None => (cpu_stage(config, images), 0),
+    }
+}
+
+#[test]
+fn auto_on_an_emulated_gpu_host_keeps_letterbox_and_two_tap_resizes_on_the_cpu() {
+    let emulator = Emulator::shared(KERNEL_SET.source, KERNEL_SET.names);
+    // Wider than tall, so that a letterbox pads; shrunk, so that two taps differ from the
+    // antialiased kernels.
+    let images = vec![synthetic(90, 40, 1), synthetic(90, 40, 2)];
+    let auto = |mode, antialias| ResizeConfig {
+        mode,
+        antialias,
+        device: DeviceSpec::Auto,
+        ..config(32, 32, Layout::Nchw, TensorDtype::U8)
+    };
+    use crate::vision::resize::ResizeMode::{Letterbox, Stretch};
+    // What the kernels do runs on them, and gives the CPU stage's tensor.
+    let stretch = auto(Stretch, None);
+    let (gpu, launches) = on_a_gpu_host(&emulator, &stretch, &images);
+    assert!(launches > 0, "the antialiased stretch runs on the GPU");
+    assert_eq!(gpu, cpu_stage(&stretch, &images));
+    // A letterbox (two-tap by default) and a two-tap stretch: the CPU's tensor, no launch.
+    for config in [auto(Letterbox, None), auto(Stretch, Some(false))] {
+        let (got, launches) = on_a_gpu_host(&emulator, &config, &images);
+        assert_eq!(launches, 0, "{:?} {:?}", config.mode, config.antialias);
+        assert_eq!(got, cpu_stage(&config, &images));
+        // …which is not what the stretch kernels would have given.
+        assert_ne!(got, gpu, "{:?} {:?}", config.mode, config.antialias);
     }
 }
