@@ -205,11 +205,12 @@ else
   PIP_ROOT_USER_ACTION=ignore "$kafka_venv/bin/pip" install --quiet "kafka-python==$KAFKA_PYTHON_VERSION"
 fi
 
-# Debian packages: only those missing are installed (the machines run as root).
+# Debian packages: only those missing are installed (the machines run as root). cmake and nasm
+# build libjpeg-turbo (decode.jpeg: libjpeg-turbo) with its SIMD code.
 DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
   libavfilter-dev pkg-config clang libclang-dev libssl-dev python3-gi gir1.2-gst-rtsp-server-1.0
   gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
-  g++ libasan8 libubsan1)
+  g++ libasan8 libubsan1 cmake nasm)
 # apt_install WHAT PACKAGE...: installs the packages (as root, or through sudo), saying what for.
 apt_install() {
   local what="$1"
