@@ -73,6 +73,9 @@ struct Run {
     capture_p99: f64,
     /// Process CPU time over wall time, in cores.
     cpu_cores: f64,
+    /// A hash of every result's (camera index, frame, detections kept), sorted: the pipeline's
+    /// and the loop's must be equal when neither dropped a frame.
+    outputs: u64,
 }
 
 impl Run {
@@ -101,6 +104,26 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
+    // Project rule: no comparison between runs that did not produce the same outputs. Where
+    // neither side dropped a frame, the pipeline and the loop saw the same frames and must
+    // give the same results; a count where they differ passes for neither.
+    let differ: BTreeMap<usize, bool> = pipeline_runs
+        .iter()
+        .map(|(n, ps)| {
+            let ls = loop_runs.get(n).map(Vec::as_slice).unwrap_or_default();
+            let differ = ps
+                .iter()
+                .zip(ls)
+                .any(|(p, l)| p.dropped == 0.0 && l.dropped == 0.0 && p.outputs != l.outputs);
+            if differ {
+                eprintln!("N={n}: the pipeline's and the straight loop's outputs differ");
+            }
+            (*n, differ)
+        })
+        .collect();
+    let passes = |n: &usize, rs: &[Run]| {
+        rs.iter().all(Run::passes) && !differ.get(n).copied().unwrap_or(true)
+    };
     println!(
         "### Live cameras ({FPS} fps, 640×272, {} s each, {} round(s); median (min–max))\n",
         args.seconds, args.rounds
@@ -136,7 +159,9 @@ fn main() -> anyhow::Result<()> {
                 col(|r| r.e2e_p50, 0),
                 col(|r| r.e2e_p99, 0),
                 col(|r| r.cpu_cores, 2),
-                if rs.iter().all(Run::passes) {
+                if differ.get(n).copied().unwrap_or(true) {
+                    "outputs differ"
+                } else if passes(n, rs) {
                     "yes"
                 } else {
                     "no"
@@ -147,13 +172,13 @@ fn main() -> anyhow::Result<()> {
     }
     let capacity = |runs: &BTreeMap<usize, Vec<Run>>| {
         runs.iter()
-            .filter(|(_, rs)| rs.iter().all(Run::passes))
+            .filter(|(n, rs)| passes(n, rs))
             .map(|(n, _)| *n)
             .max()
             .unwrap_or(0)
     };
     println!(
-        "**Capacity** (largest camera count tried with zero drops and p99 capture → result < {P99_LIMIT_MS:.0} ms in every round): \
+        "**Capacity** (largest camera count tried with zero drops, p99 capture → result < {P99_LIMIT_MS:.0} ms and the two sides' outputs equal in every round): \
          Riffle pipeline **{}**, straight loop **{}**.\n",
         capacity(&pipeline_runs),
         capacity(&loop_runs)
@@ -249,12 +274,15 @@ fn load(repo: &Path, n: usize, args: &Args, serial: usize) -> anyhow::Result<Pip
     Ok(pipeline?)
 }
 
-/// Capture → result latencies, noted as results arrive.
+/// Capture → result latencies, noted as results arrive, and the results themselves.
 #[derive(Clone, Default)]
-struct Arrivals(Arc<Mutex<Vec<(i64, i64)>>>);
+struct Arrivals(Arc<Mutex<Vec<(i64, i64)>>>, Arc<Mutex<Vec<Output>>>);
+
+/// One result: camera index (the `k` of `r<serial>-cam<k>`), frame, detections kept.
+type Output = (u64, i64, i64);
 
 impl Arrivals {
-    /// Notes each row's (capture ms, now ms).
+    /// Notes each row's (capture ms, now ms) and its result.
     fn note(&self, batch: &RecordBatch) {
         let now = now_ms();
         if let Some(ingest) = batch
@@ -264,6 +292,44 @@ impl Arrivals {
             let mut v = self.0.lock().unwrap_or_else(|p| p.into_inner());
             v.extend(ingest.values().iter().map(|i| (*i, now)));
         }
+        let column = |name: &str| batch.column_by_name(name);
+        // The detections stage writes its count as Int32; any integer type will do.
+        let integers = |name: &str| -> Option<Vec<Option<i64>>> {
+            let c = column(name)?;
+            if let Some(v) = c.as_primitive_opt::<Int64Type>() {
+                return Some(v.iter().collect());
+            }
+            let v = c.as_primitive_opt::<arrow_array::types::Int32Type>()?;
+            Some(v.iter().map(|x| x.map(i64::from)).collect())
+        };
+        let mut outputs = self.1.lock().unwrap_or_else(|p| p.into_inner());
+        match (
+            column("camera_id").and_then(|c| c.as_string_opt::<i32>()),
+            integers("frame"),
+            integers("detections_count"),
+        ) {
+            (Some(cameras), Some(frames), Some(counts)) => {
+                for ((camera, frame), count) in cameras.iter().zip(frames).zip(counts) {
+                    let k = camera
+                        .and_then(|c| c.rsplit("-cam").next())
+                        .and_then(|k| k.parse().ok())
+                        .unwrap_or(u64::MAX);
+                    outputs.push((k, frame.unwrap_or(-1), count.unwrap_or(-1)));
+                }
+            }
+            // A result without these columns cannot be compared: it makes the outputs differ.
+            _ => outputs.push((u64::MAX, -1, -1)),
+        }
+    }
+
+    /// A hash of the results, in a fixed order.
+    fn outputs(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut v = self.1.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        v.sort_unstable();
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        v.hash(&mut hasher);
+        hasher.finish()
     }
 
     /// (results, delivered fps, p50, p99 of capture → result ms).
@@ -329,6 +395,7 @@ fn run_pipeline(
         capture_p50,
         capture_p99,
         cpu_cores: cpu,
+        outputs: arrivals.outputs(),
     })
 }
 
@@ -371,6 +438,7 @@ fn run_loop(repo: &Path, n: usize, args: &Args, serial: usize, tick: f64) -> any
         capture_p50,
         capture_p99,
         cpu_cores: cpu,
+        outputs: arrivals.outputs(),
     })
 }
 

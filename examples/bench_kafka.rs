@@ -12,10 +12,12 @@
 //!    (librdkafka's ceiling: no consumer that uses its data gets there). Set-up (metadata,
 //!    schema inference and fetching, partition assignment) is excluded from every timing. The
 //!    Avro and Protobuf topics are in the schema registry's framing: they need a registry at
-//!    `RIFFLE_REGISTRY_URL` (`scripts/registry.sh start`), and the plain consumer's output must
-//!    equal Riffle's (rows and a digest of every column) or the ratio says so.
+//!    `RIFFLE_REGISTRY_URL` (`scripts/registry.sh start`). In every row the plain consumer's
+//!    output must equal Riffle's in every round (rows and a digest of every column; for raw
+//!    frames, of the payloads) or the row's ratios read "outputs differ".
 //! 2. The camera pipeline end to end, frames from Kafka vs the same frames from files, and
-//!    Kafka → Kafka with checkpoints (exactly-once through Kafka transactions).
+//!    Kafka → Kafka with checkpoints (exactly-once through Kafka transactions); each Kafka run's
+//!    results topic must hold the files run's results or its ratio reads "outputs differ".
 
 mod common;
 
@@ -226,7 +228,8 @@ fn main() -> anyhow::Result<()> {
                 rows == count && kept == count,
                 "source read {rows} rows, consumers {count} and {kept} messages"
             );
-            if plain_output != our_output {
+            // Every round is compared; a reader that kept nothing to compare counts as differing.
+            if plain_output.is_none() || plain_output != our_output {
                 eprintln!("{label}: outputs differ\n  plain consumer: {plain_output:?}\n  riffle: {our_output:?}");
                 differ = true;
             }
@@ -276,7 +279,6 @@ fn main() -> anyhow::Result<()> {
             "topic: detections",
             &format!("topic: bench-detections-{run_id}"),
         );
-    let kafka_file = beside_pipelines(&repo, &format!(".bench-kafka-{run_id}.yaml"), &kafka_yaml)?;
     let files_yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception.yaml"))?
         .replace(
             "    batch_size: 4\n",
@@ -290,15 +292,36 @@ fn main() -> anyhow::Result<()> {
     let out = std::env::temp_dir().join(format!("bench-e2e-{run_id}.jsonl"));
     let (mut files, mut kafka, mut exactly_once) = (Vec::new(), Vec::new(), Vec::new());
     let (mut kafka_ratio, mut eo_ratio) = (Vec::new(), Vec::new());
+    // Project rule: no ratio between runs whose results differ. Each round's Kafka results
+    // (a topic of their own) are compared with the files run's of the same round.
+    let (mut kafka_differ, mut eo_differ) = (false, false);
     for round in 0..rounds {
         let f = run_pipeline(&files_file, Some(&out))?;
-        let k = run_pipeline(&kafka_file, None)?;
+        let from_files = file_results(&out)?;
+        let results_topic = format!("bench-detections-{run_id}-{round}");
+        let round_file = beside_pipelines(
+            &repo,
+            &format!(".bench-kafka-{run_id}-{round}.yaml"),
+            &kafka_yaml.replace(
+                &format!("topic: bench-detections-{run_id}"),
+                &format!("topic: {results_topic}"),
+            ),
+        )?;
+        let k = run_pipeline(&round_file, None);
+        let _ = std::fs::remove_file(&round_file);
+        let k = k?;
+        kafka_differ |= differ(
+            "Kafka → Kafka",
+            &from_files,
+            &topic_results(&brokers, &results_topic)?,
+        );
         // Exactly-once: a fresh results topic and checkpoint directory each round.
         let checkpoints = tempfile::tempdir()?;
-        let eo_yaml = std::fs::read_to_string(&kafka_file)?
+        let eo_topic = format!("bench-detections-eo-{run_id}-{round}");
+        let eo_yaml = kafka_yaml
             .replace(
                 &format!("topic: bench-detections-{run_id}"),
-                &format!("topic: bench-detections-eo-{run_id}-{round}"),
+                &format!("topic: {eo_topic}"),
             )
             .replace(
                 "epoch_records: 16",
@@ -315,27 +338,38 @@ fn main() -> anyhow::Result<()> {
         let e = run_pipeline(&eo_file, None);
         let _ = std::fs::remove_file(&eo_file);
         let e = e?;
+        eo_differ |= differ(
+            "Kafka → Kafka, exactly-once",
+            &from_files,
+            &topic_results(&brokers, &eo_topic)?,
+        );
         files.push(FRAMES / f);
         kafka.push(FRAMES / k);
         exactly_once.push(FRAMES / e);
         kafka_ratio.push(f / k);
         eo_ratio.push(f / e);
     }
-    let _ = std::fs::remove_file(&kafka_file);
     let _ = std::fs::remove_file(&files_file);
     println!();
     println!("| camera pipeline, {FRAMES} frames, 2 workers, median (range) of {rounds} rounds | frames/s | ratio to files |");
     println!("|---|---:|---:|");
     println!("| from files | {} | 1 |", spread(&files, 1));
+    let ratio = |differ: bool, ratios: &[f64]| {
+        if differ {
+            "outputs differ".to_string()
+        } else {
+            spread(ratios, 2)
+        }
+    };
     println!(
         "| Kafka → Kafka | {} | {} |",
         spread(&kafka, 1),
-        spread(&kafka_ratio, 2)
+        ratio(kafka_differ, &kafka_ratio)
     );
     println!(
         "| Kafka → Kafka, exactly-once (checkpoints every 1 s, transactions) | {} | {} |",
         spread(&exactly_once, 1),
-        spread(&eo_ratio, 2)
+        ratio(eo_differ, &eo_ratio)
     );
     Ok(())
 }
@@ -474,15 +508,18 @@ fn plain_consumer(
     let elapsed = started.elapsed();
     std::hint::black_box((bytes, &kept, &values));
     let output = match work {
+        Work::Length => None,
+        Work::Keep => Some(digest_payloads(&kept)),
+        Work::Json => Some(digest_json(&values)?),
         Work::Avro { .. } => Some(digest_batches(&batches)?),
         Work::Protobuf(_) => Some(digest_messages(&messages)?),
-        _ => None,
     };
     Ok((count, elapsed, output))
 }
 
 /// Reads `topic` to its end with Riffle's Kafka source in `format`, with `settings` (more
-/// fields of its configuration); Avro and Protobuf batches are kept and digested after timing.
+/// fields of its configuration); its batches are kept and digested after timing (for `raw`, the
+/// payload column only: the plain consumer keeps no partitions, offsets or headers).
 fn riffle_source(
     brokers: &str,
     topic: &str,
@@ -499,7 +536,6 @@ fn riffle_source(
     let config: KafkaSourceConfig = serde_saphyr::from_str(&format!(
         "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, stop_at_end: true, batch_size: {batch}{settings} }}"
     ))?;
-    let keep = matches!(format, "avro" | "protobuf");
     let factory = KafkaSourceFactory::new(&config)?;
     let mut source = factory.partition(0, 1)?;
     // As for the plain consumer, set-up (metadata, schema inference, assignment) is not timed.
@@ -508,17 +544,16 @@ fn riffle_source(
     let mut batches = Vec::new();
     while let Some(batch) = source.next_batch()? {
         rows += batch.records.num_rows() as u64;
-        if keep {
-            batches.push(batch.records);
-        }
+        batches.push(batch.records);
     }
     let elapsed = started.elapsed();
-    let output = if keep {
-        Some(digest_batches(&batches)?)
-    } else {
-        None
-    };
-    Ok((rows, elapsed, output))
+    let mut output = digest_batches(&batches)?;
+    if format == "raw" {
+        output.retain(|column, _| {
+            column == "(rows)" || column == riffle_connectors::formats::raw::BYTES
+        });
+    }
+    Ok((rows, elapsed, Some(output)))
 }
 
 /// The latest schema of `subject` in the registry at `url`: its id and text.
@@ -585,6 +620,7 @@ enum Cell<'a> {
     Float(f64),
     Str(&'a str),
     Bool(bool),
+    Bytes(&'a [u8]),
 }
 
 /// FNV-1a of the value's kind and bytes.
@@ -595,6 +631,7 @@ fn cell_hash(cell: Cell<'_>) -> u64 {
         Cell::Float(v) => (2, v.to_bits().to_le_bytes().to_vec()),
         Cell::Str(v) => (3, v.as_bytes().to_vec()),
         Cell::Bool(v) => (4, vec![u8::from(v)]),
+        Cell::Bytes(v) => (5, v.to_vec()),
     };
     std::iter::once(kind)
         .chain(bytes)
@@ -624,6 +661,7 @@ fn digest_batches(batches: &[RecordBatch]) -> anyhow::Result<BTreeMap<String, u6
                         }
                         DataType::Utf8 => Cell::Str(column.as_string::<i32>().value(i)),
                         DataType::Boolean => Cell::Bool(column.as_boolean().value(i)),
+                        DataType::Binary => Cell::Bytes(column.as_binary::<i32>().value(i)),
                         DataType::Timestamp(TimeUnit::Microsecond, _) => {
                             Cell::Int(column.as_primitive::<TimestampMicrosecondType>().value(i))
                         }
@@ -632,6 +670,52 @@ fn digest_batches(batches: &[RecordBatch]) -> anyhow::Result<BTreeMap<String, u6
                 };
                 *sum = sum.wrapping_add(cell_hash(cell));
             }
+        }
+    }
+    Ok(digest)
+}
+
+/// As [`digest_batches`], of raw payloads kept by the plain consumer: a `bytes` column.
+fn digest_payloads(payloads: &[Vec<u8>]) -> BTreeMap<String, u64> {
+    let sum = payloads
+        .iter()
+        .fold(0u64, |sum, p| sum.wrapping_add(cell_hash(Cell::Bytes(p))));
+    BTreeMap::from([
+        ("(rows)".to_string(), payloads.len() as u64),
+        (riffle_connectors::formats::raw::BYTES.to_string(), sum),
+    ])
+}
+
+/// As [`digest_batches`], of serde_json objects: a column per key seen in any of them (a
+/// missing key is a null, as in the Arrow column), integers as `Int`, other numbers as `Float`.
+fn digest_json(values: &[serde_json::Value]) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut objects = Vec::with_capacity(values.len());
+    for value in values {
+        objects.push(
+            value
+                .as_object()
+                .context("a JSON click that is not an object")?,
+        );
+    }
+    let mut digest: BTreeMap<String, u64> = objects
+        .iter()
+        .flat_map(|o| o.keys())
+        .map(|k| (k.clone(), 0))
+        .collect();
+    digest.insert("(rows)".to_string(), objects.len() as u64);
+    for object in objects {
+        for (key, sum) in digest.iter_mut().filter(|(k, _)| *k != "(rows)") {
+            let cell = match object.get(key) {
+                None | Some(serde_json::Value::Null) => Cell::Null,
+                Some(serde_json::Value::Bool(v)) => Cell::Bool(*v),
+                Some(serde_json::Value::String(v)) => Cell::Str(v),
+                Some(serde_json::Value::Number(n)) => match n.as_i64() {
+                    Some(v) => Cell::Int(v),
+                    None => Cell::Float(n.as_f64().context("a JSON number out of range")?),
+                },
+                Some(other) => anyhow::bail!("key `{key}`: no digest of {other}"),
+            };
+            *sum = sum.wrapping_add(cell_hash(cell));
         }
     }
     Ok(digest)
@@ -666,6 +750,97 @@ fn digest_messages(messages: &[DynamicMessage]) -> anyhow::Result<BTreeMap<Strin
         }
     }
     Ok(digest)
+}
+
+/// The fields of a camera result that every run must agree on (the files run's `path` is a
+/// file name and it adds `latency_ms`; the Kafka runs' `path` comes from a header).
+const RESULT_KEYS: [&str; 4] = ["camera_id", "frame", "detections_count", "detections"];
+
+/// One result as a canonical line of its [`RESULT_KEYS`].
+fn canonical(line: &[u8]) -> anyhow::Result<String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(line).context("a result that is not JSON")?;
+    let mut kept = serde_json::Map::new();
+    for key in RESULT_KEYS {
+        let field = value
+            .get(key)
+            .with_context(|| format!("a result without `{key}`: {value}"))?;
+        kept.insert(key.to_string(), field.clone());
+    }
+    Ok(serde_json::Value::Object(kept).to_string())
+}
+
+/// The files run's results, canonical and sorted.
+fn file_results(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut lines = text
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(canonical)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    lines.sort_unstable();
+    Ok(lines)
+}
+
+/// The committed results in `topic`, read to the end of every partition, canonical and sorted.
+fn topic_results(brokers: &str, topic: &str) -> anyhow::Result<Vec<String>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-results-{topic}"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions = metadata
+        .topics()
+        .first()
+        .map(|t| t.partitions().len())
+        .filter(|n| *n > 0)
+        .with_context(|| format!("results topic {topic} has no partitions"))?;
+    let mut list = TopicPartitionList::new();
+    for p in 0..partitions {
+        list.add_partition_offset(topic, i32::try_from(p)?, Offset::Beginning)?;
+    }
+    consumer.assign(&list)?;
+    let (mut ended, mut lines) = (std::collections::BTreeSet::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while ended.len() < partitions {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "results topic {topic}: {} of {partitions} partitions read to their end after 60 s",
+            ended.len()
+        );
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => lines.push(canonical(message.payload().unwrap_or_default())?),
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                ended.insert(p);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    lines.sort_unstable();
+    Ok(lines)
+}
+
+/// Whether `theirs` differs from the files run's results; says how on stderr.
+fn differ(label: &str, files: &[String], theirs: &[String]) -> bool {
+    if files == theirs {
+        return false;
+    }
+    let first = files
+        .iter()
+        .zip(theirs)
+        .find(|(a, b)| a != b)
+        .map(|(a, b)| format!("\n  files: {a}\n  {label}: {b}"))
+        .unwrap_or_default();
+    eprintln!(
+        "{label}: outputs differ from the files run's ({} results vs {}){first}",
+        theirs.len(),
+        files.len()
+    );
+    true
 }
 
 fn run_pipeline(file: &std::path::Path, output: Option<&std::path::Path>) -> anyhow::Result<f64> {

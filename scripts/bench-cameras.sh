@@ -55,12 +55,16 @@ detections → track) sustains with **no dropped frame and p99 capture → resul
   lateness) to its result reaching the sink (pipeline) or leaving the loop; it includes the
   wait in the camera's queue. Delivered fps: results over the span from the first capture to
   the last result. CPU: process CPU time over wall time (of 2 cores).
-- A camera count passes when every round has zero drops and p99 capture → result < 500 ms;
-  the capacity is the largest count tried that passes.
+- A camera count passes when every round has zero drops and p99 capture → result < 500 ms,
+  and, in every round where neither side dropped a frame, the pipeline's results (camera,
+  frame, detections kept) equal the straight loop's; where they do not, both tables say
+  "outputs differ" for that count. The capacity is the largest count tried that passes.
 - Decode throughput: frames per CPU-second of the video source's decoder (ffmpeg-next, its
   decoding thread plus the reader building Arrow batches, RGB conversion included) vs the
   `ffmpeg` command on one thread, both decoding `data/videos/live/bikes-0.mp4` to RGB; the
-  command's CPU time from its `-benchmark` report.
+  command's CPU time from its `-benchmark` report. Ratios are against the command with the
+  source's conversion flags, whose RGB frames are the same bytes; each decoder's frames are
+  hashed (sha1, untimed), and a decoder whose frames differ gets "outputs differ" instead.
 
 TEXT
   cat "$tables"

@@ -56,9 +56,9 @@ registry=$(sed -n 's/^APICURIO_VERSION=//p' scripts/registry.sh)
   `to_vec`. Riffle's source decodes JSON, Avro (arrow-avro) and Protobuf (prost-reflect) into
   Arrow columns, reading the writer schema by each message's id into the declared reader
   schema (`avro.schema`, `protobuf.proto`), and copies raw values once out of librdkafka into
-  one binary column. For Avro and Protobuf the two outputs are compared every round (rows,
-  and every column's values hashed); a difference prints "outputs differ" instead of a
-  ratio. Set-up (metadata, schema inference, the writer schema and `.proto` for the plain
+  one binary column. The two outputs are compared every round (rows, and every column's
+  values hashed; for raw frames the payloads); a difference in any round prints "outputs
+  differ" instead of the row's ratios. Set-up (metadata, schema inference, the writer schema and `.proto` for the plain
   consumer) is not timed; Riffle fetches its writer schema with the first batch, timed.
   The plain and bare consumers set librdkafka's `fetch.queue.backoff.ms` to 10 ms, as
   Riffle's source does by default: the clicks' keys put 99% of them in one partition, and at
@@ -72,7 +72,10 @@ registry=$(sed -n 's/^APICURIO_VERSION=//p' scripts/registry.sh)
   included: about 0.5 s more from Kafka, for metadata, topic creation and the last
   deliveries); the exactly-once row adds
   `runtime.checkpoint` (every 1 s), so results are written in Kafka transactions committed with
-  each checkpoint. The three runs of a round are interleaved; ratios are per round.
+  each checkpoint. The three runs of a round are interleaved; ratios are per round. Each
+  Kafka run writes to a results topic of its own, read back (`read_committed`) and compared
+  with the files run of the same round (camera, frame, detections); a difference in any
+  round prints "outputs differ" instead of the ratio.
 - The broker runs on the same 2 cores as the pipeline, so Kafka rows also pay for the broker.
 TEXT
   echo

@@ -33,7 +33,8 @@ beforehand, one session; (d) ONNX Runtime alone as the pipeline deploys it, one 
 session per worker in parallel; (e) the sum of the parts: every stage but the model at its
 one-core cost (timed inside (b)) plus the model at (d)'s rate, spread over the cores. a/e is
 how close the pipeline comes to its own stages' limit (target ≥ 0.95 on detect, ≥ 0.90 on
-classify).
+classify). (a) and (b) write the same results (the JSON lines, sorted, the runtime's latency
+column left out) in every round, or (b)'s ratio reads "outputs differ".
 TEXT
 )
 bench_doc "$out" "Against the limit: riffle bench" "scripts/bench-limit.sh $rounds" "$description" "$table"

@@ -51,6 +51,9 @@ back on the same job. Every clock starts after the models are loaded and have ru
 stops at the last result written. "Best peer" is the peer with the highest median; ratios are
 taken within each round. Outputs are counted: detect's check is frames with a person and person
 boxes, classify's and ctr's a digest of every output, comparable with the peers' \`check=\`.
+A ratio and a target status are printed only where every run of the job (Riffle, each peer,
+ONNX Runtime alone, every round) printed the same \`check=\`; otherwise they read "outputs differ"
+(Riffle against the peers) or "peers' outputs differ".
 TEXT
 )
 bench_doc docs/benchmarks/peers.md "Riffle against the Python peers" \

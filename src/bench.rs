@@ -9,7 +9,8 @@
 //!     plus the model at (d)'s rate, spread over the pipeline's cores: what a perfect pipeline of
 //!     these stages would reach.
 //! a/b is the framework's overhead (or gain, when workers overlap decode and inference); a/e how
-//! close it comes to its own stages' limit.
+//! close it comes to its own stages' limit. (a) and (b) must write the same results in every
+//! round, else the a/b ratio reads "outputs differ".
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,8 +64,16 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
             bail!("the pipeline wrote no results for {records} records");
         }
         let line = straight_line(&pipeline, model_at, max_size, threads)?;
+        let latency = pipeline.runtime.latency_column.as_deref();
+        let written = std::fs::read(&output)
+            .with_context(|| format!("reading the pipeline's results {}", output.display()))?;
+        let same_outputs = canonical_lines(&written, latency)? == line.results;
+        if !same_outputs {
+            eprintln!("bench: the pipeline's results and the straight loop's differ");
+        }
         let sessions = parallel_sessions(&pipeline, model_at, workers, &line.ready)?;
         rounds.push(Round {
+            same_outputs,
             pipeline: report.summary.busy,
             straight: line.total,
             model_only: line.model_only,
@@ -89,15 +98,25 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
         let ratio: Vec<f64> = a.iter().zip(&v).map(|(a, v)| a / v).collect();
         println!("| {name} | {} | {} |", spread(&v, 1), spread(&ratio, 2));
     };
+    // No ratio between two runs that did not write the same results.
+    let differ = rounds.iter().any(|r| !r.same_outputs);
     let per_worker = pipeline.runtime.intra_op_threads;
     row(
         format!("(a) riffle pipeline, {workers} worker(s) × {per_worker} thread(s)"),
         a.clone(),
     );
-    row(
-        "(b) straight-line loop over the same stages".into(),
-        column(&|r| per_s(r.straight)),
-    );
+    let straight = column(&|r| per_s(r.straight));
+    if differ {
+        println!(
+            "| (b) straight-line loop over the same stages | {} | outputs differ |",
+            spread(&straight, 1)
+        );
+    } else {
+        row(
+            "(b) straight-line loop over the same stages".into(),
+            straight,
+        );
+    }
     row(
         format!("(c) ONNX Runtime alone, ready tensors, 1 session × {threads} thread(s)"),
         column(&|r| per_s(r.model_only)),
@@ -116,6 +135,8 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
 
 /// One round's times for the whole input.
 struct Round {
+    /// Whether the pipeline's results equal the straight loop's.
+    same_outputs: bool,
     pipeline: Duration,
     straight: Duration,
     model_only: Duration,
@@ -197,6 +218,24 @@ struct Line {
     /// The model calls again, alone on the prepared tensors (`ready`).
     model_only: Duration,
     ready: Vec<RecordBatch>,
+    /// Its results as [`canonical_lines`] of the JSON lines the pipeline's sink would write.
+    results: Vec<String>,
+}
+
+/// JSON lines as sorted canonical lines, the runtime's latency column (which the straight loop
+/// does not add) left out: workers write in any order.
+fn canonical_lines(text: &[u8], latency: Option<&str>) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let mut value: serde_json::Value =
+            serde_json::from_slice(line).context("a result line that is not JSON")?;
+        if let (Some(object), Some(column)) = (value.as_object_mut(), latency) {
+            object.remove(column);
+        }
+        lines.push(value.to_string());
+    }
+    lines.sort_unstable();
+    Ok(lines)
 }
 
 fn straight_line(
@@ -219,6 +258,7 @@ fn straight_line(
     let mut pending_rows = 0;
     let mut ready = Vec::new();
     let mut in_model = Duration::ZERO;
+    let mut results = Vec::new();
     let mut flush = |pending: &mut Vec<RecordBatch>, ready: &mut Vec<RecordBatch>| -> Result<()> {
         if pending.is_empty() {
             return Ok(());
@@ -229,7 +269,7 @@ fn straight_line(
         let call = Instant::now();
         let out = apply(&mut model, merged)?;
         in_model += call.elapsed();
-        apply(&mut post, out)?;
+        results.push(apply(&mut post, out)?);
         Ok(())
     };
     while let Some(batch) = source.next_batch()? {
@@ -255,11 +295,18 @@ fn straight_line(
         apply(&mut model, batch.clone())?;
     }
     let model_only = started.elapsed();
+    // Encoded as the pipeline's JSON-lines sink encodes, after the clock.
+    let mut sink = riffle_connectors::JsonLinesSink::new(Vec::new(), "the straight loop's results");
+    for batch in &results {
+        riffle_dataflow::sink::Sink::write_batch(&mut sink, batch)?;
+    }
+    let results = canonical_lines(&sink.into_inner(), None)?;
     Ok(Line {
         total,
         other,
         model_only,
         ready,
+        results,
     })
 }
 
