@@ -8,8 +8,9 @@
 //! up when built), from the first record read to the last result written. Each job is the
 //! shipped pipeline's: detect is `pipelines/camera-perception.yaml` (250 frames, 4 cameras),
 //! classify `pipelines/camera-classify.yaml` over 1000 images (the 250 frames 4 times), ctr the
-//! recommendation pipeline of `examples/bench_recs.rs` (20,000 ratings, epochs of 64). 2 workers
-//! × 1 ONNX Runtime thread, as the peers' 2 ORT threads in total.
+//! recommendation pipeline of `examples/bench_recs.rs` (20,000 ratings, epochs of 64; each
+//! click's features include every earlier click and itself, `features: per_click`, as the
+//! peers'). 2 workers × 1 ONNX Runtime thread, as the peers' 2 ORT threads in total.
 
 mod common;
 
@@ -174,7 +175,7 @@ fn classify(repo: &Path, out: &Path) -> String {
 source:
   images: {{ path: {frames}, cameras: 2, batch_size: 8, repeat: 4 }}
 stages:
-  - decode: {{}}
+  - decode: {{ jpeg: libjpeg-turbo }}
   - resize:
       width: 224
       height: 224
@@ -182,6 +183,7 @@ stages:
       dtype: f32
       mean: [0.485, 0.456, 0.406]
       std: [0.229, 0.224, 0.225]
+      antialias: false
   - model:
       path: {model}
       inputs: {{ input: tensor }}

@@ -3,7 +3,10 @@
 //! click model → top 10. Riffle (2 workers × 1 ORT thread) against a straight loop (exact
 //! per-click features, one model call per click, ORT with 2 threads) and ONNX Runtime alone on
 //! the loop's prepared tensors (2 sessions × 1 thread, per click and in large batches), all in
-//! one run, in interleaved rounds (median and range). Needs `scripts/setup.sh` (ratings, ORT).
+//! one run, in interleaved rounds (median and range). Riffle's recommendations must equal the
+//! loop's for every click (the same job: features with every earlier click, top 10 by score,
+//! ties in candidate order); a variant whose outputs differ shows "outputs differ" instead of
+//! its ratios. Needs `scripts/setup.sh` (ratings, ORT).
 //! Against the Python peers, side by side: `scripts/bench-peers.sh`.
 //!
 //!     cargo run --release --example bench_recs -- [rounds]
@@ -63,8 +66,11 @@ fn main() -> Result<()> {
     let mut per_click = Vec::new();
     let mut batched = Vec::new();
     let mut riffle: Vec<Vec<(f64, Duration, Duration)>> = vec![Vec::new(); VARIANTS.len()];
+    // Per variant: the first click whose recommendations differed from the loop's, if any.
+    let mut differs: Vec<Option<String>> = vec![None; VARIANTS.len()];
+    let out = tmp.join("out.jsonl");
     for _ in 0..rounds {
-        let (took, latency, ready) = straight_loop(&clicks, &model)?;
+        let (took, latency, ready, expected) = straight_loop(&clicks, &model)?;
         loop_rate.push(events / took.as_secs_f64());
         loop_latency.extend(latency);
         per_click.push(events / ort_alone(&model, &ready, 2)?.as_secs_f64());
@@ -86,6 +92,9 @@ fn main() -> Result<()> {
                 s.end_to_end_p50,
                 s.end_to_end_p99,
             ));
+            if differs[i].is_none() {
+                differs[i] = first_difference(&out, &clicks, &expected)?;
+            }
         }
     }
     loop_latency.sort();
@@ -96,20 +105,23 @@ fn main() -> Result<()> {
     );
     println!("| run | events/s | p50 latency | p99 latency | vs straight loop | vs ORT alone per click |");
     println!("|---|---:|---:|---:|---:|---:|");
-    let ratio = |rates: &[f64], of: &[f64]| -> String {
+    let ratio = |rates: &[f64], of: &[f64], differ: bool| -> String {
+        if differ {
+            return "outputs differ".into();
+        }
         let r: Vec<f64> = rates.iter().zip(of).map(|(a, b)| a / b).collect();
         spread(&r, 2)
     };
-    let row = |name: &str, rates: &[f64], p50: String, p99: String| {
+    let row = |name: &str, rates: &[f64], p50: String, p99: String, differ: bool| {
         println!(
             "| {name} | {} | {p50} | {p99} | {} | {} |",
             spread(rates, 0),
-            ratio(rates, &loop_rate),
-            ratio(rates, &per_click)
+            ratio(rates, &loop_rate, differ),
+            ratio(rates, &per_click, differ)
         )
     };
     let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
-    for (runs, (epoch_records, spread_out)) in riffle.iter().zip(VARIANTS) {
+    for ((runs, (epoch_records, spread_out)), differ) in riffle.iter().zip(VARIANTS).zip(&differs) {
         let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let p50: Vec<f64> = runs.iter().map(|r| ms(&r.1)).collect();
         let p99: Vec<f64> = runs.iter().map(|r| ms(&r.2)).collect();
@@ -125,6 +137,7 @@ fn main() -> Result<()> {
             &rates,
             format!("{} ms", spread(&p50, 2)),
             format!("{} ms", spread(&p99, 2)),
+            differ.is_some(),
         );
     }
     let pct = |q: f64| loop_latency[((loop_latency.len() - 1) as f64 * q) as usize];
@@ -133,19 +146,27 @@ fn main() -> Result<()> {
         &loop_rate,
         fmt_duration(pct(0.5)),
         fmt_duration(pct(0.99)),
+        false,
     );
     row(
         "ORT alone, one call per click (2 × 1 thread)",
         &per_click,
         "-".into(),
         "-".into(),
+        false,
     );
     row(
         "ORT alone, batches of 8192 rows (2 × 1 thread)",
         &batched,
         "-".into(),
         "-".into(),
+        false,
     );
+    for ((epoch_records, spread_out), differ) in VARIANTS.iter().zip(&differs) {
+        if let Some(d) = differ {
+            println!("\nepochs of {epoch_records}, spread {spread_out}: outputs differ: {d}");
+        }
+    }
     let _ = std::fs::remove_dir_all(tmp);
     Ok(())
 }
@@ -212,17 +233,54 @@ fn model_stage(model: &Path, threads: usize) -> Result<Box<dyn Stage>> {
     build_stage(&spec, &RuntimeConfig::default(), 0)?.context("a model stage")
 }
 
-/// Per click: exact features so far, one model call for its candidates, top-k.
-fn straight_loop(
+/// The straight loop's time, per-click latencies, model inputs and recommendations per click.
+type StraightLoop = (Duration, Vec<Duration>, Vec<RecordBatch>, Vec<Vec<i64>>);
+
+/// The first click of `clicks` whose recommendations in Riffle's output `out` are not
+/// `expected`'s (a click without a row has none), described; `None` when all agree.
+fn first_difference(
+    out: &Path,
     clicks: &[(i64, i64)],
-    model: &Path,
-) -> Result<(Duration, Vec<Duration>, Vec<RecordBatch>)> {
+    expected: &[Vec<i64>],
+) -> Result<Option<String>> {
+    let mut got: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
+    for line in std::fs::read_to_string(out)?.lines() {
+        let row: serde_json::Value = serde_json::from_str(line)?;
+        let key = (
+            row["user_id"].as_i64().context("user_id")?,
+            row["item_id"].as_i64().context("item_id")?,
+        );
+        let recs = row["recs"]
+            .as_array()
+            .context("recs")?
+            .iter()
+            .map(|v| v.as_i64().context("an item id"))
+            .collect::<Result<Vec<i64>>>()?;
+        got.insert(key, recs);
+    }
+    for (click, want) in clicks.iter().zip(expected) {
+        let have = got.get(click).cloned().unwrap_or_default();
+        if &have != want {
+            return Ok(Some(format!(
+                "click {click:?}: riffle {have:?}, loop {want:?}"
+            )));
+        }
+    }
+    Ok(None)
+}
+
+/// Per click: exact features of the clicks before it (the click itself is counted after its
+/// answer; the clicked item is never a candidate, so this equals the peers' counting it first),
+/// one model call for its candidates, top-k by score (a stable sort: ties in candidate order).
+/// Also returns each click's recommendations.
+fn straight_loop(clicks: &[(i64, i64)], model: &Path) -> Result<StraightLoop> {
     let mut stage = model_stage(model, 2)?;
     let mut counts: HashMap<i64, i64> = HashMap::new();
     let mut ranking: BTreeSet<(i64, i64)> = BTreeSet::new();
     let mut seen: HashMap<i64, HashSet<i64>> = HashMap::new();
     let mut latency = Vec::with_capacity(clicks.len());
     let mut ready = Vec::new();
+    let mut recs = Vec::with_capacity(clicks.len());
     let started = Instant::now();
     for &(user, item) in clicks {
         let t = Instant::now();
@@ -234,13 +292,17 @@ fn straight_loop(
             .filter(|i| *i != item && !user_seen.contains(i))
             .take(CANDIDATES)
             .collect();
+        let mut top = Vec::new();
         if !candidates.is_empty() {
             let batch = RecordBatch::try_from_iter(vec![
                 (
                     "user_id",
                     Arc::new(Int64Array::from(vec![user; candidates.len()])) as _,
                 ),
-                ("candidate", Arc::new(Int64Array::from(candidates)) as _),
+                (
+                    "candidate",
+                    Arc::new(Int64Array::from(candidates.clone())) as _,
+                ),
             ])?;
             let out = stage.process_batch(&batch)?.records;
             let scores = out
@@ -248,11 +310,12 @@ fn straight_loop(
                 .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
                 .context("p_click")?;
             let mut order: Vec<usize> = (0..scores.len()).collect();
-            order.sort_unstable_by(|a, b| scores.value(*b).total_cmp(&scores.value(*a)));
+            order.sort_by(|a, b| scores.value(*b).total_cmp(&scores.value(*a)));
             order.truncate(K);
-            std::hint::black_box(order);
+            top = order.iter().map(|&o| candidates[o]).collect();
             ready.push(batch);
         }
+        recs.push(top);
         let count = counts.entry(item).or_default();
         ranking.remove(&(-*count, item));
         *count += 1;
@@ -260,7 +323,7 @@ fn straight_loop(
         seen.entry(user).or_default().insert(item);
         latency.push(t.elapsed());
     }
-    Ok((started.elapsed(), latency, ready))
+    Ok((started.elapsed(), latency, ready, recs))
 }
 
 /// `sessions` sessions of 1 thread, each running its share of `batches`.

@@ -1,6 +1,7 @@
-//! The recommendation pipeline against a plain batch recomputation on a prefix of MovieLens-100k:
-//! the candidates the incremental (differential-dataflow) features produce for every click are
-//! exactly those recomputed from scratch, and the recommendations are the model's top-k of them.
+//! The recommendation pipeline against a brute-force recomputation on a prefix of MovieLens-100k:
+//! the candidates of every click are exactly those recomputed from scratch from every click
+//! before it and itself (the peers' rule; `features: previous_epoch`: from the clicks of earlier
+//! epochs), also across a kill -9 and restart, and the recommendations are the model's top-k.
 
 mod common;
 
@@ -13,13 +14,15 @@ use ort::session::Session;
 use ort::value::TensorRef;
 use serde_json::Value;
 
-/// One click as the pipeline reported it, with the epoch whose features answered it.
+/// One click as the pipeline reported it, with its epoch and event id.
 #[derive(Clone, Debug)]
 struct Answered {
     user: i64,
     item: i64,
     time: i64,
     epoch: u64,
+    /// The id of its answer: the epoch, then its place in the epoch's order.
+    event: i64,
 }
 
 fn ratings() -> PathBuf {
@@ -46,15 +49,66 @@ fn int(v: &Value, key: &str) -> i64 {
 /// Popularity ranking, and seen items per user.
 type Features = (Vec<i64>, HashMap<i64, HashSet<i64>>);
 
-/// What a batch recomputation from all clicks of earlier epochs says the candidates are.
-struct Recompute {
+/// The candidates of `clicks[k]` from the clicks `clicks[..=k]` (the order the features are to
+/// follow), by brute force: the peers' rule (`../shared/peers/common.py`, `CandidateState`),
+/// with the windows as the stage defines them: a click is in a window while its event time is
+/// after the largest event time so far minus the width.
+fn per_click_reference(
+    clicks: &[(i64, i64, i64)],
+    window: Option<i64>,
+    seen_window: Option<i64>,
+    max: usize,
+) -> Vec<Vec<i64>> {
+    (0..clicks.len())
+        .map(|k| {
+            let so_far = &clicks[..=k];
+            let (_, user, item) = clicks[k];
+            let watermark = so_far.iter().map(|c| c.0).max().unwrap();
+            let inside = |time: i64, w: Option<i64>| w.is_none_or(|w| time > watermark - w);
+            let mut counts: HashMap<i64, i64> = HashMap::new();
+            let mut rated: HashSet<i64> = HashSet::from([item]);
+            for &(time, u, i) in so_far {
+                if inside(time, window) {
+                    *counts.entry(i).or_default() += 1;
+                }
+                if u == user && inside(time, seen_window) {
+                    rated.insert(i);
+                }
+            }
+            let mut ranking: Vec<(i64, i64)> = counts
+                .into_iter()
+                .filter(|(i, _)| !rated.contains(i))
+                .map(|(i, n)| (-n, i))
+                .collect();
+            ranking.sort();
+            ranking.into_iter().take(max).map(|(_, i)| i).collect()
+        })
+        .collect()
+}
+
+/// The clicks of `csv` as `(time, user, item)`, in file order.
+fn file_clicks(csv: &Path) -> Vec<(i64, i64, i64)> {
+    std::fs::read_to_string(csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<i64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+            (f[3], f[0], f[1])
+        })
+        .collect()
+}
+
+/// What a batch recomputation from all clicks of earlier epochs says the candidates are
+/// (`features: previous_epoch`).
+struct PreviousEpoch {
     clicks: Vec<Answered>,
     window: Option<i64>,
     seen_window: Option<i64>,
     max: usize,
 }
 
-impl Recompute {
+impl PreviousEpoch {
     /// Candidates per epoch's features: (popularity ranking, seen items per user).
     fn features(&self, epoch: u64) -> Features {
         let before: Vec<&Answered> = self.clicks.iter().filter(|c| c.epoch < epoch).collect();
@@ -97,17 +151,29 @@ impl Recompute {
 }
 
 fn run_pipeline(dir: &Path, csv: &Path, stages: &str, workers: usize) -> Vec<Value> {
+    run_pipeline_in_epochs(dir, csv, stages, workers, (128, 128))
+}
+
+/// Runs `stages` over `csv` read in chunks of `batch` records, epochs of `epoch_records` per
+/// worker.
+fn run_pipeline_in_epochs(
+    dir: &Path,
+    csv: &Path,
+    stages: &str,
+    workers: usize,
+    (batch, epoch_records): (usize, usize),
+) -> Vec<Value> {
     let out = dir.join("out.jsonl");
     let pipeline = write(
         dir,
         "recs.yaml",
         &format!(
             r#"
-source: {{ csv: {{ path: "{}", batch_size: 128 }} }}
+source: {{ csv: {{ path: "{}", batch_size: {batch} }} }}
 stages:
 {stages}
 sink: {{ jsonl: {{ path: "{}" }} }}
-runtime: {{ workers: {workers}, epoch_records: 128, max_epochs_in_flight: 2 }}
+runtime: {{ workers: {workers}, epoch_records: {epoch_records}, max_epochs_in_flight: 2 }}
 "#,
             csv.display(),
             out.display()
@@ -117,10 +183,10 @@ runtime: {{ workers: {workers}, epoch_records: 128, max_epochs_in_flight: 2 }}
     read_jsonl(&out)
 }
 
-/// Every input click answered exactly once, in the output's groups of candidate rows.
+/// Every input click answered exactly once, from every earlier click of the file and itself.
 fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64>) {
     let tmp = tempfile::tempdir().unwrap();
-    let n = 4000;
+    let n = 1500;
     let csv = prefix(tmp.path(), n);
     let opt = |name: &str, v: Option<i64>| v.map_or(String::new(), |v| format!(", {name}: {v}"));
     let rows = run_pipeline(
@@ -134,7 +200,9 @@ fn check_candidates(workers: usize, window: Option<i64>, seen_window: Option<i64
         workers,
     );
     let (clicks, got) = answered_clicks(&rows);
-    check_against_recomputation(&csv, &clicks, &got, window, seen_window, 20);
+    let order = check_against_recomputation(&csv, &clicks, &got, window, seen_window, 20);
+    let file: Vec<(i64, i64, i64)> = file_clicks(&csv);
+    assert_eq!(order, file, "a file replay goes in file order");
 }
 
 /// The clicks answered and their candidates: rows of one click are consecutive and share its
@@ -154,6 +222,7 @@ fn answered_clicks(rows: &[Value]) -> (Vec<Answered>, Vec<Vec<i64>>) {
                 item: int(r, "item_id"),
                 time: int(r, "timestamp"),
                 epoch: r["epoch"].as_u64().unwrap(),
+                event,
             });
             got.push(Vec::new());
         }
@@ -164,8 +233,10 @@ fn answered_clicks(rows: &[Value]) -> (Vec<Answered>, Vec<Vec<i64>>) {
     (clicks, got)
 }
 
-/// Every click of `csv` answered exactly once, with the candidates a batch recomputation from
-/// all clicks of earlier epochs gives.
+/// Every click of `csv` answered exactly once, with the candidates a brute-force recomputation
+/// from every click before it (and itself) gives, in the order the stage replayed them (event
+/// ids: the epoch, then the place in it), which goes by event time within an epoch. Returns
+/// that order as `(time, user, item)`.
 fn check_against_recomputation(
     csv: &Path,
     clicks: &[Answered],
@@ -173,51 +244,144 @@ fn check_against_recomputation(
     window: Option<i64>,
     seen_window: Option<i64>,
     max: usize,
-) {
+) -> Vec<(i64, i64, i64)> {
     let n = clicks.len();
     let mut answered: Vec<(i64, i64, i64)> =
         clicks.iter().map(|c| (c.time, c.user, c.item)).collect();
     answered.sort();
-    let text = std::fs::read_to_string(csv).unwrap();
-    let mut input: Vec<(i64, i64, i64)> = text
-        .lines()
-        .skip(1)
-        .map(|l| {
-            let f: Vec<i64> = l.split(',').map(|x| x.parse().unwrap()).collect();
-            (f[3], f[0], f[1])
-        })
-        .collect();
+    let mut input = file_clicks(csv);
     input.sort();
     assert_eq!(answered, input, "every click answered exactly once");
     let epochs: HashSet<u64> = clicks.iter().map(|c| c.epoch).collect();
-    assert!(epochs.len() > 5, "several epochs of features: {epochs:?}");
+    assert!(epochs.len() > 5, "several epochs: {epochs:?}");
 
-    let expected = Recompute {
-        clicks: clicks.to_vec(),
-        window,
-        seen_window,
-        max,
+    let mut replayed: Vec<(&Answered, &Vec<i64>)> = clicks.iter().zip(got).collect();
+    replayed.sort_by_key(|(c, _)| c.event);
+    for w in replayed.windows(2) {
+        let (a, b) = (w[0].0, w[1].0);
+        assert_eq!(a.epoch.cmp(&b.epoch), (a.event >> 32).cmp(&(b.event >> 32)));
+        if a.epoch == b.epoch {
+            assert!(
+                a.time <= b.time,
+                "event-time order in an epoch: {a:?}, {b:?}"
+            );
+        }
     }
-    .candidates_by_click();
+    let order: Vec<(i64, i64, i64)> = replayed
+        .iter()
+        .map(|(c, _)| (c.time, c.user, c.item))
+        .collect();
+    let expected = per_click_reference(&order, window, seen_window, max);
     let with_candidates = got.iter().filter(|c| !c.is_empty()).count();
     assert!(with_candidates > n / 2, "most clicks get candidates");
-    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(
-            g, e,
-            "click {:?}: incremental vs recomputed candidates",
-            clicks[i]
-        );
+    for ((click, g), e) in replayed.iter().zip(&expected) {
+        assert_eq!(*g, e, "click {click:?}: answered vs recomputed candidates");
     }
+    order
 }
 
 #[test]
-fn candidates_equal_batch_recomputation_sliding_popularity_two_workers() {
+fn every_click_sees_every_earlier_click_sliding_popularity_two_workers() {
     check_candidates(2, Some(86_400), None);
 }
 
 #[test]
-fn candidates_equal_batch_recomputation_recent_seen_items_one_worker() {
-    check_candidates(1, None, Some(86_400));
+fn every_click_sees_every_earlier_click_recent_seen_items_one_worker() {
+    // An hour: users come back after longer gaps within the first 1500 clicks (a day: never).
+    check_candidates(1, None, Some(3_600));
+}
+
+/// The peers' job (`../shared/peers`, ctr) on a few hundred clicks, 2 workers each reading two
+/// chunks per epoch (so equal event times across chunks read by different workers must still
+/// go in file order): the candidates of every click are those of a loop that counts the click,
+/// then takes the ≤ 100 most popular items the user has not rated.
+#[test]
+fn candidates_are_the_peers_per_click_loop_two_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = prefix(tmp.path(), 600);
+    let rows = run_pipeline_in_epochs(
+        tmp.path(),
+        &csv,
+        "  - candidates: { max_candidates: 100 }",
+        2,
+        (32, 64),
+    );
+    let (clicks, got) = answered_clicks(&rows);
+    let file = file_clicks(&csv);
+    // The peers' loop, written as theirs: state first, then the candidates.
+    let mut count: HashMap<i64, i64> = HashMap::new();
+    let mut rated: HashMap<i64, HashSet<i64>> = HashMap::new();
+    let mut expected: HashMap<(i64, i64), Vec<i64>> = HashMap::new();
+    for &(_, user, item) in &file {
+        rated.entry(user).or_default().insert(item);
+        *count.entry(item).or_default() += 1;
+        let mut top: Vec<(i64, i64)> = count
+            .iter()
+            .filter(|(i, _)| !rated[&user].contains(i))
+            .map(|(i, n)| (-n, *i))
+            .collect();
+        top.sort();
+        let top = top.into_iter().take(100).map(|(_, i)| i).collect();
+        assert!(
+            expected.insert((user, item), top).is_none(),
+            "a user rates an item once"
+        );
+    }
+    assert_eq!(clicks.len(), file.len(), "one answer per click");
+    let epochs: HashSet<u64> = clicks.iter().map(|c| c.epoch).collect();
+    assert!(epochs.len() >= 4, "several epochs: {epochs:?}");
+    for (click, g) in clicks.iter().zip(&got) {
+        assert_eq!(
+            g,
+            &expected[&(click.user, click.item)],
+            "{click:?}: answered vs the peers' loop"
+        );
+    }
+}
+
+/// `features: previous_epoch` is a real, different option: its answers are those of the
+/// features as of the previous epoch, which miss the clicks just before each click.
+#[test]
+fn previous_epoch_features_are_stale_by_the_epochs_clicks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = prefix(tmp.path(), 1500);
+    let rows = run_pipeline(
+        tmp.path(),
+        &csv,
+        "  - candidates: { max_candidates: 20, window: 86400, features: previous_epoch }",
+        2,
+    );
+    let (clicks, got) = answered_clicks(&rows);
+    let stale = PreviousEpoch {
+        clicks: clicks.clone(),
+        window: Some(86_400),
+        seen_window: None,
+        max: 20,
+    }
+    .candidates_by_click();
+    for (i, (g, e)) in got.iter().zip(&stale).enumerate() {
+        assert_eq!(
+            g, e,
+            "click {:?}: answered vs previous-epoch features",
+            clicks[i]
+        );
+    }
+    let file = file_clicks(&csv);
+    let exact: HashMap<(i64, i64), Vec<i64>> = file
+        .iter()
+        .map(|&(_, u, i)| (u, i))
+        .zip(per_click_reference(&file, Some(86_400), None, 20))
+        .collect();
+    let differ = clicks
+        .iter()
+        .zip(&got)
+        .filter(|(c, g)| exact[&(c.user, c.item)] != **g)
+        .count();
+    assert!(
+        differ > clicks.len() / 10,
+        "previous-epoch answers differ from per-click ones on many clicks ({differ} of {})",
+        clicks.len()
+    );
 }
 
 #[test]
@@ -257,22 +421,18 @@ fn top_k_of_the_candidates(executor: &str, before_model: &str) {
     );
     let rows = run_pipeline(tmp.path(), &csv, &stages, 2);
     assert_eq!(rows.len(), 1500, "one answer per click");
-    let clicks: Vec<Answered> = rows
+    let clicks: Vec<(i64, i64)> = rows
         .iter()
-        .map(|r| Answered {
-            user: int(r, "user_id"),
-            item: int(r, "item_id"),
-            time: int(r, "timestamp"),
-            epoch: r["epoch"].as_u64().unwrap(),
-        })
+        .map(|r| (int(r, "user_id"), int(r, "item_id")))
         .collect();
-    let expected = Recompute {
-        clicks: clicks.clone(),
-        window: Some(86_400),
-        seen_window: None,
-        max: 30,
-    }
-    .candidates_by_click();
+    // A file replay goes in file order: each click's candidates from the clicks before it.
+    let file = file_clicks(&csv);
+    let by_click: HashMap<(i64, i64), Vec<i64>> = file
+        .iter()
+        .map(|&(_, u, i)| (u, i))
+        .zip(per_click_reference(&file, Some(86_400), None, 30))
+        .collect();
+    let expected: Vec<&Vec<i64>> = clicks.iter().map(|c| &by_click[c]).collect();
 
     let env = riffle_operators::inference::onnx::environment().unwrap();
     let mut session = Session::builder(&env)
@@ -297,7 +457,7 @@ fn top_k_of_the_candidates(executor: &str, before_model: &str) {
         if candidates.is_empty() {
             continue;
         }
-        let users = vec![click.user; candidates.len()];
+        let users = vec![click.0; candidates.len()];
         let outputs = session
             .run(ort::inputs![
                 "user_id" => TensorRef::from_array_view(([candidates.len()], users.as_slice())).unwrap(),

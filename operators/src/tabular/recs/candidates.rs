@@ -1,4 +1,8 @@
 //! Candidate generation: for every click, the most popular items the user has not seen.
+//!
+//! The configuration, the checkpointed records and the answer rows are here, with the
+//! `features: previous_epoch` mode (differential-dataflow features, one epoch behind); the
+//! default `features: per_click` mode is in [`super::per_click`].
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,7 +30,20 @@ use timely::dataflow::StreamVec;
 
 use super::{Click, FeatureChange, Restore, SlidingWindow};
 
-const NAME: &str = "candidates";
+pub(super) const NAME: &str = "candidates";
+
+/// Which clicks the features that answer a click include.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeaturesAsOf {
+    /// Every earlier click and the click itself, in event-time order (equal times in input
+    /// order), as a loop over the clicks one at a time would have them: real-time features.
+    #[default]
+    PerClick,
+    /// Only the clicks of earlier epochs: no worker waits for another's clicks of the same
+    /// epoch, but a click does not see the clicks just before it (not even its own user's).
+    PreviousEpoch,
+}
 
 /// YAML block of a `candidates` stage.
 #[serde_inline_default]
@@ -51,15 +68,20 @@ pub struct CandidatesConfig {
     /// Candidates per click (fewer while few items are known).
     #[serde_inline_default(100)]
     pub max_candidates: usize,
+    /// What a click's features include: `per_click` (every earlier click and itself) or
+    /// `previous_epoch` (clicks of earlier epochs only, the faster, stale mode).
+    #[serde(default)]
+    pub features: FeaturesAsOf,
     /// Int64 column written with each candidate item (null for a click with none).
     #[serde_inline_default("candidate".to_string())]
     pub output: String,
     /// Int64 column written with an id shared by the rows of one click (unique: the epoch in
-    /// the high 32 bits).
+    /// the high 32 bits; with `per_click`, the click's place in the epoch's order below).
     #[serde_inline_default("event".to_string())]
     pub event: String,
-    /// UInt64 column written with the epoch whose features answered the click (all clicks of
-    /// earlier epochs are in them).
+    /// UInt64 column written with the click's epoch (`per_click`: its features hold every
+    /// click of earlier epochs and the earlier clicks of this one; `previous_epoch`: only the
+    /// clicks of earlier epochs).
     #[serde_inline_default("epoch".to_string())]
     pub epoch: String,
 }
@@ -121,9 +143,11 @@ impl CandidatesConfig {
 
 /// Extension trait adding candidate generation to batch streams.
 pub trait Candidates<'scope>: Sized {
-    /// Shards clicks by user, maintains popularity and seen items with differential-dataflow,
-    /// and replaces every click row by one row per candidate item (or one row with a null
-    /// candidate when there is none yet). Rows with a null user, item or time become dead letters.
+    /// Shards clicks by user, keeps item popularity and each user's seen items, and replaces
+    /// every click row by one row per candidate item (or one row with a null candidate when
+    /// there is none yet). With `features: per_click` (the default) a click's features include
+    /// every earlier click and itself; with `previous_epoch`, the clicks of earlier epochs.
+    /// Rows with a null user, item or time become dead letters.
     ///
     /// # Examples
     /// ```
@@ -164,10 +188,12 @@ pub trait Candidates<'scope>: Sized {
     ///         (0..b.num_rows()).filter(move |&r| users.value(r) == user).map(move |r| c.is_valid(r).then(|| c.value(r)))
     ///     }).collect()
     /// };
-    /// // Epoch 1 sees epoch 0's popularity: 10 (twice), then 11.
+    /// // Each click sees the clicks before it: user 3 sees 10 (twice, by users 1 and 2).
+    /// assert_eq!(candidates(3), vec![Some(10)]);
+    /// // 10 (twice), then 11 and 12 (once; ties go to the smaller id).
     /// assert_eq!(candidates(4), vec![Some(10), Some(11)]);
-    /// // User 1 already clicked 10.
-    /// assert_eq!(candidates(1), vec![None, Some(11)]);
+    /// // User 1 has no candidate for its first click, and already clicked 10 for its second.
+    /// assert_eq!(candidates(1), vec![None, Some(11), Some(12)]);
     /// ```
     fn candidates(self, config: CandidatesConfig, metrics: Arc<StageMetrics>) -> Self {
         self.candidates_from(config, metrics, &SavedState::default(), 0)
@@ -203,11 +229,11 @@ pub enum Window {
 pub struct WindowClick(pub Window, pub i64, pub i64, pub i64);
 
 impl WindowClick {
-    fn new(window: Window, c: Click) -> WindowClick {
+    pub(super) fn new(window: Window, c: Click) -> WindowClick {
         WindowClick(window, c.user, c.item, c.time)
     }
 
-    fn click(&self) -> Click {
+    pub(super) fn click(&self) -> Click {
         let WindowClick(_, user, item, time) = *self;
         Click { user, item, time }
     }
@@ -233,7 +259,7 @@ impl StateRecord for WindowClick {
 }
 
 /// A click's state record.
-fn record(window: Window, click: Click) -> String {
+pub(super) fn record(window: Window, click: Click) -> String {
     encode(&WindowClick::new(window, click)).unwrap_or_else(|e| {
         tracing::error!("{e}");
         String::new()
@@ -277,134 +303,151 @@ impl<'scope> Candidates<'scope> for BatchStream<'scope> {
         state: &SavedState,
         first_epoch: Epoch,
     ) -> (Self, StateUpdates<'scope>) {
-        let peers = self.scope().peers();
-        let index = self.scope().index();
-        let (restore_popular, restore_seen) = if first_epoch > 0 {
-            restore(state, first_epoch, (index, peers))
-        } else {
-            Default::default()
-        };
-        let owned = self.exchange_by_key(&config.user);
-
-        let columns = config.clone();
-        let clicks: StreamVec<'scope, Epoch, Click> =
-            owned.clone().unary(Pipeline, "Clicks", move |_, _| {
-                move |input, output| {
-                    input.for_each(|cap, data| {
-                        let mut session = output.session(&cap);
-                        for batch in data.iter().filter(|b| b.kind == BatchKind::Records) {
-                            if let Ok((users, items, times)) = click_columns(&batch.data, &columns)
-                            {
-                                session.give_iterator(
-                                    (0..batch.num_rows())
-                                        .filter(|&r| {
-                                            users.is_valid(r)
-                                                && items.is_valid(r)
-                                                && times.is_valid(r)
-                                        })
-                                        .map(|r| Click {
-                                            user: users.value(r),
-                                            item: items.value(r),
-                                            time: times.value(r),
-                                        }),
-                                );
-                            }
-                        }
-                    });
-                }
-            });
-        // Each worker's latest event time per epoch, seen by every worker's windows.
-        let watermarks = clicks
-            .clone()
-            .unary(Pipeline, "EventTime", |_, _| {
-                move |input, output| {
-                    input.for_each(|cap, data| {
-                        if let Some(max) = data.iter().map(|c| c.time).max() {
-                            output.session(&cap).give(max);
-                        }
-                    });
-                }
-            })
-            .broadcast();
-
-        let popular_window =
-            clicks
-                .clone()
-                .sliding_window_from(watermarks.clone(), config.window, restore_popular);
-        let seen_window = clicks.sliding_window_from(watermarks, config.seen_window, restore_seen);
-        let state = popular_window
-            .clone()
-            .map(|(c, _, diff)| (record(Window::Popular, c), diff))
-            .concat(
-                seen_window
-                    .clone()
-                    .map(|(c, _, diff)| (record(Window::Seen, c), diff)),
-            );
-        let popularity = popular_window
-            .map(|(c, t, diff)| (c.item, t, diff))
-            .as_collection()
-            .count()
-            .inner
-            .map(|((item, count), t, diff)| {
-                let count = count as i64;
-                (t, FeatureChange::Popularity { item, count, diff })
-            })
-            .broadcast();
-        let seen = seen_window
-            .map(|(c, t, diff)| ((c.user, c.item), t, diff))
-            .as_collection()
-            .distinct()
-            .inner
-            .map(|((user, item), t, diff)| (t, FeatureChange::Seen { user, item, diff }))
-            .exchange(move |(_, c)| match c {
-                FeatureChange::Seen { user, .. } => worker_for_int(*user, peers) as u64,
-                FeatureChange::Popularity { .. } => 0,
-            });
-        let changes = popularity.concat(seen);
-
-        let mut next_event: (Epoch, i64) = (0, 0);
-        let answer = move |features: &mut Features, batch: &Batch, t: Epoch| {
-            let started = Instant::now();
-            let out = features.answer(&batch.data, &config, t, &mut next_event, (index, peers));
-            let (records, rejected) = match out {
-                Ok(out) => out,
-                Err(e) => {
-                    let reason = e.to_string();
-                    let letters = (0..batch.num_rows())
-                        .map(|r| DeadLetter::for_row(NAME, &batch.data, r, &reason))
-                        .collect();
-                    (None, letters)
-                }
-            };
-            let rows_out = records.as_ref().map_or(0, RecordBatch::num_rows);
-            metrics.record_batch(
-                batch.num_rows(),
-                rows_out,
-                rejected.len(),
-                started.elapsed(),
-            );
-            let mut out = Vec::with_capacity(2);
-            if let Some(records) = records.filter(|r| r.num_rows() > 0) {
-                out.push(batch.with_data(records));
+        match config.features {
+            FeaturesAsOf::PerClick => {
+                super::per_click::candidates(self, config, metrics, state, first_epoch)
             }
-            if !rejected.is_empty() {
-                match dead_letter::to_batch(&rejected) {
-                    Ok(letters) => out.push(Batch::dead_letters(letters, batch.ingest_ns)),
-                    Err(e) => tracing::error!("candidates: dead letters: {e}"),
-                }
+            FeaturesAsOf::PreviousEpoch => {
+                previous_epoch(self, config, metrics, state, first_epoch)
             }
-            out
-        };
-        // Clicks of epoch t are answered from the features as of epoch t - 1.
-        let answers = owned.answer_from(
-            changes,
-            "Candidates",
-            Features::default(),
-            |features, change| features.apply(change),
-            answer,
-        );
-        (answers, state)
+        }
     }
+}
+
+/// `features: previous_epoch`: popularity counted with differential-dataflow on the clicks'
+/// workers and broadcast, seen items on the users' workers; each click answered from the
+/// features as of the previous epoch.
+fn previous_epoch<'scope>(
+    stream: BatchStream<'scope>,
+    config: CandidatesConfig,
+    metrics: Arc<StageMetrics>,
+    state: &SavedState,
+    first_epoch: Epoch,
+) -> (BatchStream<'scope>, StateUpdates<'scope>) {
+    let peers = stream.scope().peers();
+    let index = stream.scope().index();
+    let (restore_popular, restore_seen) = if first_epoch > 0 {
+        restore(state, first_epoch, (index, peers))
+    } else {
+        Default::default()
+    };
+    let owned = stream.exchange_by_key(&config.user);
+
+    let columns = config.clone();
+    let clicks: StreamVec<'scope, Epoch, Click> =
+        owned.clone().unary(Pipeline, "Clicks", move |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data| {
+                    let mut session = output.session(&cap);
+                    for batch in data.iter().filter(|b| b.kind == BatchKind::Records) {
+                        if let Ok((users, items, times)) = click_columns(&batch.data, &columns) {
+                            session.give_iterator(
+                                (0..batch.num_rows())
+                                    .filter(|&r| {
+                                        users.is_valid(r) && items.is_valid(r) && times.is_valid(r)
+                                    })
+                                    .map(|r| Click {
+                                        user: users.value(r),
+                                        item: items.value(r),
+                                        time: times.value(r),
+                                    }),
+                            );
+                        }
+                    }
+                });
+            }
+        });
+    // Each worker's latest event time per epoch, seen by every worker's windows.
+    let watermarks = clicks
+        .clone()
+        .unary(Pipeline, "EventTime", |_, _| {
+            move |input, output| {
+                input.for_each(|cap, data| {
+                    if let Some(max) = data.iter().map(|c| c.time).max() {
+                        output.session(&cap).give(max);
+                    }
+                });
+            }
+        })
+        .broadcast();
+
+    let popular_window =
+        clicks
+            .clone()
+            .sliding_window_from(watermarks.clone(), config.window, restore_popular);
+    let seen_window = clicks.sliding_window_from(watermarks, config.seen_window, restore_seen);
+    let state = popular_window
+        .clone()
+        .map(|(c, _, diff)| (record(Window::Popular, c), diff))
+        .concat(
+            seen_window
+                .clone()
+                .map(|(c, _, diff)| (record(Window::Seen, c), diff)),
+        );
+    let popularity = popular_window
+        .map(|(c, t, diff)| (c.item, t, diff))
+        .as_collection()
+        .count()
+        .inner
+        .map(|((item, count), t, diff)| {
+            let count = count as i64;
+            (t, FeatureChange::Popularity { item, count, diff })
+        })
+        .broadcast();
+    let seen = seen_window
+        .map(|(c, t, diff)| ((c.user, c.item), t, diff))
+        .as_collection()
+        .distinct()
+        .inner
+        .map(|((user, item), t, diff)| (t, FeatureChange::Seen { user, item, diff }))
+        .exchange(move |(_, c)| match c {
+            FeatureChange::Seen { user, .. } => worker_for_int(*user, peers) as u64,
+            FeatureChange::Popularity { .. } => 0,
+        });
+    let changes = popularity.concat(seen);
+
+    let mut next_event: (Epoch, i64) = (0, 0);
+    let answer = move |features: &mut Features, batch: &Batch, t: Epoch| {
+        let started = Instant::now();
+        let out = features.answer(&batch.data, &config, t, &mut next_event, (index, peers));
+        let (records, rejected) = match out {
+            Ok(out) => out,
+            Err(e) => {
+                let reason = e.to_string();
+                let letters = (0..batch.num_rows())
+                    .map(|r| DeadLetter::for_row(NAME, &batch.data, r, &reason))
+                    .collect();
+                (None, letters)
+            }
+        };
+        let rows_out = records.as_ref().map_or(0, RecordBatch::num_rows);
+        metrics.record_batch(
+            batch.num_rows(),
+            rows_out,
+            rejected.len(),
+            started.elapsed(),
+        );
+        let mut out = Vec::with_capacity(2);
+        if let Some(records) = records.filter(|r| r.num_rows() > 0) {
+            out.push(batch.with_data(records));
+        }
+        if !rejected.is_empty() {
+            match dead_letter::to_batch(&rejected) {
+                Ok(letters) => out.push(Batch::dead_letters(letters, batch.ingest_ns)),
+                Err(e) => tracing::error!("candidates: dead letters: {e}"),
+            }
+        }
+        out
+    };
+    // Clicks of epoch t are answered from the features as of epoch t - 1.
+    let answers = owned.answer_from(
+        changes,
+        "Candidates",
+        Features::default(),
+        |features, change| features.apply(change),
+        answer,
+    );
+    (answers, state)
 }
 
 /// The features one worker answers from: global popularity and its own users' seen items.
@@ -415,8 +458,7 @@ struct Features {
     ranking: Vec<i64>,
     stale: bool,
     seen: HashMap<i64, HashSet<i64>>,
-    /// The last input schema and the output schema built for it (batches share a schema).
-    schemas: Option<(SchemaRef, SchemaRef)>,
+    schemas: Schemas,
 }
 
 impl Features {
@@ -462,21 +504,10 @@ impl Features {
         next_event: &mut (Epoch, i64),
         (index, peers): (usize, usize),
     ) -> DataflowResult<(Option<RecordBatch>, Vec<DeadLetter>)> {
-        let schema = match &self.schemas {
-            Some((input, output)) if *input == batch.schema() => output.clone(),
-            _ => {
-                let output = config.output_schema(batch.schema().as_ref())?;
-                self.schemas = Some((batch.schema(), output.clone()));
-                output
-            }
-        };
+        let schema = self.schemas.output(&batch.schema(), config)?;
         let (users, items, times) = click_columns(batch, config)?;
         self.rank();
-        let limit = config.max_candidates;
-        let mut take: Vec<u32> = Vec::with_capacity(batch.num_rows() * limit);
-        let mut events: Vec<i64> = Vec::with_capacity(take.capacity());
-        let mut candidates: Vec<i64> = Vec::with_capacity(take.capacity());
-        let mut valid: Vec<bool> = Vec::with_capacity(take.capacity());
+        let mut rows = AnswerRows::new(schema, batch.num_rows(), config.max_candidates);
         let mut rejected = Vec::new();
         let empty = HashSet::new();
         for row in 0..batch.num_rows() {
@@ -501,44 +532,107 @@ impl Features {
             }
             let event = ((epoch as i64) << 32) | (next_event.1 * peers as i64 + index as i64);
             next_event.1 += 1;
-            let before = candidates.len();
-            for &item in &self.ranking {
-                if item != clicked && !seen.contains(&item) {
-                    candidates.push(item);
-                    if candidates.len() - before == limit {
-                        break;
-                    }
-                }
-            }
-            let n = candidates.len() - before;
-            valid.extend(std::iter::repeat_n(true, n));
-            if n == 0 {
-                // The click still gets its row, so every click has an answer downstream; the
-                // model needs a valid id, so the clicked item stands in under a null.
-                candidates.push(clicked);
-                valid.push(false);
-            }
-            let rows = n.max(1);
-            take.extend(std::iter::repeat_n(row as u32, rows));
-            events.extend(std::iter::repeat_n(event, rows));
+            let candidates = self
+                .ranking
+                .iter()
+                .copied()
+                .filter(|item| *item != clicked && !seen.contains(item))
+                .take(config.max_candidates);
+            rows.push(row, event, clicked, candidates);
         }
-        let indices = UInt32Array::from(take);
+        Ok((Some(rows.finish(batch, epoch)?), rejected))
+    }
+}
+
+/// The output schema last built, for the input schema it was built for (batches share one).
+#[derive(Default)]
+pub(super) struct Schemas(Option<(SchemaRef, SchemaRef)>);
+
+impl Schemas {
+    /// The output schema for `input`.
+    pub(super) fn output(
+        &mut self,
+        input: &SchemaRef,
+        config: &CandidatesConfig,
+    ) -> DataflowResult<SchemaRef> {
+        match &self.0 {
+            Some((seen, output)) if seen == input => Ok(output.clone()),
+            _ => {
+                let output = config.output_schema(input.as_ref())?;
+                self.0 = Some((input.clone(), output.clone()));
+                Ok(output)
+            }
+        }
+    }
+}
+
+/// The candidate rows of one batch, as they are answered: each click's input row repeated once
+/// per candidate, with the click's event id and the candidate.
+pub(super) struct AnswerRows {
+    schema: SchemaRef,
+    take: Vec<u32>,
+    events: Vec<i64>,
+    candidates: Vec<i64>,
+    valid: Vec<bool>,
+}
+
+impl AnswerRows {
+    /// Room for `rows` clicks of up to `limit` candidates each, written as `schema`.
+    pub(super) fn new(schema: SchemaRef, rows: usize, limit: usize) -> Self {
+        let capacity = rows.saturating_mul(limit.min(128));
+        AnswerRows {
+            schema,
+            take: Vec::with_capacity(capacity),
+            events: Vec::with_capacity(capacity),
+            candidates: Vec::with_capacity(capacity),
+            valid: Vec::with_capacity(capacity),
+        }
+    }
+
+    /// Answers the click in input row `row` with `items`.
+    pub(super) fn push(
+        &mut self,
+        row: usize,
+        event: i64,
+        clicked: i64,
+        items: impl Iterator<Item = i64>,
+    ) {
+        let before = self.candidates.len();
+        self.candidates.extend(items);
+        let n = self.candidates.len() - before;
+        self.valid.extend(std::iter::repeat_n(true, n));
+        if n == 0 {
+            // The click still gets its row, so every click has an answer downstream; the
+            // model needs a valid id, so the clicked item stands in under a null.
+            self.candidates.push(clicked);
+            self.valid.push(false);
+        }
+        let rows = n.max(1);
+        let row = u32::try_from(row).unwrap_or(u32::MAX);
+        self.take.extend(std::iter::repeat_n(row, rows));
+        self.events.extend(std::iter::repeat_n(event, rows));
+    }
+
+    /// The rows: `batch`'s columns taken per candidate, then the event, candidate and epoch.
+    pub(super) fn finish(self, batch: &RecordBatch, epoch: Epoch) -> DataflowResult<RecordBatch> {
+        let indices = UInt32Array::from(self.take);
         let mut columns: Vec<ArrayRef> = batch
             .columns()
             .iter()
             .map(|c| arrow_select::take::take(c.as_ref(), &indices, None))
             .collect::<Result<_, _>>()?;
         let rows = indices.len();
-        columns.push(Arc::new(Int64Array::from(events)));
-        let nulls = NullBuffer::from(valid);
+        columns.push(Arc::new(Int64Array::from(self.events)));
+        let nulls = NullBuffer::from(self.valid);
         let nulls = (nulls.null_count() > 0).then_some(nulls);
-        columns.push(Arc::new(Int64Array::new(candidates.into(), nulls)));
+        columns.push(Arc::new(Int64Array::new(self.candidates.into(), nulls)));
         columns.push(Arc::new(UInt64Array::from_value(epoch, rows)));
-        Ok((Some(RecordBatch::try_new(schema, columns)?), rejected))
+        Ok(RecordBatch::try_new(self.schema, columns)?)
     }
 }
 
-fn click_columns<'a>(
+/// The user, item and time columns of `batch`, or which is missing or not Int64.
+pub(super) fn click_columns<'a>(
     batch: &'a RecordBatch,
     config: &CandidatesConfig,
 ) -> DataflowResult<(&'a Int64Array, &'a Int64Array, &'a Int64Array)> {

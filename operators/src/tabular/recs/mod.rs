@@ -1,17 +1,25 @@
 //! Real-time recommendation features on a click stream, maintained with differential-dataflow.
 //!
-//! Clicks are sharded by user. Per epoch, differential keeps two collections up to date:
-//! item popularity over a sliding event-time window (counted on the item's worker, then
-//! broadcast) and each user's recently seen items (kept on the user's worker). Every click is
-//! answered from the features as of the previous epoch, so no worker waits on another within an
-//! epoch: its candidates are the most popular items the user has not seen (the clicked item
+//! Clicks are sharded by user. Two features answer each click: item popularity over a sliding
+//! event-time window (global) and the user's recently seen items (kept on the user's worker).
+//! A click's candidates are the most popular items the user has not seen (the clicked item
 //! included), one output row per candidate, ready for a scoring model and a `rank` stage.
+//!
+//! `features: per_click` (the default, [`per_click`]): each click is answered from features
+//! that include every earlier click and itself, in event-time order (equal times in input
+//! order), as a loop over the clicks one at a time would: every worker gets every click's item
+//! and replays the epoch's clicks in one global order, answering its own users' clicks at their
+//! place. `features: previous_epoch` (an explicit option): differential-dataflow keeps the
+//! features per epoch and each click is answered from those as of the previous epoch, so no
+//! worker waits for another's clicks of the same epoch, but a click does not see the clicks
+//! just before it (nor its own user's): a different, easier job than real-time features.
 
 mod candidates;
+mod per_click;
 mod step;
 mod window;
 
-pub use candidates::{Candidates, CandidatesConfig, Window, WindowClick};
+pub use candidates::{Candidates, CandidatesConfig, FeaturesAsOf, Window, WindowClick};
 pub use riffle_dataflow::operators::{SlidingWindow, WindowUpdates};
 pub use window::Restore;
 

@@ -29,8 +29,12 @@ impl crate::StageKind for CandidatesConfig {
     }
 
     fn describe(&self, _ctx: &crate::StageContext<'_>) -> String {
+        let features = match self.features {
+            super::FeaturesAsOf::PerClick => "every earlier click",
+            super::FeaturesAsOf::PreviousEpoch => "clicks of earlier epochs only",
+        };
         format!(
-            "clicks sharded by `{}`; popularity window {}, seen window {}; ≤ {} candidates per click",
+            "clicks sharded by `{}`; popularity window {}, seen window {}; ≤ {} candidates per click, from {features}",
             self.user,
             self.window.map_or("unbounded".into(), |w| w.to_string()),
             self.seen_window.map_or("unbounded".into(), |w| w.to_string()),
