@@ -295,29 +295,10 @@ fn restore(
     (restore(popular), restore(seen))
 }
 
-impl<'scope> Candidates<'scope> for BatchStream<'scope> {
-    fn candidates_from(
-        self,
-        config: CandidatesConfig,
-        metrics: Arc<StageMetrics>,
-        state: &SavedState,
-        first_epoch: Epoch,
-    ) -> (Self, StateUpdates<'scope>) {
-        match config.features {
-            FeaturesAsOf::PerClick => {
-                super::per_click::candidates(self, config, metrics, state, first_epoch)
-            }
-            FeaturesAsOf::PreviousEpoch => {
-                previous_epoch(self, config, metrics, state, first_epoch)
-            }
-        }
-    }
-}
-
 /// `features: previous_epoch`: popularity counted with differential-dataflow on the clicks'
 /// workers and broadcast, seen items on the users' workers; each click answered from the
 /// features as of the previous epoch.
-fn previous_epoch<'scope>(
+pub(super) fn previous_epoch<'scope>(
     stream: BatchStream<'scope>,
     config: CandidatesConfig,
     metrics: Arc<StageMetrics>,

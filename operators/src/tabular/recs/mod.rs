@@ -23,6 +23,12 @@ pub use candidates::{Candidates, CandidatesConfig, FeaturesAsOf, Window, WindowC
 pub use riffle_dataflow::operators::{SlidingWindow, WindowUpdates};
 pub use window::Restore;
 
+use std::sync::Arc;
+
+use riffle_dataflow::observe::registry::StageMetrics;
+use riffle_dataflow::operators::{BatchStream, StateUpdates};
+use riffle_dataflow::state::SavedState;
+use riffle_dataflow::Epoch;
 use serde::{Deserialize, Serialize};
 
 /// One click: who, what, and when (event time, e.g. seconds).
@@ -40,4 +46,24 @@ pub enum FeatureChange {
     Popularity { item: i64, count: i64, diff: isize },
     /// `user` clicked `item` within the seen-window.
     Seen { user: i64, item: i64, diff: isize },
+}
+
+// The mode is chosen here, so neither implementation's module depends on the other.
+impl<'scope> Candidates<'scope> for BatchStream<'scope> {
+    fn candidates_from(
+        self,
+        config: CandidatesConfig,
+        metrics: Arc<StageMetrics>,
+        state: &SavedState,
+        first_epoch: Epoch,
+    ) -> (Self, StateUpdates<'scope>) {
+        match config.features {
+            FeaturesAsOf::PerClick => {
+                per_click::candidates(self, config, metrics, state, first_epoch)
+            }
+            FeaturesAsOf::PreviousEpoch => {
+                candidates::previous_epoch(self, config, metrics, state, first_epoch)
+            }
+        }
+    }
 }
