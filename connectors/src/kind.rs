@@ -111,6 +111,16 @@ pub trait SinkKind: fmt::Debug + Send + Sync {
         Ok(())
     }
 
+    /// Checks settings that depend on the run's checkpoints (`checkpoint_interval_ms`:
+    /// `runtime.checkpoint.interval_ms`, `None` without checkpoints); the error is the key at
+    /// fault and what was expected.
+    fn check_runtime(
+        &self,
+        _checkpoint_interval_ms: Option<u64>,
+    ) -> Result<(), (&'static str, String)> {
+        Ok(())
+    }
+
     /// Takes a source's consumer group, to commit its offsets with the output; `false` when
     /// this sink (as configured) cannot.
     fn commit_source_offsets(&mut self, _group: &SourceGroup) -> bool {

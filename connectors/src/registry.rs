@@ -32,6 +32,9 @@ impl<T: SinkKind> SinkKind for Box<T> {
     fn check_input(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
         (**self).check_input(schema)
     }
+    fn check_runtime(&self, interval_ms: Option<u64>) -> Result<(), (&'static str, String)> {
+        (**self).check_runtime(interval_ms)
+    }
     fn commit_source_offsets(&mut self, group: &crate::kind::SourceGroup) -> bool {
         (**self).commit_source_offsets(group)
     }

@@ -69,6 +69,12 @@ impl Pipeline {
         source
             .check_resumable(self.source.as_ref())
             .map_err(error)?;
+        let sink = self.spec.sink.value.kind();
+        sink.check_runtime(Some(checkpoint.interval_ms))
+            .map_err(|(key, message)| PipelineError {
+                field: format!("sink.{}.{key}", sink.kind()),
+                ..error(message)
+            })?;
         self.runtime.checkpoint = Some(checkpoint);
         Ok(())
     }
@@ -401,6 +407,17 @@ fn validate(
             ));
         }
     }
+    // Settings that depend on the checkpoints (a Kafka transaction's timeout).
+    let interval = runtime.checkpoint.as_ref().map(|c| c.interval_ms);
+    let kind = spec.sink.value.kind();
+    kind.check_runtime(interval).map_err(|(key, message)| {
+        at.error(
+            sink_line,
+            Some(key),
+            format!("sink.{}.{key}", kind.kind()),
+            message,
+        )
+    })?;
     for (field, line, config) in [
         ("sink", sink_line, &spec.sink.value),
         (

@@ -17,6 +17,14 @@ use crate::schema_registry::RegistryConfig;
 /// Default of `max_message_bytes`: 16 MiB.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// Default of `transaction_timeout_ms`: 30 s. librdkafka's own 60 s meant that a cluster killed
+/// with a transaction open held back every `read_committed` reader of the results topic for
+/// about 70 s (the timeout, then up to the broker's 10 s
+/// `transaction.abort.timed.out.transaction.cleanup.interval.ms`). Kafka Streams' 10 s was too
+/// short here: a broker restart (`tests/kafka.rs`'s crash test) outlasted it, and the run
+/// recovering from the aborted commit wrote one epoch's results twice in 3 tries of 4.
+pub const DEFAULT_TRANSACTION_TIMEOUT_MS: u64 = 30_000;
+
 /// `source: { kafka: {...} }`.
 #[serde_inline_default]
 #[derive(Clone, Debug, Deserialize)]
@@ -128,6 +136,13 @@ pub struct KafkaSinkConfig {
     /// `riffle-<pipeline>-<topic>`).
     #[serde(default)]
     pub transactional_id: Option<String>,
+    /// `transactions` mode: librdkafka's `transaction.timeout.ms`. The broker aborts a
+    /// transaction open longer than this: a commit that took longer fails (the run restarts
+    /// from its last checkpoint), and a cluster killed mid-transaction that does not come back
+    /// holds back every `read_committed` reader of the topic for about this long. At least
+    /// twice `runtime.checkpoint.interval_ms`.
+    #[serde_inline_default(DEFAULT_TRANSACTION_TIMEOUT_MS)]
+    pub transaction_timeout_ms: u64,
     /// Set by the planner when the source reads as consumer group: its offsets are committed
     /// in this sink's transactions.
     #[serde(skip)]
@@ -334,6 +349,45 @@ impl SinkKind for KafkaSinkConfig {
         }
     }
 
+    /// `transaction_timeout_ms` against the checkpoint interval: a transaction stays open from
+    /// one checkpoint to the next (plus the checkpoint's write), so a timeout within two
+    /// intervals would abort transactions of a healthy run.
+    fn check_runtime(
+        &self,
+        checkpoint_interval_ms: Option<u64>,
+    ) -> Result<(), (&'static str, String)> {
+        if self.options.contains_key(TRANSACTION_TIMEOUT_OPTION) {
+            return Err((
+                "options",
+                format!(
+                    "`{TRANSACTION_TIMEOUT_OPTION}` is set by the sink's `transaction_timeout_ms` \
+                     (checked against runtime.checkpoint.interval_ms): expected it there, not \
+                     in `options`"
+                ),
+            ));
+        }
+        let transactions = matches!(
+            self.exactly_once,
+            ExactlyOnce::Auto | ExactlyOnce::Transactions
+        );
+        let Some(interval) = checkpoint_interval_ms.filter(|_| transactions) else {
+            return Ok(());
+        };
+        let least = interval.saturating_mul(2);
+        if self.transaction_timeout_ms < least {
+            return Err((
+                "transaction_timeout_ms",
+                format!(
+                    "{} ms would abort the transactions of a healthy run: each stays open from \
+                     one checkpoint to the next, and runtime.checkpoint.interval_ms is {interval}; \
+                     expected at least {least} (twice the interval), or a shorter interval",
+                    self.transaction_timeout_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn commit_source_offsets(&mut self, group: &SourceGroup) -> bool {
         if !matches!(
             self.exactly_once,
@@ -371,5 +425,63 @@ impl Limits for KafkaSinkConfig {
         Range::int("partitions", 1, 100_000),
         Range::int("replication_factor", -1, 1000),
         Range::int("delivery_timeout_ms", 1, 3_600_000),
+        // librdkafka's least, and the broker's default `transaction.max.timeout.ms` (15 min).
+        Range::int("transaction_timeout_ms", 1_000, 900_000),
     ];
+}
+
+/// The librdkafka property `transaction_timeout_ms` sets.
+pub(crate) const TRANSACTION_TIMEOUT_OPTION: &str = "transaction.timeout.ms";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(extra: serde_json::Value) -> KafkaSinkConfig {
+        let mut v = serde_json::json!({"brokers": "b:9092", "topic": "out"});
+        if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            v.extend(extra.clone());
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_transaction_timeout_defaults_to_30_s_and_passes_a_1_s_checkpoint_interval() {
+        let c = sink(serde_json::json!({}));
+        assert_eq!(c.transaction_timeout_ms, 30_000);
+        assert_eq!(c.check_runtime(Some(1_000)), Ok(()));
+        assert_eq!(c.check_runtime(Some(15_000)), Ok(()));
+        assert!(c.check_runtime(Some(15_001)).is_err());
+        assert_eq!(c.check_runtime(None), Ok(()));
+    }
+
+    #[test]
+    fn a_transaction_timeout_within_two_checkpoint_intervals_is_refused_naming_the_key() {
+        let c = sink(serde_json::json!({"transaction_timeout_ms": 15_000}));
+        assert_eq!(c.check_runtime(Some(7_500)), Ok(()));
+        let (key, message) = c.check_runtime(Some(8_000)).unwrap_err();
+        assert_eq!(key, "transaction_timeout_ms");
+        assert!(
+            message.contains("15000 ms")
+                && message.contains("runtime.checkpoint.interval_ms is 8000")
+                && message.contains("at least 16000"),
+            "{message}"
+        );
+        // Without transactions (or checkpoints) the timeout is never used.
+        for mode in ["markers", "off"] {
+            let c =
+                sink(serde_json::json!({"transaction_timeout_ms": 1_000, "exactly_once": mode}));
+            assert_eq!(c.check_runtime(Some(60_000)), Ok(()), "{mode}");
+        }
+        let c = sink(serde_json::json!({"transaction_timeout_ms": 1_000}));
+        assert_eq!(c.check_runtime(None), Ok(()));
+    }
+
+    #[test]
+    fn the_librdkafka_transaction_timeout_in_options_is_refused_for_the_key() {
+        let c = sink(serde_json::json!({"options": {"transaction.timeout.ms": "60000"}}));
+        let (key, message) = c.check_runtime(None).unwrap_err();
+        assert_eq!(key, "options");
+        assert!(message.contains("`transaction_timeout_ms`"), "{message}");
+    }
 }

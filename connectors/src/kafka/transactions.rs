@@ -190,10 +190,16 @@ impl Transaction {
         if drain(&self.producer, self.timeout) {
             return Ok(());
         }
+        let cause = self
+            .producer
+            .context()
+            .state
+            .client_error()
+            .map_or(String::new(), |c| format!("; the client reported: {c}"));
         Err(DataflowError::stage(
             "sink",
             format!(
-                "kafka transaction `{}`: {} message(s) undelivered after {} ms",
+                "kafka transaction `{}`: {} message(s) undelivered after {} ms{cause}",
                 self.id,
                 self.producer.in_flight_count(),
                 self.timeout.as_millis()
@@ -366,7 +372,10 @@ fn group_metadata(config: &KafkaSinkConfig, group: &str) -> DataflowResult<Consu
 
 fn transactional_config(config: &KafkaSinkConfig, id: &str) -> rdkafka::ClientConfig {
     let mut c = client_config(&config.brokers, &config.options, Role::SinkProducer);
-    c.set("transactional.id", id);
+    c.set("transactional.id", id).set(
+        super::config::TRANSACTION_TIMEOUT_OPTION,
+        config.transaction_timeout_ms.to_string(),
+    );
     c
 }
 
