@@ -5,7 +5,7 @@
 //! A click's candidates are the most popular items the user has not seen (the clicked item
 //! included), one output row per candidate, ready for a scoring model and a `rank` stage.
 //!
-//! `features: per_click` (the default, [`per_click`]): each click is answered from features
+//! `features: per_click` (the default): each click is answered from features
 //! that include every earlier click and itself, in event-time order (equal times in input
 //! order), as a loop over the clicks one at a time would: every worker gets every click's item
 //! and replays the epoch's clicks in one global order, answering its own users' clicks at their
