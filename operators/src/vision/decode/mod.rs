@@ -206,7 +206,35 @@ struct Limits {
     max_batch_bytes: u64,
 }
 
-/// Decodes one JPEG, appending its RGB8 pixels to `out`; returns (width, height).
+impl Decode {
+    /// Decodes one image (PNG and WebP by their magic bytes, else JPEG with the configured
+    /// library), appending its RGB8 pixels to `out`; returns (width, height).
+    fn decode_into(
+        &mut self,
+        bytes: &[u8],
+        limits: Limits,
+        out: &mut Vec<u8>,
+        rows_left: usize,
+    ) -> Result<(u32, u32), Refused> {
+        if bytes.is_empty() {
+            return Err(Refused::Image("empty image payload".to_string()));
+        }
+        if bytes.starts_with(PNG_MAGIC) {
+            return decode_png_into(bytes, limits, out, rows_left);
+        }
+        if bytes.get(..4) == Some(b"RIFF") && bytes.get(8..12) == Some(b"WEBP") {
+            return decode_webp_into(bytes, limits, out, rows_left);
+        }
+        match self.config.jpeg {
+            JpegLibrary::LibjpegTurbo => {
+                decode_turbo_into(bytes, &mut self.turbo, limits, out, rows_left)
+            }
+            JpegLibrary::Zune => decode_jpeg_into(bytes, self.options, limits, out, rows_left),
+        }
+    }
+}
+
+/// Decodes one JPEG with zune-jpeg, appending its RGB8 pixels to `out`; returns (width, height).
 ///
 /// On error `out` is left as it was. `rows_left` sizes the first reservation: frames of one
 /// stream usually share a size, so one allocation then holds the whole batch.
@@ -217,15 +245,6 @@ fn decode_jpeg_into(
     out: &mut Vec<u8>,
     rows_left: usize,
 ) -> Result<(u32, u32), Refused> {
-    if bytes.is_empty() {
-        return Err(Refused::Image("empty image payload".to_string()));
-    }
-    if bytes.starts_with(PNG_MAGIC) {
-        return decode_png_into(bytes, limits, out, rows_left);
-    }
-    if bytes.get(..4) == Some(b"RIFF") && bytes.get(8..12) == Some(b"WEBP") {
-        return decode_webp_into(bytes, limits, out, rows_left);
-    }
     let invalid = |e: zune_jpeg::errors::DecodeErrors| {
         // zune-jpeg's messages for static errors are Debug-quoted.
         format!("invalid JPEG: {}", e.to_string().trim_matches('"'))
@@ -267,15 +286,6 @@ fn decode_turbo_into(
     out: &mut Vec<u8>,
     rows_left: usize,
 ) -> Result<(u32, u32), Refused> {
-    if bytes.is_empty() {
-        return Err(Refused::Image("empty image payload".to_string()));
-    }
-    if bytes.starts_with(PNG_MAGIC) {
-        return decode_png_into(bytes, limits, out, rows_left);
-    }
-    if bytes.get(..4) == Some(b"RIFF") && bytes.get(8..12) == Some(b"WEBP") {
-        return decode_webp_into(bytes, limits, out, rows_left);
-    }
     let invalid = |e: turbojpeg::Error| format!("invalid JPEG: {e}");
     let decompressor = match turbo {
         Some(d) => d,
@@ -544,12 +554,7 @@ impl Stage for Decode {
         for row in 0..rows {
             let decoded = match payloads.get(row) {
                 None => Err(Refused::Image("null image payload".to_string())),
-                Some(bytes) if self.config.jpeg == JpegLibrary::LibjpegTurbo => {
-                    decode_turbo_into(bytes, &mut self.turbo, limits, &mut values, rows - row)
-                }
-                Some(bytes) => {
-                    decode_jpeg_into(bytes, self.options, limits, &mut values, rows - row)
-                }
+                Some(bytes) => self.decode_into(bytes, limits, &mut values, rows - row),
             };
             match decoded {
                 Ok((w, h)) => {
