@@ -103,7 +103,7 @@ impl Transaction {
             }),
             None => None,
         };
-        Ok(Transaction {
+        let transaction = Transaction {
             producer,
             id: id.to_string(),
             topic: config.topic.clone(),
@@ -111,7 +111,58 @@ impl Transaction {
             timeout,
             control: Mutex::new(Control::default()),
             group,
-        })
+        };
+        transaction.abort_left_open(config)?;
+        Ok(transaction)
+    }
+
+    /// Aborts a transaction of this producer id that a partition still holds open after
+    /// `init_transactions` resolved the coordinator's. A broker restarted (`kill -9`) within
+    /// its session timeout completes the abort of a timed-out transaction without writing the
+    /// marker to partitions whose leader is not registered again yet ("Couldn't find leader
+    /// endpoint … skipped"); the partition keeps the transaction open, and the next commit
+    /// under this id would commit those results as well as their replay. One record to each
+    /// such partition in a transaction that is then aborted closes it: markers end whatever
+    /// this producer id has open there, whatever its epoch.
+    fn abort_left_open(&self, config: &KafkaSinkConfig) -> DataflowResult<()> {
+        let open = open_partitions(config, &[&self.topic, &self.log_topic])?;
+        if open.is_empty() {
+            return Ok(());
+        }
+        self.producer
+            .begin_transaction()
+            .map_err(|e| self.failed("beginning a transaction", e))?;
+        let headers = OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: CLEAN_UP_HEADER,
+            value: Some("abort"),
+        });
+        for p in &open {
+            let record = BaseRecord::<[u8], [u8], usize>::with_opaque_to(&p.topic, COMMIT_RECORD)
+                .partition(p.partition)
+                .payload(&[])
+                .headers(headers.clone());
+            self.producer
+                .send(record)
+                .map_err(|(e, _)| self.failed("writing a clean-up record", e))?;
+        }
+        // Sent, not only queued: an abort purges what is queued, and a partition the
+        // transaction never reached gets no marker.
+        self.drain()?;
+        self.producer
+            .abort_transaction(self.timeout)
+            .map_err(|e| self.failed("aborting the clean-up transaction", e))?;
+        for p in &open {
+            tracing::info!(
+                topic = %p.topic,
+                partition = p.partition,
+                transactional_id = %self.id,
+                "a transaction was left open there (last stable offset {}, end {}): aborted \
+                 what this producer id had open, so the next commit does not commit it",
+                p.stable,
+                p.end
+            );
+        }
+        Ok(())
     }
 
     /// Makes sure a transaction is open.
@@ -410,6 +461,79 @@ fn unsupported(code: Option<RDKafkaErrorCode>) -> bool {
                 | RDKafkaErrorCode::InvalidRequest
         )
     )
+}
+
+/// Header of the record that [`Transaction::abort_left_open`] writes and aborts (never seen
+/// by `read_committed` readers).
+pub const CLEAN_UP_HEADER: &str = "riffle-clean-up";
+
+/// A partition whose last stable offset is behind its end: a transaction is open on it.
+#[derive(Debug)]
+struct OpenPartition {
+    topic: String,
+    partition: i32,
+    stable: i64,
+    end: i64,
+}
+
+/// The partitions of `topics` with a transaction open (missing topics have none).
+fn open_partitions(
+    config: &KafkaSinkConfig,
+    topics: &[&str],
+) -> DataflowResult<Vec<OpenPartition>> {
+    let timeout = Duration::from_millis(config.delivery_timeout_ms);
+    let committed = watermark_reader(config, "read_committed")?;
+    let uncommitted = watermark_reader(config, "read_uncommitted")?;
+    let mut open = Vec::new();
+    for topic in topics {
+        let metadata = committed
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(|e| error(config, format!("reading `{topic}`'s metadata: {e}")))?;
+        let Some(t) = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == *topic && t.error().is_none())
+        else {
+            continue;
+        };
+        for partition in t.partitions().iter().map(|p| p.id()) {
+            let watermark = |c: &BaseConsumer<Diagnosed>| {
+                c.fetch_watermarks(topic, partition, timeout)
+                    .map(|(_, high)| high)
+                    .map_err(|e| {
+                        error(
+                            config,
+                            format!("reading `{topic}` [{partition}]'s end: {e}"),
+                        )
+                    })
+            };
+            // A transaction that opens or closes between the two reads may look open: that
+            // costs a clean-up that finds nothing of ours, never a missed one.
+            let stable = watermark(&committed)?;
+            let end = watermark(&uncommitted)?;
+            if stable < end {
+                open.push(OpenPartition {
+                    topic: topic.to_string(),
+                    partition,
+                    stable,
+                    end,
+                });
+            }
+        }
+    }
+    Ok(open)
+}
+
+/// A client that reads partitions' ends with `isolation` (`read_committed`: the last stable
+/// offset).
+fn watermark_reader(
+    config: &KafkaSinkConfig,
+    isolation: &str,
+) -> DataflowResult<BaseConsumer<Diagnosed>> {
+    let mut c = client_config(&config.brokers, &config.options, Role::Admin);
+    c.set("isolation.level", isolation);
+    c.create_with_context(Diagnosed::default())
+        .map_err(|e| error(config, format!("creating a client: {e}")))
 }
 
 /// The last commit recorded for `id` in the commit log, once no transaction on it is pending
