@@ -676,3 +676,13 @@ fn output_moves_the_dead_letters_beside_it() {
         "nothing is left beside the shipped output: {paths:?}"
     );
 }
+
+#[test]
+fn a_gpu_map_without_an_auto_device_stage_is_an_error_at_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = edited(tmp.path(), "  workers: 2", "  workers: 2\n  gpus: [0, 1]");
+    let e = error_of(&p);
+    assert!(e.contains("runtime.gpus"), "{e}");
+    assert!(e.contains("device: auto"), "{e}");
+    assert!(e.contains("p.yaml"), "{e}");
+}

@@ -37,6 +37,7 @@ pub mod ipc;
 pub mod jsonl;
 pub mod kafka;
 pub mod kind;
+mod pace;
 pub mod parquet;
 pub mod postgres;
 pub mod redis;

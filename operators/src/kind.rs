@@ -138,6 +138,11 @@ pub trait StageKind: fmt::Debug + Send + Sync {
         false
     }
 
+    /// Whether it picks its GPU through `runtime.gpus` (`device: auto`).
+    fn follows_gpu_map(&self) -> bool {
+        false
+    }
+
     /// Whether it keeps state and shards its input itself ([`Step::Stateful`]): it runs on
     /// every worker and cannot be placed on some of them.
     fn stateful(&self) -> bool {

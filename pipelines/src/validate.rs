@@ -228,6 +228,24 @@ fn validate(
             resolve(dir);
         }
     }
+    // A GPU map that no stage reads would be a silent no-op.
+    if !runtime.gpus.is_empty()
+        && !spec
+            .stages
+            .iter()
+            .filter_map(|s| s.value.stage())
+            .any(|s| s.follows_gpu_map())
+    {
+        return Err(at.error(
+            runtime_line,
+            Some("gpus"),
+            "runtime.gpus".into(),
+            "maps workers to GPUs for stages with `device: auto`, and no stage has it (`cpu` \
+             and `cuda:N` stages ignore the map): expected a `device: auto` stage, or no \
+             `gpus`"
+                .into(),
+        ));
+    }
     // Zero workers, epochs of zero records and the like are out of range (crate::ranges).
 
     // Source: its files must exist.

@@ -281,8 +281,7 @@ impl SourceFactory for ImagesSource {
             batch_size: self.batch_size,
             span: self.span,
             schema: schema(),
-            pace: self.pace,
-            paced: None,
+            paced: self.pace.map(crate::pace::Pacer::new),
             due,
             started: self.started.clone(),
             max_file_bytes: self.max_file_bytes,
@@ -303,9 +302,8 @@ struct ImagesPartition {
     batch_size: usize,
     span: i64,
     schema: SchemaRef,
-    pace: Option<f64>,
-    /// When pacing: the first read, and the images read since.
-    paced: Option<(std::time::Instant, u64)>,
+    /// `max_records_per_second`.
+    paced: Option<crate::pace::Pacer>,
     /// With `fps`: when each row is due, after `started` (the first look at the schedule).
     due: Option<Vec<std::time::Duration>>,
     started: Arc<std::sync::OnceLock<std::time::Instant>>,
@@ -377,16 +375,8 @@ impl Source for ImagesPartition {
             return Ok(None);
         }
         let end = self.due_end(start);
-        if let Some(rate) = self.pace {
-            let (since, read) = self
-                .paced
-                .get_or_insert_with(|| (std::time::Instant::now(), 0));
-            let due =
-                std::time::Duration::from_secs_f64(*read as f64 / rate.max(f64::MIN_POSITIVE));
-            if let Some(wait) = due.checked_sub(since.elapsed()) {
-                std::thread::sleep(wait);
-            }
-            *read += (end - start) as u64;
+        if let Some(pacer) = self.paced.as_mut() {
+            pacer.admit((end - start) as u64);
         }
         self.next = end;
 

@@ -282,7 +282,7 @@ fn check_resize(
             config(300, 300, Layout::Nhwc, TensorDtype::U8, None, None),
         ),
         (
-            "224×224 NCHW f32, ImageNet mean/std (camera-classify)",
+            "224×224 NCHW f32, ImageNet mean/std, antialiased (the classify stretch, as the CPU default)",
             config(
                 224,
                 224,

@@ -97,7 +97,7 @@ pub(super) struct KafkaReader {
     records_in: IntCounter,
     bytes_in: IntCounter,
     /// When pacing: the first read, and the messages read since.
-    paced: Option<(Instant, u64)>,
+    paced: Option<crate::pace::Pacer>,
     /// When the last advisory commit was sent.
     advised: Option<Instant>,
     /// Value bytes of the last batch.
@@ -129,7 +129,7 @@ impl KafkaReader {
             partitions: BTreeMap::new(),
             records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
             bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
-            paced: None,
+            paced: config.max_records_per_second.map(crate::pace::Pacer::new),
             advised: None,
             last_bytes: 0,
             feed: None,
@@ -361,13 +361,8 @@ impl Source for KafkaReader {
 impl KafkaReader {
     /// Replay pace: sleeps until `max_records_per_second` allows what was read.
     fn pace(&mut self, result: &DataflowResult<Option<SourceBatch>>) {
-        if let (Some(rate), Ok(Some(batch))) = (self.config.max_records_per_second, result) {
-            let (since, read) = self.paced.get_or_insert_with(|| (Instant::now(), 0));
-            *read += (batch.records.num_rows() + batch.rejected.len()) as u64;
-            let due = Duration::from_secs_f64(*read as f64 / rate.max(f64::MIN_POSITIVE));
-            if let Some(wait) = due.checked_sub(since.elapsed()) {
-                std::thread::sleep(wait);
-            }
+        if let (Some(pacer), Ok(Some(batch))) = (self.paced.as_mut(), result) {
+            pacer.admit((batch.records.num_rows() + batch.rejected.len()) as u64);
         }
     }
 

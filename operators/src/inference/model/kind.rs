@@ -206,6 +206,10 @@ impl StageKind for ModelConfig {
         self.device != DeviceSpec::Cpu
     }
 
+    fn follows_gpu_map(&self) -> bool {
+        self.device == DeviceSpec::Auto
+    }
+
     /// A repository's, variants' or shadow's stage runs operators of its own on every worker
     /// (the version announcements, the shadow), so it cannot be placed on some of them.
     fn stateful(&self) -> bool {

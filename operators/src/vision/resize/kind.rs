@@ -46,6 +46,10 @@ impl StageKind for ResizeConfig {
     fn may_use_gpu(&self) -> bool {
         self.device != DeviceSpec::Cpu && self.gpu_unsupported().is_none()
     }
+
+    fn follows_gpu_map(&self) -> bool {
+        self.device == DeviceSpec::Auto
+    }
 }
 
 impl ResizeConfig {
