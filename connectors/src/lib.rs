@@ -32,6 +32,7 @@ pub mod avro;
 pub mod csv;
 mod files;
 pub mod formats;
+pub mod http;
 pub mod images;
 pub mod ipc;
 pub mod jsonl;

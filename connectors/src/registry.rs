@@ -169,6 +169,7 @@ sink_kinds! {
     Postgres(crate::postgres::PostgresSinkConfig),
     Redis(crate::redis::RedisSinkConfig),
     Parquet(crate::parquet::ParquetSinkConfig),
+    Http(crate::http::HttpSinkConfig),
 }
 
 impl SourceConfig {
@@ -248,6 +249,7 @@ mod tests {
             json!({"parquet": {"path": "d"}}),
             json!({"redis": {"url": "redis://h", "key": "k"}}),
             json!({"postgres": {"url": "postgres://h/db", "table": "t"}}),
+            json!({"http": {"url": "http://h/hook"}}),
         ];
         for sink in sinks {
             let key = sink.as_object().unwrap().keys().next().unwrap().clone();

@@ -456,12 +456,16 @@ fn validate(
             at.error(sink_line, None, format!("sink.{}", kind.kind()), message)
         })?;
     }
-    let sink: Arc<dyn SinkFactory> = Arc::from(
-        spec.sink
-            .value
-            .build()
-            .map_err(|e| at.error(sink_line, None, "sink".into(), e.to_string()))?,
-    );
+    let sink: Arc<dyn SinkFactory> =
+        Arc::from(spec.sink.value.build().map_err(|e| match e.located() {
+            (Some(key), inner) => at.error(
+                sink_line,
+                key.rsplit('.').next(),
+                format!("sink.{}.{key}", spec.sink.value.kind().kind()),
+                inner.to_string(),
+            ),
+            (None, _) => at.error(sink_line, None, "sink".into(), e.to_string()),
+        })?);
     let dead_letter: Arc<dyn SinkFactory> = Arc::from(dead_letter_config.build().map_err(|e| {
         at.error(
             spec.dead_letter.as_ref().and_then(line_of),
