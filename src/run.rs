@@ -74,6 +74,8 @@ fn options(args: &RunArgs, log_format: LogFormat) -> RunOptions {
 struct Shown {
     endpoints: Endpoints,
     progress: Option<(ProgressBar, Ticker)>,
+    /// The run checkpoints (`runtime.checkpoint`, `--checkpoint-dir`, `--checkpoint-url`).
+    checkpointed: bool,
 }
 
 impl Shown {
@@ -82,9 +84,13 @@ impl Shown {
         // The view (or the reporter to process 0's) puts its live tap in the run's context.
         let endpoints = Endpoints::start(args, &pipeline, &cluster, process.context_mut())?;
         let progress = progress_bar(args, &pipeline, &cluster, process.metrics());
+        let checkpointed = pipeline.runtime.checkpoint.is_some()
+            || args.checkpoint_dir.is_some()
+            || args.checkpoint_url.is_some();
         Ok(Shown {
             endpoints,
             progress,
+            checkpointed,
         })
     }
 
@@ -109,9 +115,7 @@ impl Shown {
             eprint!("{}", report.summary);
         }
         if outcome.stop_requested() {
-            eprintln!(
-                "riffle: stopped on request; the last checkpoint covers every result written"
-            );
+            eprintln!("riffle: {}", stopped_message(self.checkpointed));
         }
         if let Some(addr) = self.endpoints.finish() {
             if !outcome.stop_requested() {
@@ -121,6 +125,16 @@ impl Shown {
                 outcome.wait_for_stop();
             }
         }
+    }
+}
+
+/// What a run stopped on request leaves behind.
+fn stopped_message(checkpointed: bool) -> &'static str {
+    if checkpointed {
+        "stopped on request; the last checkpoint covers every result written"
+    } else {
+        "stopped on request; the results written so far are in the sink, and with no \
+         checkpoint configured nothing is resumable: a new run starts from the beginning"
     }
 }
 
@@ -175,4 +189,17 @@ fn progress_bar(
         }
     });
     Some((bar, Ticker(stop, Some(handle))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stopped_message;
+
+    #[test]
+    fn a_stop_without_checkpoints_claims_none() {
+        assert!(stopped_message(true).contains("last checkpoint"));
+        let plain = stopped_message(false);
+        assert!(!plain.contains("last checkpoint"), "{plain}");
+        assert!(plain.contains("nothing is resumable"), "{plain}");
+    }
 }

@@ -116,6 +116,17 @@ function renderCameras(list) {
   }
 }
 
+// Live cameras' riffle_video_camera_up: a card says "down" (one that never came up gets an
+// empty card saying so).
+function renderCameraHealth(connectors) {
+  for (const [k, v] of Object.entries(connectors)) {
+    const m = /^riffle_video_camera_up\{camera=(.*)\}$/.exec(k);
+    if (!m) continue;
+    const cam = cameraCard(m[1]);
+    cam.caption.parentElement.dataset.up = v > 0 ? "1" : "0";
+  }
+}
+
 const history = new Map(); // stage name -> points (t ascending), at most HISTORY
 const HISTORY = 240;
 const stageRows = new Map(); // stage name -> { cells, rate, lat }
@@ -227,6 +238,7 @@ function render(s) {
   $("uptime").textContent = `${Math.round(s.uptime_s)} s`;
   $("plan").textContent = s.about.plan;
   renderCameras(s.cameras);
+  renderCameraHealth(s.connectors);
   renderStages(s.stages);
   // Tables of rows are rebuilt at most every 2 s (each snapshot would cost the browser more).
   const now = performance.now();

@@ -3,7 +3,9 @@
 //! [`serve`] starts one HTTP server (axum on a tokio runtime of its own thread) with:
 //! - `GET /metrics`: Prometheus text of this process;
 //! - `GET /healthz`: 200 while the process runs; `GET /readyz`: 200 once every worker of the
-//!   process has built its dataflow (models loaded) and has its share of the source, else 503;
+//!   process has built its dataflow (models loaded) and has its share of the source, and every
+//!   input the source waits for has delivered (a source's gauges `riffle_…_awaited{…}` at 1:
+//!   a video camera until its first frame, named in the 503's body), else 503;
 //! - with the page on ([`ViewConfig::page`]): `GET /` (the page, its assets embedded in the
 //!   binary), `GET /events` (server-sent events: the view's JSON snapshot on every change),
 //!   `GET /api/state` (the same snapshot), `GET /frame?camera=..&v=..` (a camera's sampled frame
@@ -309,6 +311,14 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
     let ready = shared.context.readiness.ready_workers();
     let want = shared.config.workers.max(1);
     if ready >= want {
+        let awaited = awaited_inputs(&shared.context.metrics.registered_values());
+        if !awaited.is_empty() {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: no data yet from {}\n", awaited.join(", ")),
+            )
+                .into_response();
+        }
         (
             StatusCode::OK,
             format!("ready: {ready} of {want} workers\n"),
@@ -321,6 +331,21 @@ async fn readyz(State(shared): State<Arc<Shared>>) -> Response {
         )
             .into_response()
     }
+}
+
+/// The inputs a source still waits for: its gauges `riffle_…_awaited{…}` at 1 (a video
+/// camera until its first frame), each named by its labels (`camera gone`).
+fn awaited_inputs(values: &[(String, f64)]) -> Vec<String> {
+    values
+        .iter()
+        .filter(|(_, v)| *v > 0.0)
+        .filter_map(|(name, _)| {
+            let (metric, labels) = name.split_once('{')?;
+            metric.ends_with("_awaited").then_some(())?;
+            let labels = labels.trim_end_matches('}');
+            Some(labels.replace('=', " `").replace(',', "`, ") + "`")
+        })
+        .collect()
 }
 
 async fn events(
@@ -426,5 +451,21 @@ impl PeerReporter {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readyz_names_the_inputs_still_awaited() {
+        let values = [
+            ("riffle_video_camera_awaited{camera=gone}".to_string(), 1.0),
+            ("riffle_video_camera_awaited{camera=good}".to_string(), 0.0),
+            ("riffle_video_camera_up{camera=gone}".to_string(), 0.0),
+            ("riffle_video_frames_total{camera=x}".to_string(), 3.0),
+        ];
+        assert_eq!(awaited_inputs(&values), ["camera `gone`"]);
     }
 }

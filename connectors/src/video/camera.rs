@@ -10,7 +10,7 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use super::config::Camera;
 use super::decoder::{self, Decoded, Ended, Flow, OpenOptions};
 use super::metrics::CameraMetrics;
-use super::pace::{Looping, Pacer};
+use super::pace::{Backoff, ConnectBurst, Looping, Pacer, StreamClock};
 use super::queue::{Frame, FrameQueue, Pushed, Thinning};
 
 /// Retry settings of live cameras.
@@ -40,7 +40,10 @@ struct Progress {
     /// Frames kept by the thinning so far (what `max_frames` counts).
     kept: u64,
     thinning: Thinning,
-    started: Instant,
+    /// This connection's presentation times (reset on each open).
+    clock: StreamClock,
+    /// This connection's opening burst (reset on each open).
+    burst: ConnectBurst,
     /// `realtime`: when each frame is released.
     pacer: Pacer,
     /// `loop`: presentation times shifted pass after pass.
@@ -67,12 +70,13 @@ impl CameraTask {
             next_frame: 0,
             kept: 0,
             thinning: Thinning::new(camera.every_nth, camera.sample_fps),
-            started: Instant::now(),
+            clock: StreamClock::default(),
+            burst: ConnectBurst::default(),
             pacer: Pacer::default(),
             looping: Looping::default(),
         };
         let mut failures = 0u32;
-        let mut backoff = self.retry.backoff;
+        let mut backoff = Backoff::new(self.retry.backoff, self.retry.max_backoff);
         // Since when a live stream has been down (`None` while up, or before it first came up).
         let mut outage: Option<Instant> = None;
         loop {
@@ -89,8 +93,7 @@ impl CameraTask {
                     if failures == 1 && outage.is_none() {
                         tracing::warn!("camera `{}`: {e}; retrying with backoff", camera.id);
                     }
-                    self.sleep(backoff);
-                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                    self.sleep(backoff.wait());
                     continue;
                 }
             };
@@ -103,8 +106,11 @@ impl CameraTask {
                 );
             }
             failures = 0;
-            backoff = self.retry.backoff;
+            backoff.reset();
+            progress.clock = StreamClock::default();
+            progress.burst = ConnectBurst::default();
             let ended = stream.run(&self.stop, &mut |d| self.handle(d, &mut progress));
+            self.metrics.health.down();
             match ended {
                 Ok(Ended::Stopped) => return self.queue.finish(),
                 // A looped file plays again, its frame numbers and times going on.
@@ -147,6 +153,7 @@ impl CameraTask {
     fn give_up(&self, reason: &str) {
         let camera = &self.camera;
         tracing::error!("camera `{}` failed: {reason}", camera.id);
+        self.metrics.health.down();
         self.metrics.failures.inc();
         self.queue.reject(DeadLetter {
             stage: "source".into(),
@@ -166,8 +173,6 @@ impl CameraTask {
     )]
     fn handle(&self, decoded: Decoded<'_>, p: &mut Progress) -> Flow {
         let camera = &self.camera;
-        let started = p.started;
-        let elapsed = || started.elapsed().as_millis() as i64;
         match decoded {
             Decoded::Corrupt {
                 pts_ms,
@@ -198,13 +203,16 @@ impl CameraTask {
                 Flow::Continue
             }
             Decoded::Frame { pts_ms, image } => {
+                self.metrics.health.frame();
                 let number = p.next_frame;
                 p.next_frame += 1;
-                // Streams without timestamps are timed by when their frames arrive.
-                let pts_ms = match pts_ms {
-                    Some(pts) if camera.looped => p.looping.shift(pts),
-                    Some(pts) => pts,
-                    None => elapsed(),
+                let arrived = Instant::now();
+                let pts_ms = p.clock.stamp(pts_ms, arrived);
+                let in_burst = camera.live && p.burst.frame(pts_ms, arrived);
+                let pts_ms = if camera.looped {
+                    p.looping.shift(pts_ms)
+                } else {
+                    pts_ms
                 };
                 if !p.thinning.keep(number, pts_ms) {
                     return Flow::Continue;
@@ -257,7 +265,12 @@ impl CameraTask {
                 match pushed {
                     Pushed::Queued => end,
                     Pushed::DroppedOldest | Pushed::DroppedNewest => {
-                        self.metrics.dropped.inc();
+                        // What a connection buffered while opening is stale, not overload.
+                        if in_burst {
+                            self.metrics.skipped_on_connect.inc();
+                        } else {
+                            self.metrics.dropped.inc();
+                        }
                         end
                     }
                     Pushed::Closed => Flow::Stop,

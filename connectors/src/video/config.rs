@@ -57,7 +57,8 @@ pub struct VideoConfig {
     /// it is given up; a file is tried once.
     #[serde_inline_default(10)]
     pub connect_attempts: u32,
-    /// Wait before the first retry, doubled after each failure up to `max_backoff_ms`.
+    /// Wait before the first retry, doubled after each failure up to `max_backoff_ms` (the
+    /// cap), each wait shortened by up to 20% at random.
     #[serde_inline_default(500)]
     pub backoff_ms: u64,
     #[serde_inline_default(10_000)]

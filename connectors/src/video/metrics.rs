@@ -1,19 +1,25 @@
 //! Prometheus metrics of the video source, per camera, created once per process and exposed as
 //! `riffle_video_*` (the process registry adds the `riffle_` prefix).
 
-use std::sync::OnceLock;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
-use prometheus::core::Collector;
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 pub(crate) struct VideoMetrics {
     frames: IntCounterVec,
     dropped: IntCounterVec,
+    skipped_on_connect: IntCounterVec,
     reconnects: IntCounterVec,
     failures: IntCounterVec,
     queue_high_water: IntGaugeVec,
+    health: Arc<HealthCollector>,
 }
 
 /// One camera's handles.
@@ -21,14 +27,119 @@ pub(crate) struct VideoMetrics {
 pub(crate) struct CameraMetrics {
     /// Frames kept (after thinning) and handed to the queue.
     pub frames: IntCounter,
-    /// Frames discarded because the queue was full (`drop_oldest` / `drop_newest`).
+    /// Frames discarded because the queue was full (`drop_oldest` / `drop_newest`), the
+    /// connection's opening burst aside.
     pub dropped: IntCounter,
+    /// Frames discarded by a full queue during a live connection's opening burst.
+    pub skipped_on_connect: IntCounter,
     /// Times a broken live stream came back.
     pub reconnects: IntCounter,
     /// 1 once the camera was given up (never came up, or did not come back).
     pub failures: IntCounter,
     /// The most frames its queue held.
     pub queue_high_water: IntGauge,
+    /// Up or down, and when its last frame came.
+    pub health: Arc<Health>,
+}
+
+/// Whether a camera is up, read when scraped (`riffle_video_camera_up`,
+/// `riffle_video_seconds_since_last_frame`, `riffle_video_camera_awaited`).
+#[derive(Debug)]
+pub(crate) struct Health {
+    up: AtomicBool,
+    /// Its last frame, or when it started while it has delivered none.
+    last: Mutex<(Instant, bool)>,
+}
+
+impl Health {
+    fn new() -> Self {
+        Health {
+            up: AtomicBool::new(false),
+            last: Mutex::new((Instant::now(), false)),
+        }
+    }
+
+    /// A frame was decoded: the camera is up.
+    pub fn frame(&self) {
+        self.up.store(true, Ordering::Relaxed);
+        *lock(&self.last) = (Instant::now(), true);
+    }
+
+    /// Its stream ended, broke, could not be opened, or it was given up.
+    pub fn down(&self) {
+        self.up.store(false, Ordering::Relaxed);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The cameras' health, turned into gauges when scraped (so the seconds since the last frame
+/// grow while a camera is down, with no thread to update them).
+struct HealthCollector {
+    cameras: Mutex<BTreeMap<String, Arc<Health>>>,
+    up: IntGaugeVec,
+    since_frame: GaugeVec,
+    awaited: IntGaugeVec,
+}
+
+impl HealthCollector {
+    fn create() -> prometheus::Result<Self> {
+        let gauge = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &["camera"]);
+        Ok(HealthCollector {
+            cameras: Mutex::new(BTreeMap::new()),
+            up: gauge(
+                "video_camera_up",
+                "1 while a camera's stream delivers frames, 0 while it is down or ended",
+            )?,
+            since_frame: GaugeVec::new(
+                Opts::new(
+                    "video_seconds_since_last_frame",
+                    "Seconds since a camera's last decoded frame (since its start if none yet)",
+                ),
+                &["camera"],
+            )?,
+            awaited: gauge(
+                "video_camera_awaited",
+                "1 until a camera delivers its first frame (/readyz waits for it)",
+            )?,
+        })
+    }
+
+    /// A fresh health for `camera` (started again: awaited until its first frame).
+    fn register(&self, camera: &str) -> Arc<Health> {
+        let health = Arc::new(Health::new());
+        lock(&self.cameras).insert(camera.to_string(), health.clone());
+        health
+    }
+}
+
+impl Collector for HealthCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        let mut descs = self.up.desc();
+        descs.extend(self.since_frame.desc());
+        descs.extend(self.awaited.desc());
+        descs
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        for (camera, health) in lock(&self.cameras).iter() {
+            let l = [camera.as_str()];
+            let (last, seen) = *lock(&health.last);
+            self.up
+                .with_label_values(&l)
+                .set(i64::from(health.up.load(Ordering::Relaxed)));
+            self.since_frame
+                .with_label_values(&l)
+                .set(last.elapsed().as_secs_f64());
+            self.awaited.with_label_values(&l).set(i64::from(!seen));
+        }
+        let mut families = self.up.collect();
+        families.extend(self.since_frame.collect());
+        families.extend(self.awaited.collect());
+        families
+    }
 }
 
 impl VideoMetrics {
@@ -42,7 +153,13 @@ impl VideoMetrics {
             )?,
             dropped: counter(
                 "video_frames_dropped_total",
-                "Frames discarded because the camera's queue was full (on_overload)",
+                "Frames discarded because the camera's queue was full (on_overload), \
+                 outside a connection's opening burst",
+            )?,
+            skipped_on_connect: counter(
+                "video_frames_skipped_on_connect_total",
+                "Frames a live connection buffered while opening, discarded by a full queue \
+                 (on_overload) as it handed them over at once",
             )?,
             reconnects: counter(
                 "video_reconnects_total",
@@ -59,6 +176,7 @@ impl VideoMetrics {
                 ),
                 &["camera"],
             )?,
+            health: Arc::new(HealthCollector::create()?),
         })
     }
 
@@ -66,9 +184,11 @@ impl VideoMetrics {
         vec![
             Box::new(self.frames.clone()),
             Box::new(self.dropped.clone()),
+            Box::new(self.skipped_on_connect.clone()),
             Box::new(self.reconnects.clone()),
             Box::new(self.failures.clone()),
             Box::new(self.queue_high_water.clone()),
+            Box::new(SharedHealth(self.health.clone())),
         ]
     }
 
@@ -77,10 +197,24 @@ impl VideoMetrics {
         CameraMetrics {
             frames: self.frames.with_label_values(&l),
             dropped: self.dropped.with_label_values(&l),
+            skipped_on_connect: self.skipped_on_connect.with_label_values(&l),
             reconnects: self.reconnects.with_label_values(&l),
             failures: self.failures.with_label_values(&l),
             queue_high_water: self.queue_high_water.with_label_values(&l),
+            health: self.health.register(camera),
         }
+    }
+}
+
+/// The process-wide health collector, registered with each process registry.
+struct SharedHealth(Arc<HealthCollector>);
+
+impl Collector for SharedHealth {
+    fn desc(&self) -> Vec<&Desc> {
+        self.0.desc()
+    }
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.0.collect()
     }
 }
 

@@ -75,3 +75,113 @@ impl Looping {
         true
     }
 }
+
+/// Presentation times of one connection to a stream, for frames that carry none (an RTSP
+/// stream's first frame, a stream without timestamps): they stay on the stream's clock, never
+/// another one, so times never go back across a connection's first frames.
+/// - Before any timestamp: the first frame is the stream's start (0 ms), later ones are timed
+///   by their arrival from the first's.
+/// - After one: a frame without a timestamp takes the last one's (the stream's clock holds).
+/// - The first timestamp seen is raised to the last time given if below it (the frames before
+///   it were stamped by arrival); later ones are the stream's own.
+#[derive(Debug, Default)]
+pub(crate) struct StreamClock {
+    /// When the connection's first frame arrived (arrival timing before any timestamp).
+    first_arrival: Option<Instant>,
+    /// The last time given.
+    last_ms: Option<i64>,
+    /// A frame of this connection carried a timestamp.
+    timed: bool,
+}
+
+impl StreamClock {
+    /// The presentation time of a frame with timestamp `pts_ms` arriving at `now`.
+    pub fn stamp(&mut self, pts_ms: Option<i64>, now: Instant) -> i64 {
+        let ms = match pts_ms {
+            Some(pts) if self.timed => pts,
+            Some(pts) => {
+                self.timed = true;
+                self.last_ms.map_or(pts, |last| pts.max(last))
+            }
+            None if self.timed => self.last_ms.unwrap_or(0),
+            None => {
+                let first = *self.first_arrival.get_or_insert(now);
+                i64::try_from(now.saturating_duration_since(first).as_millis()).unwrap_or(i64::MAX)
+            }
+        };
+        self.last_ms = Some(ms);
+        ms
+    }
+}
+
+/// Whether a live connection's frames are still its opening burst: what the stream buffered
+/// while it was being opened (an RTSP stream's probing reads about a second of frames), handed
+/// over at once. The burst lasts until a frame arrives at least half its presentation interval
+/// after the one before (the stream's own pace); frames dropped before that are skipped on
+/// connect, not overload.
+#[derive(Debug, Default)]
+pub(crate) struct ConnectBurst {
+    /// The previous frame's arrival and presentation time.
+    last: Option<(Instant, i64)>,
+    over: bool,
+}
+
+impl ConnectBurst {
+    /// Notes a decoded frame presented at `pts_ms` arriving at `now`; true while the burst
+    /// lasts (this frame included).
+    pub fn frame(&mut self, pts_ms: i64, now: Instant) -> bool {
+        if self.over {
+            return false;
+        }
+        if let Some((at, pts)) = self.last {
+            let interval = pts_ms.saturating_sub(pts);
+            let gap =
+                i64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(i64::MAX);
+            if interval > 0 && gap.saturating_mul(2) >= interval {
+                self.over = true;
+                return false;
+            }
+        }
+        self.last = Some((now, pts_ms));
+        true
+    }
+}
+
+/// The waits between a live camera's attempts to open: `backoff_ms`, doubled after each
+/// failure up to `max_backoff_ms` (the cap: no wait is longer), each shortened by up to 20% at
+/// random so cameras that broke together do not retry in step.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    first: Duration,
+    max: Duration,
+    next: Duration,
+    random: std::collections::hash_map::RandomState,
+    tries: u64,
+}
+
+impl Backoff {
+    pub fn new(first: Duration, max: Duration) -> Self {
+        Backoff {
+            first,
+            max: max.max(first),
+            next: first,
+            random: std::collections::hash_map::RandomState::new(),
+            tries: 0,
+        }
+    }
+
+    /// The wait before the next attempt.
+    pub fn wait(&mut self) -> Duration {
+        use std::hash::BuildHasher;
+        self.tries += 1;
+        let unit = (self.random.hash_one(self.tries) >> 11) as f64 / (1u64 << 53) as f64;
+        let wait = self.next.min(self.max).mul_f64(1.0 - 0.2 * unit);
+        self.next = (self.next * 2).min(self.max);
+        wait
+    }
+
+    /// The camera came up: the next outage starts from `backoff_ms` again.
+    pub fn reset(&mut self) {
+        self.next = self.first;
+    }
+}

@@ -15,7 +15,7 @@ use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use super::camera::{CameraTask, Retry};
 use super::config::{Camera, RtspTransport, VideoConfig};
 use super::decoder::OpenOptions;
-use super::metrics::{self, video_metrics};
+use super::metrics::{self, video_metrics, CameraMetrics};
 use super::queue::{Bell, Frame, FrameQueue};
 
 /// How long an idle worker waits for a frame before returning an empty batch (which closes
@@ -77,9 +77,13 @@ impl SourceFactory for VideoSource {
             .filter(|c| c.index % peers == index)
             .cloned()
             .collect();
+        // Registered here, before the worker says it is ready: /readyz waits for them.
+        let video_metrics = video_metrics()?;
+        let metrics = mine.iter().map(|c| video_metrics.camera(&c.id)).collect();
         Ok(Box::new(VideoPartition {
             source: self.clone(),
             cameras: mine,
+            metrics,
             running: None,
         }))
     }
@@ -114,6 +118,8 @@ impl SourceFactory for VideoSource {
 struct VideoPartition {
     source: VideoSource,
     cameras: Vec<Camera>,
+    /// `cameras`' metrics, one each.
+    metrics: Vec<CameraMetrics>,
     running: Option<Running>,
 }
 
@@ -129,9 +135,8 @@ impl VideoPartition {
     fn start(&self) -> DataflowResult<Running> {
         let bell = Arc::new(Bell::default());
         let stop = Arc::new(AtomicBool::new(false));
-        let video_metrics = video_metrics()?;
         let mut queues = Vec::with_capacity(self.cameras.len());
-        for camera in &self.cameras {
+        for (camera, metrics) in self.cameras.iter().zip(&self.metrics) {
             let queue = Arc::new(FrameQueue::new(
                 self.source.queue_size,
                 camera.on_overload,
@@ -147,7 +152,7 @@ impl VideoPartition {
                 retry: self.source.retry.clone(),
                 resume_from: self.source.resume.get(&index).copied().unwrap_or(0),
                 queue: queue.clone(),
-                metrics: video_metrics.camera(&camera.id),
+                metrics: metrics.clone(),
                 stop: stop.clone(),
             };
             task.spawn().map_err(|e| {

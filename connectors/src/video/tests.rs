@@ -495,3 +495,69 @@ fn a_realtime_file_releases_no_frame_before_its_time() {
     // Nine frame intervals of 40 ms at least; no bound on how late (a shared machine).
     assert!(started.elapsed() >= Duration::from_millis(9 * 40 - 5));
 }
+
+#[test]
+fn frames_without_a_timestamp_stay_on_the_streams_clock() {
+    use super::pace::StreamClock;
+    let t0 = std::time::Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    // RTSP: the connection's first frame has no timestamp, the next ones start at 0. It is the
+    // stream's start, not the time since the camera's thread began (another clock).
+    let mut clock = StreamClock::default();
+    let times: Vec<i64> = [(None, 1136), (Some(0), 1140), (Some(40), 1180)]
+        .into_iter()
+        .map(|(pts, ms)| clock.stamp(pts, at(ms)))
+        .collect();
+    assert_eq!(times, [0, 0, 40]);
+    // A gap in the timestamps holds the clock.
+    assert_eq!(clock.stamp(None, at(1300)), 40);
+    assert_eq!(clock.stamp(Some(80), at(1310)), 80);
+    // A stream without timestamps is timed by arrival from its first frame.
+    let mut clock = StreamClock::default();
+    let times: Vec<i64> = [500, 540, 580]
+        .into_iter()
+        .map(|ms| clock.stamp(None, at(ms)))
+        .collect();
+    assert_eq!(times, [0, 40, 80]);
+    // Its first timestamp, if one comes, never takes the time back; later ones are its own.
+    assert_eq!(clock.stamp(Some(20), at(600)), 80);
+    assert_eq!(clock.stamp(Some(120), at(640)), 120);
+}
+
+#[test]
+fn a_connections_opening_burst_ends_at_the_first_frame_at_the_streams_pace() {
+    use super::pace::ConnectBurst;
+    let t0 = std::time::Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let mut burst = ConnectBurst::default();
+    // Frames 40 ms apart handed over 2 ms apart: the burst (equal times decide nothing).
+    assert!(burst.frame(0, at(0)));
+    assert!(burst.frame(0, at(1)));
+    for k in 1..20 {
+        assert!(burst.frame(k * 40, at(1 + 2 * k as u64)), "{k}");
+    }
+    // One at its pace ends it, for good: later bunched frames are the pipeline's to keep up.
+    assert!(!burst.frame(800, at(70)));
+    assert!(!burst.frame(840, at(71)));
+}
+
+#[test]
+fn backoff_doubles_up_to_its_cap_shortened_by_at_most_a_fifth() {
+    use super::pace::Backoff;
+    let ms = Duration::from_millis;
+    let mut backoff = Backoff::new(ms(500), ms(2000));
+    let nominal = [500u64, 1000, 2000, 2000, 2000];
+    let mut jittered = false;
+    for round in 0..50 {
+        for (k, n) in nominal.iter().enumerate() {
+            let wait = backoff.wait();
+            assert!(
+                wait <= ms(*n) && wait >= ms(*n * 8 / 10),
+                "{round}/{k}: {wait:?}"
+            );
+            jittered |= wait != ms(*n);
+        }
+        backoff.reset();
+    }
+    assert!(jittered, "some waits are shortened");
+}

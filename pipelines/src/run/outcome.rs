@@ -24,8 +24,8 @@ pub struct RunOutcome {
     /// How many times a supervisor restarted its cluster.
     pub restarts: usize,
     /// The run ended because it was asked to stop (a signal, or
-    /// [`riffle_dataflow::runtime::request_stop`]); the last checkpoint covers every result
-    /// written.
+    /// [`riffle_dataflow::runtime::request_stop`]); with checkpoints, the last one covers every
+    /// result written.
     pub stopped: bool,
     /// Set when more of the records went to dead letters than `runtime.max_dead_letter_ratio`
     /// allows: the run is a failure ([`Self::exit_code`] is
