@@ -463,8 +463,8 @@ fn unsupported(code: Option<RDKafkaErrorCode>) -> bool {
     )
 }
 
-/// Header of the record that [`Transaction::abort_left_open`] writes and aborts (never seen
-/// by `read_committed` readers).
+/// Header of the record that a restarted sink writes and aborts to close a transaction a
+/// partition was left holding (never seen by `read_committed` readers).
 pub const CLEAN_UP_HEADER: &str = "riffle-clean-up";
 
 /// A partition whose last stable offset is behind its end: a transaction is open on it.
