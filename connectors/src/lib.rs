@@ -47,6 +47,7 @@ pub mod schema_registry;
 pub mod stdout;
 mod text;
 pub mod video;
+mod web;
 
 use riffle_dataflow::DataflowResult;
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use riffle_dataflow::DataflowResult;
-use ureq::tls::{PemItem, RootCerts, TlsConfig};
+use ureq::tls::{RootCerts, TlsConfig};
 
 use super::config::{HttpMethod, HttpSinkConfig};
 
@@ -40,7 +40,8 @@ impl Client {
             .timeout_global(Some(config.timeout()))
             .user_agent(concat!("riffle/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &config.ca_file {
-            let roots = read_ca_file(config, path)?;
+            let roots =
+                crate::web::read_ca_file(path).map_err(|m| config.key_error("ca_file", m))?;
             agent = agent.tls_config(
                 TlsConfig::builder()
                     .root_certs(RootCerts::new_with_certs(&roots))
@@ -82,7 +83,7 @@ impl Client {
                         status_text(status, &text)
                     )))
                 }
-                Err(e) if retryable(&e) => last = e.to_string(),
+                Err(e) if crate::web::retryable(&e) => last = e.to_string(),
                 Err(e) => return Err(c.sink_error(e)),
             }
             if attempt < c.max_attempts {
@@ -132,19 +133,6 @@ fn retryable_status(status: u16) -> bool {
     matches!(status, 408 | 429 | 500..=599)
 }
 
-/// Failures that may pass; TLS and protocol misuse won't.
-fn retryable(error: &ureq::Error) -> bool {
-    match error {
-        // rustls reports certificate and handshake failures as InvalidData.
-        ureq::Error::Io(e) => e.kind() != std::io::ErrorKind::InvalidData,
-        ureq::Error::Timeout(_)
-        | ureq::Error::ConnectionFailed
-        | ureq::Error::HostNotFound
-        | ureq::Error::Protocol(_) => true,
-        _ => false,
-    }
-}
-
 /// `HTTP <status>`, with the start of the answer's text when it has one.
 fn status_text(status: u16, text: &str) -> String {
     match text.trim() {
@@ -160,37 +148,4 @@ pub(crate) fn quote(text: &str) -> String {
         quoted.push('…');
     }
     quoted
-}
-
-/// The certificates of a CA PEM file, each checked to be a usable trust anchor (ureq would
-/// skip one it cannot parse, failing later at the handshake).
-fn read_ca_file(
-    config: &HttpSinkConfig,
-    path: &std::path::Path,
-) -> DataflowResult<Vec<ureq::tls::Certificate<'static>>> {
-    let bad = |why: String| {
-        config.key_error(
-            "ca_file",
-            format!(
-                "{}: {why}; expected a PEM file with the CA certificate",
-                path.display()
-            ),
-        )
-    };
-    let pem = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
-    let mut certs = Vec::new();
-    for item in ureq::tls::parse_pem(&pem) {
-        if let PemItem::Certificate(cert) =
-            item.map_err(|e| bad(format!("is not valid PEM ({e})")))?
-        {
-            rustls::RootCertStore::empty()
-                .add(rustls_pki_types::CertificateDer::from(cert.der().to_vec()))
-                .map_err(|e| bad(format!("holds a certificate that cannot be used ({e})")))?;
-            certs.push(cert);
-        }
-    }
-    if certs.is_empty() {
-        return Err(bad("holds no certificate".into()));
-    }
-    Ok(certs)
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use ureq::http::Uri;
-use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+use ureq::tls::{RootCerts, TlsConfig};
 
 use super::{
     RegisteredSchema, RegistryConfig, RegistryError, SchemaLookup, SchemaReference, SchemaType,
@@ -153,7 +153,8 @@ impl RegistryClient {
             .http_status_as_error(false)
             .user_agent(concat!("riffle/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &config.ca_file {
-            let roots = read_ca_file(path)?;
+            let roots = crate::web::read_ca_file(path)
+                .map_err(|m| RegistryError::Config(format!("ca_file {m}")))?;
             agent = agent.tls_config(
                 TlsConfig::builder()
                     .root_certs(RootCerts::new_with_certs(&roots))
@@ -340,7 +341,7 @@ impl RegistryClient {
             let failure = match self.attempt(method, url, remaining) {
                 Ok(reply) if reply.status < 500 => return Ok(reply),
                 Ok(reply) => format!("HTTP {}{}", reply.status, registry_says(&reply)),
-                Err(e) if retryable(&e) => e.to_string(),
+                Err(e) if crate::web::retryable(&e) => e.to_string(),
                 Err(e) => {
                     return Err(RegistryError::Request {
                         url: url.to_string(),
@@ -523,34 +524,6 @@ fn check_url(url: &str) -> Result<String, RegistryError> {
     Ok(url.trim_end_matches('/').to_string())
 }
 
-/// The certificates of a CA PEM file; each is checked to be a usable trust anchor.
-fn read_ca_file(path: &std::path::Path) -> Result<Vec<Certificate<'static>>, RegistryError> {
-    const EXPECTED: &str = "expected a PEM file with the CA certificate";
-    let bad = |why: String| {
-        RegistryError::Config(format!("ca_file {}: {why}; {EXPECTED}", path.display()))
-    };
-    let pem = std::fs::read(path).map_err(|e| bad(format!("cannot read it ({e})")))?;
-    let mut certs = Vec::new();
-    for item in ureq::tls::parse_pem(&pem) {
-        // A key beside the certificate is skipped: not ours to use.
-        if let PemItem::Certificate(cert) =
-            item.map_err(|e| bad(format!("is not valid PEM ({e})")))?
-        {
-            // ureq's TLS set-up skips certificates it cannot parse; fail here instead.
-            rustls::RootCertStore::empty()
-                .add(rustls_pki_types::CertificateDer::from(cert.der().to_vec()))
-                .map_err(|e| bad(format!("holds a certificate that cannot be used ({e})")))?;
-            certs.push(cert);
-        }
-    }
-    if certs.is_empty() {
-        return Err(bad(
-            "holds no certificate (-----BEGIN CERTIFICATE-----)".into()
-        ));
-    }
-    Ok(certs)
-}
-
 fn request_body(
     schema_type: SchemaType,
     schema: &str,
@@ -656,19 +629,6 @@ fn quote(body: &str) -> String {
         quoted.push('…');
     }
     quoted
-}
-
-/// Connection failures, timeouts and cut-off responses may pass; TLS and protocol misuse won't.
-fn retryable(error: &ureq::Error) -> bool {
-    match error {
-        // rustls reports certificate and handshake failures as InvalidData.
-        ureq::Error::Io(e) => e.kind() != std::io::ErrorKind::InvalidData,
-        ureq::Error::Timeout(_)
-        | ureq::Error::ConnectionFailed
-        | ureq::Error::HostNotFound
-        | ureq::Error::Protocol(_) => true,
-        _ => false,
-    }
 }
 
 /// `s` percent-encoded as one path segment (all but RFC 3986's unreserved characters).
