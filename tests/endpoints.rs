@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -57,29 +57,6 @@ fn spawn_cluster(tmp: &Path, flag: &str, port: u16) -> Child {
     ])
 }
 
-fn get(url: &str) -> Option<(u16, String)> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(2)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut response = agent.get(url).call().ok()?;
-    let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string().ok()?;
-    Some((status, body))
-}
-
-fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{what} within {timeout:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The value of the first sample of `metric` whose labels contain `labels`.
 fn sample(body: &str, metric: &str, labels: &str) -> Option<f64> {
     body.lines()
@@ -94,7 +71,7 @@ fn sigterm(child: &Child) {
 }
 
 fn wait_exit(child: &mut Child, timeout: Duration) -> (std::process::ExitStatus, String) {
-    let status = wait_for("riffle exits", timeout, || child.try_wait().unwrap());
+    let status = poll_until("riffle exits", timeout, || child.try_wait().unwrap());
     let mut stderr = String::new();
     use std::io::Read;
     child
@@ -113,18 +90,18 @@ fn every_process_of_a_local_cluster_serves_its_own_metrics_and_health() {
     let mut run = spawn_cluster(tmp.path(), "--metrics-addr", metrics);
     for process in 0..2u16 {
         let base = format!("http://127.0.0.1:{}", metrics + process);
-        let (status, ready) = wait_for(
+        let (status, ready) = poll_until(
             &format!("process {process} ready"),
             Duration::from_secs(30),
-            || get(&format!("{base}/readyz")).filter(|(s, _)| *s == 200),
+            || http_get(&format!("{base}/readyz")).filter(|(s, _)| *s == 200),
         );
         assert_eq!(status, 200, "{ready}");
-        assert_eq!(get(&format!("{base}/healthz")).unwrap().0, 200);
-        let body = wait_for(
+        assert_eq!(http_get(&format!("{base}/healthz")).unwrap().0, 200);
+        let body = poll_until(
             &format!("process {process} counts its own source's records"),
             Duration::from_secs(30),
             || {
-                get(&format!("{base}/metrics")).filter(|(_, b)| {
+                http_get(&format!("{base}/metrics")).filter(|(_, b)| {
                     sample(b, "riffle_stage_records_in_total", "stage=\"source\"")
                         .is_some_and(|v| v > 0.0)
                 })
@@ -137,7 +114,7 @@ fn every_process_of_a_local_cluster_serves_its_own_metrics_and_health() {
             "process metrics: {body}"
         );
         assert!(
-            get(&format!("{base}/")).unwrap().1.contains("--ui"),
+            http_get(&format!("{base}/")).unwrap().1.contains("--ui"),
             "without --ui the page is not served and says how to get it"
         );
     }
@@ -157,11 +134,11 @@ fn the_view_of_process_0_shows_the_cameras_and_stages_of_every_process() {
     let mut run = spawn_cluster(tmp.path(), "--ui", ui);
     let base = format!("http://127.0.0.1:{ui}");
     // Camera k is read on process k: both show a frame only if process 1 reports to 0.
-    let state: serde_json::Value = wait_for(
+    let state: serde_json::Value = poll_until(
         "both cameras and both processes in the view",
         Duration::from_secs(40),
         || {
-            let (_, body) = get(&format!("{base}/api/state"))?;
+            let (_, body) = http_get(&format!("{base}/api/state"))?;
             let state: serde_json::Value = serde_json::from_str(&body).ok()?;
             let cameras = state["cameras"].as_array()?.len();
             let processes = state["processes"].as_array()?.len();
@@ -195,9 +172,9 @@ fn the_view_of_process_0_shows_the_cameras_and_stages_of_every_process() {
             "the row is the frame's"
         );
     }
-    let page = get(&format!("{base}/")).unwrap().1;
+    let page = http_get(&format!("{base}/")).unwrap().1;
     assert!(page.contains("<script src=\"/app.js\">"), "{page}");
-    assert!(get(&format!("{base}/app.js"))
+    assert!(http_get(&format!("{base}/app.js"))
         .unwrap()
         .1
         .contains("EventSource"));
@@ -219,8 +196,8 @@ fn a_finished_run_keeps_its_view_up_until_it_is_stopped() {
     ]);
     let base = format!("http://127.0.0.1:{ui}");
     let state: serde_json::Value =
-        wait_for("the view's final state", Duration::from_secs(40), || {
-            let (_, body) = get(&format!("{base}/api/state"))?;
+        poll_until("the view's final state", Duration::from_secs(40), || {
+            let (_, body) = http_get(&format!("{base}/api/state"))?;
             let state: serde_json::Value = serde_json::from_str(&body).ok()?;
             (state["finished"] == true).then_some(state)
         });
@@ -228,7 +205,7 @@ fn a_finished_run_keeps_its_view_up_until_it_is_stopped() {
     assert_eq!(state["results_seen"], out.len() as u64, "every result seen");
     std::thread::sleep(Duration::from_millis(1500));
     assert!(run.try_wait().unwrap().is_none(), "the view stays up");
-    assert_eq!(get(&format!("{base}/healthz")).unwrap().0, 200);
+    assert_eq!(http_get(&format!("{base}/healthz")).unwrap().0, 200);
     sigterm(&run);
     let (status, stderr) = wait_exit(&mut run, Duration::from_secs(10));
     assert!(status.success(), "{stderr}");

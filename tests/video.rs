@@ -389,20 +389,25 @@ fn a_live_camera_comes_back_after_its_server_dies_and_the_others_never_stop() {
     );
 }
 
-/// The camera pipeline on one live camera with a model slowed to a few frames a second.
-fn overloaded(policy: &str) -> (Vec<Value>, String) {
-    let dir = videos();
-    let camera = RtspCamera::start("cam", &dir.join("live/bikes-2.mp4"));
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out.jsonl");
-    let stages = format!(
+/// Stages that run the person detector one frame a batch and keep the frame's identity.
+fn frame_by_frame_detector() -> String {
+    format!(
         "  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n  \
          - model:\n      path: \"{}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      \
          outputs: {{ \"detection_scores:0\": {{ column: scores, shape: [100] }} }}\n      \
          batch: {{ max_size: 1 }}\n  \
          - select: {{ columns: [camera_id, frame, ingest_ms] }}",
         model("ssdlite_person.onnx").display()
-    );
+    )
+}
+
+/// The camera pipeline on one live camera with a model slowed to a few frames a second.
+fn overloaded(policy: &str) -> (Vec<Value>, String) {
+    let dir = videos();
+    let camera = RtspCamera::start("cam", &dir.join("live/bikes-2.mp4"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let stages = frame_by_frame_detector();
     let text = live_pipeline(
         &[camera_entry("cam", &camera.uri())],
         &format!(", max_frames: 40, queue_size: 4, batch_size: 1, on_overload: {policy}"),
@@ -558,31 +563,6 @@ fn an_rtsp_cameras_first_frames_are_on_its_own_clock() {
     assert!(pts[0] <= pts[1] && pts[1] < 100, "{pts:?}");
 }
 
-/// `GET url`: status and body; `None` while nothing answers.
-fn http_get(url: &str) -> Option<(u16, String)> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(2)))
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut response = agent.get(url).call().ok()?;
-    let status = response.status().as_u16();
-    let body = response.body_mut().read_to_string().ok()?;
-    Some((status, body))
-}
-
-/// Polls `probe` every 100 ms until it gives a value, failing after `timeout`.
-fn poll<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// A sample of `/metrics` (`name{camera="id"} value`).
 fn scraped(body: &str, name: &str, camera: &str) -> Option<f64> {
     let key = format!("riffle_video_{name}{{camera=\"{camera}\"}} ");
@@ -632,22 +612,22 @@ fn metrics_and_readyz_say_which_camera_is_down() {
     let _guard = Kill(&mut child);
     let metrics = || http_get(&format!("{base}/metrics")).map(|r| r.1);
     // Never came up: /readyz says so by name, the camera is down and its silence grows.
-    let (status, body) = poll("/readyz", Duration::from_secs(30), || {
+    let (status, body) = poll_until("/readyz", Duration::from_secs(30), || {
         http_get(&format!("{base}/readyz"))
     });
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("camera `cam`"), "{body}");
     std::thread::sleep(Duration::from_millis(1200));
-    let body = poll("/metrics", Duration::from_secs(5), metrics);
+    let body = poll_until("/metrics", Duration::from_secs(5), metrics);
     assert_eq!(scraped(&body, "camera_up", "cam"), Some(0.0), "{body}");
     let silent = scraped(&body, "seconds_since_last_frame", "cam").unwrap();
     assert!(silent >= 1.0, "{body}");
     // Its server comes up: ready, up, and its last frame recent.
     camera.restart();
-    poll("/readyz 200", Duration::from_secs(20), || {
+    poll_until("/readyz 200", Duration::from_secs(20), || {
         http_get(&format!("{base}/readyz")).filter(|r| r.0 == 200)
     });
-    let body = poll("/metrics", Duration::from_secs(5), metrics);
+    let body = poll_until("/metrics", Duration::from_secs(5), metrics);
     assert_eq!(scraped(&body, "camera_up", "cam"), Some(1.0), "{body}");
     assert!(
         scraped(&body, "seconds_since_last_frame", "cam").unwrap() < 1.0,
@@ -655,7 +635,7 @@ fn metrics_and_readyz_say_which_camera_is_down() {
     );
     // Down again: counted as down, while /readyz stays 200 (it came up once).
     camera.kill();
-    poll("camera_up 0", Duration::from_secs(15), || {
+    poll_until("camera_up 0", Duration::from_secs(15), || {
         metrics().filter(|b| scraped(b, "camera_up", "cam") == Some(0.0))
     });
     assert_eq!(http_get(&format!("{base}/readyz")).unwrap().0, 200);
@@ -672,14 +652,7 @@ fn a_connections_opening_burst_is_skipped_on_connect_not_dropped() {
     // A model of ~30 ms a frame about keeps up with 25 fps, but not with what the connection
     // buffered while opening (~1 s of frames, handed over in ~70 ms): more than the queue
     // holds. Those are skipped on connect; whatever the model falls behind by later is dropped.
-    let stages = format!(
-        "  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n  \
-         - model:\n      path: \"{}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      \
-         outputs: {{ \"detection_scores:0\": {{ column: scores, shape: [100] }} }}\n      \
-         batch: {{ max_size: 1 }}\n  \
-         - select: {{ columns: [camera_id, frame, ingest_ms] }}",
-        model("ssdlite_person.onnx").display()
-    );
+    let stages = frame_by_frame_detector();
     let text = live_pipeline(
         &[camera_entry("cam", &camera.uri())],
         ", max_frames: 60, queue_size: 2, batch_size: 1",

@@ -339,3 +339,35 @@ pub fn spawn_run(pipeline: &Path) -> std::process::Child {
         .spawn()
         .unwrap()
 }
+
+/// `GET url`: status and body (any status); `None` while nothing answers.
+pub fn http_get(url: &str) -> Option<(u16, String)> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(2)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut response = agent.get(url).call().ok()?;
+    let status = response.status().as_u16();
+    let body = response.body_mut().read_to_string().ok()?;
+    Some((status, body))
+}
+
+/// Polls `probe` every 100 ms until it gives a value, failing after `timeout`.
+pub fn poll_until<T>(
+    what: &str,
+    timeout: std::time::Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what} ({timeout:?})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
