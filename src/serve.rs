@@ -33,6 +33,29 @@ impl Endpoints {
             workers: cluster.threads,
             page: false,
         };
+        if let (Some(control), None, true) =
+            (pipeline.source.control(), &args.ui, cluster.processes() > 1)
+        {
+            if let Some(file) = control.watched_file() {
+                return Err(anyhow!(
+                    "{}: source.video.cameras_file ({}) across {} processes needs --ui: process \
+                     0's view holds the camera set and the other processes follow it",
+                    args.file.display(),
+                    file.display(),
+                    cluster.processes()
+                ));
+            }
+        }
+        // The source's inputs, served on process 0 and followed by the others; a source kept
+        // open by the view waits for cameras added after its own end.
+        if args.ui.is_some() || (args.metrics_addr.is_some() && cluster.processes() == 1) {
+            if let Some(control) = pipeline.source.control() {
+                if args.ui.is_some() {
+                    control.keep_open();
+                }
+                context.control = Some(control);
+            }
+        }
         let mut endpoints = Endpoints {
             view: None,
             metrics: None,

@@ -27,6 +27,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod cluster;
 pub mod compression;
+pub mod control;
 pub mod dead_letter;
 pub mod error;
 pub mod observe;

@@ -81,4 +81,22 @@ pub trait SourceFactory: Send + Sync {
     fn attach_metrics(&self, _metrics: &Metrics) -> DataflowResult<()> {
         Ok(())
     }
+
+    /// The handle that adds and removes inputs while the source runs, for sources whose inputs
+    /// can change (cameras); shared by every partition of this factory and its resumed copies.
+    fn control(&self) -> Option<std::sync::Arc<dyn crate::control::InputControl>> {
+        None
+    }
+
+    /// What a checkpoint keeps of the source besides offsets (the camera set of a source
+    /// changed at run time); read by worker 0 as each checkpoint is written.
+    fn checkpoint_state(&self) -> Option<String> {
+        None
+    }
+
+    /// Takes back what [`SourceFactory::checkpoint_state`] gave, before
+    /// [`SourceFactory::resume`] is called with the same checkpoint's offsets.
+    fn restore_state(&self, _state: &str) -> DataflowResult<()> {
+        Ok(())
+    }
 }

@@ -10,7 +10,9 @@
 //!   binary), `GET /events` (server-sent events: the view's JSON snapshot on every change),
 //!   `GET /api/state` (the same snapshot), `GET /frame?camera=..&v=..` (a camera's sampled frame
 //!   the snapshot's boxes belong to) and `POST /api/report` (the other processes of a
-//!   cluster send their [`Report`]s here).
+//!   cluster send their [`Report`]s here; the answer carries the camera set they follow);
+//! - on process 0, when the source's cameras can change (`RunContext::control`):
+//!   `GET/POST /api/cameras` and `DELETE /api/cameras/{id}` (the `control` module).
 //!
 //! The view is fed from the side of the dataflow: frames are sampled at the source at a bounded
 //! rate per camera, results and dead letters are copied as they reach the sink; nothing waits
@@ -46,6 +48,7 @@
     deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
 )]
 
+mod control;
 pub mod hub;
 pub mod report;
 pub mod thumb;
@@ -62,6 +65,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use riffle_dataflow::control::InputControl;
 use riffle_dataflow::observe::live::LiveTap;
 use riffle_dataflow::observe::RunContext;
 use serde::Deserialize;
@@ -145,7 +149,11 @@ pub fn serve(
         config,
         updates,
     });
-    let app = router(shared.clone());
+    let mut app = router(shared.clone());
+    // Process 0 holds the camera set; the others follow it through their reports.
+    if let (Some(inputs), 0) = (&shared.context.control, shared.config.process) {
+        app = app.merge(control::routes(inputs.clone(), bound.ip().is_loopback()));
+    }
     std::thread::Builder::new()
         .name("riffle-view".into())
         .spawn(move || {
@@ -386,9 +394,14 @@ async fn frame(State(shared): State<Arc<Shared>>, Query(q): Query<FrameQuery>) -
     }
 }
 
-async fn peer_report(State(shared): State<Arc<Shared>>, Json(report): Json<Report>) -> StatusCode {
+/// Takes a process's report; answers with the camera set the process is to follow, when the
+/// source's inputs change at run time.
+async fn peer_report(State(shared): State<Arc<Shared>>, Json(report): Json<Report>) -> Response {
     lock(&shared.hub).report(report);
-    StatusCode::NO_CONTENT
+    match &shared.context.control {
+        Some(inputs) => Json(inputs.snapshot()).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
 }
 
 /// A process other than 0 of a cluster with a view: sends its reports to process 0's view.
@@ -425,12 +438,18 @@ impl PeerReporter {
                     let mut report =
                         reporter.report(process, &context, workers, tap.drain().frames);
                     report.finished = last;
-                    if let Err(e) = agent.post(&url).send_json(&report) {
+                    match agent.post(&url).send_json(&report) {
+                        Ok(mut answer) => {
+                            if let Some(inputs) = &context.control {
+                                follow(inputs.as_ref(), answer.body_mut(), process);
+                            }
+                        }
                         // The view may not be up yet, or gone: the run goes on regardless.
-                        if !warned {
+                        Err(e) if !warned => {
                             tracing::debug!("process {process}: the view at {url}: {e}");
                             warned = true;
                         }
+                        Err(_) => {}
                     }
                     if last {
                         break;
@@ -451,6 +470,20 @@ impl PeerReporter {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Applies the camera set process 0 answered a report with.
+fn follow(inputs: &dyn InputControl, body: &mut ureq::Body, process: usize) {
+    let snapshot = match body.read_json::<serde_json::Value>() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("process {process}: process 0's {} set: {e}", inputs.noun());
+            return;
+        }
+    };
+    if let Err(e) = inputs.apply(&snapshot) {
+        tracing::warn!("process {process}: process 0's {} set: {e}", inputs.noun());
     }
 }
 

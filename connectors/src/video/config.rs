@@ -63,34 +63,48 @@ pub struct VideoConfig {
     pub backoff_ms: u64,
     #[serde_inline_default(10_000)]
     pub max_backoff_ms: u64,
+    /// A YAML file listing cameras (`cameras: [{ id, uri, … }]`, URIs relative to it), watched
+    /// while the run goes on: cameras added to it start, cameras taken out of it stop.
+    #[serde(default)]
+    pub cameras_file: Option<PathBuf>,
+    /// The source does not end when its cameras do: it waits for cameras added through the
+    /// control API (`/api/cameras`) or `cameras_file` until the run is stopped. Default: on
+    /// with `cameras_file` or when the run serves the live view (`--ui`), off otherwise.
+    #[serde(default)]
+    pub stay_open: Option<bool>,
+    /// The bearer token the control API asks for when it listens on an address other than
+    /// loopback (`${VAR}`, so it stays out of the file); without it such an address refuses
+    /// changes.
+    #[serde(default)]
+    pub api_token: Option<String>,
 }
 
 /// One entry of `cameras:`; its keys override the source's for this camera.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CameraConfig {
     pub id: String,
     pub uri: CameraUri,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sample_fps: Option<f64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub every_nth: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_overload: Option<OnOverload>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_frames: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub realtime: Option<bool>,
-    #[serde(default, rename = "loop")]
+    #[serde(default, rename = "loop", skip_serializing_if = "Option::is_none")]
     pub looped: Option<bool>,
     /// Whether the URI is a live stream (reconnects, drops when overloaded, cannot resume);
     /// default: any URI with a scheme other than `file:`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<bool>,
 }
 
 /// What a camera does when the pipeline falls behind (`on_overload`).
-#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, serde::Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum OnOverload {
     /// Discard the oldest queued frame: the pipeline sees the freshest frames (live display).
@@ -152,6 +166,12 @@ impl std::fmt::Display for CameraUri {
     }
 }
 
+impl serde::Serialize for CameraUri {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.as_ffmpeg())
+    }
+}
+
 impl<'de> Deserialize<'de> for CameraUri {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(CameraUri::parse(&String::deserialize(d)?))
@@ -194,94 +214,111 @@ impl VideoConfig {
                 config_error("connect_attempts must be at least 1".into()).at("connect_attempts")
             );
         }
-        let listed: Vec<CameraConfig> = match (&self.glob, self.cameras.is_empty()) {
-            (Some(_), false) => {
-                return Err(config_error(
-                    "give either `cameras` or `glob`, not both".into(),
-                ))
-            }
-            (None, true) => {
-                return Err(config_error(
-                    "no cameras: give `cameras: [{ id, uri }]` or `glob: <pattern>`".into(),
-                ))
-            }
-            (None, false) => self.cameras.clone(),
-            (Some(pattern), true) => glob_cameras(pattern)?,
-        };
-        let mut cameras = Vec::with_capacity(listed.len());
+        let listed = self.listed()?;
+        let mut cameras: Vec<Camera> = Vec::with_capacity(listed.len());
         for (index, c) in listed.into_iter().enumerate() {
-            if c.id.is_empty() {
-                return Err(config_error(format!("camera {index} has an empty id")));
-            }
-            if cameras.iter().any(|k: &Camera| k.id == c.id) {
+            if cameras.iter().any(|k| k.id == c.id) {
                 return Err(config_error(format!("camera id `{}` is used twice", c.id)));
             }
-            let live = c.live.unwrap_or(matches!(c.uri, CameraUri::Url(_)));
-            if let CameraUri::File(path) = &c.uri {
-                // A FIFO or device as a recorded file would block or never end: refused by name.
-                let why = match std::fs::metadata(path) {
-                    _ if live => None,
-                    Ok(meta) if meta.is_file() => None,
-                    Ok(meta) => Some(crate::files::not_regular(path, &meta)),
-                    Err(e) if crate::files::is_link_loop(&e) => {
-                        Some(format!("{} is a loop of symbolic links", path.display()))
-                    }
-                    Err(e) => Some(format!("{} is not a file ({e})", path.display())),
-                };
-                if let Some(why) = why {
-                    return Err(config_error(format!("camera `{}`: {why}", c.id)));
-                }
-            }
-            let every_nth = c.every_nth.or(self.every_nth).unwrap_or(1);
-            if every_nth == 0 {
-                return Err(config_error(format!(
-                    "camera `{}`: every_nth must be at least 1",
-                    c.id
-                )));
-            }
-            let sample_fps = c.sample_fps.or(self.sample_fps);
-            if sample_fps.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
-                return Err(config_error(format!(
-                    "camera `{}`: sample_fps must be a positive number",
-                    c.id
-                )));
-            }
-            let max_frames = c.max_frames.or(self.max_frames);
-            if max_frames == Some(0) {
-                return Err(config_error(format!(
-                    "camera `{}`: max_frames must be at least 1",
-                    c.id
-                )));
-            }
-            let realtime = c.realtime.or(self.realtime).unwrap_or(false);
-            let looped = c.looped.or(self.looped).unwrap_or(false);
-            if live && (realtime || looped) {
-                return Err(config_error(format!(
-                    "camera `{}`: `realtime` and `loop` apply to files, not live streams",
-                    c.id
-                )));
-            }
-            cameras.push(Camera {
-                index,
-                id: c.id,
-                uri: c.uri,
-                live,
-                realtime,
-                looped,
-                on_overload: c
-                    .on_overload
-                    .or(self.on_overload)
-                    .unwrap_or(if live || realtime {
-                        OnOverload::DropOldest
-                    } else {
-                        OnOverload::Wait
-                    }),
-                max_frames,
-                every_nth,
-                sample_fps,
-            });
+            cameras.push(self.resolve_camera(index, c)?);
         }
         Ok(cameras)
+    }
+
+    /// Whether the source waits for more cameras when its cameras end (`stay_open`).
+    pub fn stays_open(&self) -> bool {
+        self.stay_open.unwrap_or(self.cameras_file.is_some())
+    }
+
+    /// The cameras listed by `cameras` or `glob` (none when the source may start empty:
+    /// `cameras_file` or `stay_open`).
+    pub(crate) fn listed(&self) -> DataflowResult<Vec<CameraConfig>> {
+        let may_start_empty = self.cameras_file.is_some() || self.stay_open == Some(true);
+        match (&self.glob, self.cameras.is_empty()) {
+            (Some(_), false) => Err(config_error(
+                "give either `cameras` or `glob`, not both".into(),
+            )),
+            (None, true) if may_start_empty => Ok(Vec::new()),
+            (None, true) => Err(config_error(
+                "no cameras: give `cameras: [{ id, uri }]`, `glob: <pattern>` or \
+                 `cameras_file: <file>`"
+                    .into(),
+            )),
+            (None, false) => Ok(self.cameras.clone()),
+            (Some(pattern), true) => glob_cameras(pattern),
+        }
+    }
+
+    /// One camera with the source's settings under its own, checked (id, file, ranges); its
+    /// `index` is its checkpoint partition.
+    pub(crate) fn resolve_camera(&self, index: usize, c: CameraConfig) -> DataflowResult<Camera> {
+        if c.id.is_empty() {
+            return Err(config_error(format!("camera {index} has an empty id")));
+        }
+        let live = c.live.unwrap_or(matches!(c.uri, CameraUri::Url(_)));
+        if let CameraUri::File(path) = &c.uri {
+            // A FIFO or device as a recorded file would block or never end: refused by name.
+            let why = match std::fs::metadata(path) {
+                _ if live => None,
+                Ok(meta) if meta.is_file() => None,
+                Ok(meta) => Some(crate::files::not_regular(path, &meta)),
+                Err(e) if crate::files::is_link_loop(&e) => {
+                    Some(format!("{} is a loop of symbolic links", path.display()))
+                }
+                Err(e) => Some(format!("{} is not a file ({e})", path.display())),
+            };
+            if let Some(why) = why {
+                return Err(config_error(format!("camera `{}`: {why}", c.id)));
+            }
+        }
+        let every_nth = c.every_nth.or(self.every_nth).unwrap_or(1);
+        if every_nth == 0 {
+            return Err(config_error(format!(
+                "camera `{}`: every_nth must be at least 1",
+                c.id
+            )));
+        }
+        let sample_fps = c.sample_fps.or(self.sample_fps);
+        if sample_fps.is_some_and(|f| !(f.is_finite() && f > 0.0)) {
+            return Err(config_error(format!(
+                "camera `{}`: sample_fps must be a positive number",
+                c.id
+            )));
+        }
+        let max_frames = c.max_frames.or(self.max_frames);
+        if max_frames == Some(0) {
+            return Err(config_error(format!(
+                "camera `{}`: max_frames must be at least 1",
+                c.id
+            )));
+        }
+        let realtime = c.realtime.or(self.realtime).unwrap_or(false);
+        let looped = c.looped.or(self.looped).unwrap_or(false);
+        if live && (realtime || looped) {
+            return Err(config_error(format!(
+                "camera `{}`: `realtime` and `loop` apply to files, not live streams",
+                c.id
+            )));
+        }
+        Ok(Camera {
+            index,
+            id: c.id,
+            uri: c.uri,
+            live,
+            realtime,
+            looped,
+            on_overload: c
+                .on_overload
+                .or(self.on_overload)
+                .unwrap_or(if live || realtime {
+                    OnOverload::DropOldest
+                } else {
+                    OnOverload::Wait
+                }),
+            max_frames,
+            every_nth,
+            sample_fps,
+        })
     }
 
     /// Files the source reads: the listed file cameras, or the glob's directory.
@@ -295,6 +332,9 @@ impl VideoConfig {
                 CameraUri::Url(_) => None,
             })
             .collect();
+        if let Some(file) = &self.cameras_file {
+            paths.push(file);
+        }
         if let Some(dir) = self.glob.as_deref().and_then(Path::parent) {
             paths.push(if dir.as_os_str().is_empty() {
                 Path::new(".")
@@ -317,6 +357,9 @@ impl VideoConfig {
             .collect();
         if let Some(glob) = self.glob.as_mut() {
             paths.push(glob);
+        }
+        if let Some(file) = self.cameras_file.as_mut() {
+            paths.push(file);
         }
         paths
     }

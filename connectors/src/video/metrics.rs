@@ -107,6 +107,15 @@ impl HealthCollector {
         })
     }
 
+    /// `camera` was removed: its gauges go (its counters keep their totals).
+    fn forget(&self, camera: &str) {
+        lock(&self.cameras).remove(camera);
+        let l = [camera];
+        let _ = self.up.remove_label_values(&l);
+        let _ = self.since_frame.remove_label_values(&l);
+        let _ = self.awaited.remove_label_values(&l);
+    }
+
     /// A fresh health for `camera` (started again: awaited until its first frame).
     fn register(&self, camera: &str) -> Arc<Health> {
         let health = Arc::new(Health::new());
@@ -190,6 +199,12 @@ impl VideoMetrics {
             Box::new(self.queue_high_water.clone()),
             Box::new(SharedHealth(self.health.clone())),
         ]
+    }
+
+    /// `camera` was removed from the running set: it is no longer up, down or awaited.
+    pub fn forget(&self, camera: &str) {
+        self.health.forget(camera);
+        let _ = self.queue_high_water.remove_label_values(&[camera]);
     }
 
     pub fn camera(&self, camera: &str) -> CameraMetrics {

@@ -35,6 +35,8 @@ mod camera;
 #[cfg(feature = "video")]
 mod decoder;
 #[cfg(feature = "video")]
+mod directory;
+#[cfg(feature = "video")]
 mod metrics;
 #[cfg(feature = "video")]
 mod pace;

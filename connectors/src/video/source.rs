@@ -13,8 +13,11 @@ use riffle_dataflow::source::{SourceBatch, SourcePosition};
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 
 use super::camera::{CameraTask, Retry};
+use riffle_dataflow::control::InputControl;
+
 use super::config::{Camera, RtspTransport, VideoConfig};
 use super::decoder::OpenOptions;
+use super::directory::Directory;
 use super::metrics::{self, video_metrics, CameraMetrics};
 use super::queue::{Bell, Frame, FrameQueue};
 
@@ -25,24 +28,48 @@ use super::queue::{Bell, Frame, FrameQueue};
 /// docs/benchmarks/cameras.md).
 const IDLE_WAIT: Duration = Duration::from_millis(5);
 
-/// A configured video source: its cameras, resolved and checked.
-#[derive(Clone, Debug)]
+/// A configured video source: its cameras, resolved and checked, in a set that may change
+/// while it runs ([`Directory`]).
+#[derive(Clone)]
 pub struct VideoSource {
-    cameras: Arc<[Camera]>,
+    directory: Arc<Directory>,
+    /// Names the source in checkpoints; `None` when it cannot resume (live cameras of a
+    /// source that ends with them).
+    checkpoint_name: Option<String>,
     batch_size: usize,
-    queue_size: usize,
     open: OpenOptions,
+    queue_size: usize,
     retry: Retry,
     /// Camera index → first frame to deliver (resuming from a checkpoint).
     resume: BTreeMap<i32, i64>,
 }
 
+impl std::fmt::Debug for VideoSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VideoSource")
+            .field("cameras", &self.directory.cameras())
+            .field("checkpoint_name", &self.checkpoint_name)
+            .finish_non_exhaustive()
+    }
+}
+
 impl VideoSource {
     /// Resolves the cameras and checks the files exist; no stream is opened yet.
     pub fn new(config: &VideoConfig) -> DataflowResult<Self> {
-        let cameras = config.resolve()?;
+        let directory = Directory::new(config)?;
+        let cameras = directory.cameras();
+        // Decided by the configuration alone, so every run of the pipeline agrees.
+        let checkpoint_name = if config.stays_open() {
+            Some("video:open".to_string())
+        } else if cameras.iter().any(|c| c.live) {
+            None
+        } else {
+            let ids: Vec<&str> = cameras.iter().map(|c| c.id.as_str()).collect();
+            Some(format!("video:{}", ids.join(",")))
+        };
         Ok(VideoSource {
-            cameras: cameras.into(),
+            directory,
+            checkpoint_name,
             batch_size: config.batch_size,
             queue_size: config.queue_size,
             open: OpenOptions {
@@ -59,8 +86,9 @@ impl VideoSource {
         })
     }
 
-    pub fn cameras(&self) -> &[Camera] {
-        &self.cameras
+    /// The cameras now, in index order.
+    pub fn cameras(&self) -> Vec<Camera> {
+        self.directory.cameras()
     }
 }
 
@@ -71,30 +99,29 @@ impl SourceFactory for VideoSource {
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
         crate::check_partition(index, peers)?;
-        let mine: Vec<Camera> = self
-            .cameras
-            .iter()
-            .filter(|c| c.index % peers == index)
-            .cloned()
-            .collect();
+        let (_, mine) = self.directory.cameras_of(index, peers);
         // Registered here, before the worker says it is ready: /readyz waits for them.
         let video_metrics = video_metrics()?;
-        let metrics = mine.iter().map(|c| video_metrics.camera(&c.id)).collect();
+        let registered = mine
+            .iter()
+            .map(|c| (c.id.clone(), video_metrics.camera(&c.id)))
+            .collect();
         Ok(Box::new(VideoPartition {
             source: self.clone(),
-            cameras: mine,
-            metrics,
-            running: None,
+            worker: index,
+            peers,
+            seen: None,
+            registered,
+            running: Running {
+                cameras: Vec::new(),
+                bell: Arc::new(Bell::default()),
+                next: 0,
+            },
         }))
     }
 
-    /// Only files resume: a live stream cannot be rewound to a frame.
     fn checkpoint_id(&self) -> Option<String> {
-        if self.cameras.iter().any(|c| c.live) {
-            return None;
-        }
-        let ids: Vec<&str> = self.cameras.iter().map(|c| c.id.as_str()).collect();
-        Some(format!("video:{}", ids.join(",")))
+        self.checkpoint_name.clone()
     }
 
     fn resume(
@@ -112,70 +139,127 @@ impl SourceFactory for VideoSource {
     fn attach_metrics(&self, metrics: &Metrics) -> DataflowResult<()> {
         metrics::attach(metrics)
     }
+
+    fn control(&self) -> Option<Arc<dyn InputControl>> {
+        Some(self.directory.clone())
+    }
+
+    fn checkpoint_state(&self) -> Option<String> {
+        self.checkpoint_name
+            .is_some()
+            .then(|| self.directory.checkpoint_state())
+    }
+
+    fn restore_state(&self, state: &str) -> DataflowResult<()> {
+        self.directory.restore(state)
+    }
 }
 
-/// The cameras of one worker: started on the first read, stopped when dropped.
+/// The cameras of one worker: each started when first read, stopped when removed from the
+/// set or when the partition is dropped.
 struct VideoPartition {
     source: VideoSource,
-    cameras: Vec<Camera>,
-    /// `cameras`' metrics, one each.
-    metrics: Vec<CameraMetrics>,
-    running: Option<Running>,
+    worker: usize,
+    peers: usize,
+    /// The directory's version the cameras were last matched with.
+    seen: Option<u64>,
+    /// Metrics registered for cameras not started yet (at the start: /readyz waits for them).
+    registered: BTreeMap<String, CameraMetrics>,
+    running: Running,
+}
+
+/// One running camera.
+struct Live {
+    camera: Camera,
+    queue: Arc<FrameQueue>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Live {
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.queue.close();
+    }
 }
 
 struct Running {
-    queues: Vec<Arc<FrameQueue>>,
+    /// In index order.
+    cameras: Vec<Live>,
     bell: Arc<Bell>,
-    stop: Arc<AtomicBool>,
     /// The camera the next batch starts from (round robin, so no camera starves).
     next: usize,
 }
 
 impl VideoPartition {
-    fn start(&self) -> DataflowResult<Running> {
-        let bell = Arc::new(Bell::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut queues = Vec::with_capacity(self.cameras.len());
-        for (camera, metrics) in self.cameras.iter().zip(&self.metrics) {
-            let queue = Arc::new(FrameQueue::new(
-                self.source.queue_size,
-                camera.on_overload,
-                bell.clone(),
-            ));
-            let index = i32::try_from(camera.index).unwrap_or(i32::MAX);
-            let task = CameraTask {
-                camera: camera.clone(),
-                open: OpenOptions {
-                    live: camera.live,
-                    ..self.source.open.clone()
-                },
-                retry: self.source.retry.clone(),
-                resume_from: self.source.resume.get(&index).copied().unwrap_or(0),
-                queue: queue.clone(),
-                metrics: metrics.clone(),
-                stop: stop.clone(),
-            };
-            task.spawn().map_err(|e| {
-                DataflowError::io(format!("starting camera `{}`'s thread", camera.id), e)
-            })?;
-            queues.push(queue);
+    /// Starts the cameras placed here since the last look, stops those taken away.
+    fn sync(&mut self) -> DataflowResult<()> {
+        let directory = &self.source.directory;
+        if self.seen == Some(directory.version()) {
+            return Ok(());
         }
-        Ok(Running {
-            queues,
-            bell,
+        let (version, wanted) = directory.cameras_of(self.worker, self.peers);
+        let video_metrics = video_metrics()?;
+        self.running.cameras.retain(|live| {
+            let keep = wanted.contains(&live.camera);
+            if !keep {
+                live.stop();
+                video_metrics.forget(&live.camera.id);
+                tracing::info!("camera `{}` stopped (removed)", live.camera.id);
+            }
+            keep
+        });
+        for camera in wanted {
+            if self.running.cameras.iter().any(|l| l.camera == camera) {
+                continue;
+            }
+            let metrics = self
+                .registered
+                .remove(&camera.id)
+                .unwrap_or_else(|| video_metrics.camera(&camera.id));
+            let live = self.start(camera, metrics)?;
+            self.running.cameras.push(live);
+        }
+        self.running.cameras.sort_by_key(|l| l.camera.index);
+        self.seen = Some(version);
+        Ok(())
+    }
+
+    fn start(&self, camera: Camera, metrics: CameraMetrics) -> DataflowResult<Live> {
+        let source = &self.source;
+        let queue = Arc::new(FrameQueue::new(
+            source.queue_size,
+            camera.on_overload,
+            self.running.bell.clone(),
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let index = i32::try_from(camera.index).unwrap_or(i32::MAX);
+        let task = CameraTask {
+            camera: camera.clone(),
+            open: OpenOptions {
+                live: camera.live,
+                ..source.open.clone()
+            },
+            retry: source.retry.clone(),
+            resume_from: source.resume.get(&index).copied().unwrap_or(0),
+            queue: queue.clone(),
+            metrics,
+            stop: stop.clone(),
+        };
+        task.spawn().map_err(|e| {
+            DataflowError::io(format!("starting camera `{}`'s thread", camera.id), e)
+        })?;
+        Ok(Live {
+            camera,
+            queue,
             stop,
-            next: 0,
         })
     }
 }
 
 impl Drop for VideoPartition {
     fn drop(&mut self) {
-        if let Some(running) = &self.running {
-            running.stop.store(true, Ordering::Relaxed);
-            for q in &running.queues {
-                q.close();
-            }
+        for live in &self.running.cameras {
+            live.stop();
         }
     }
 }
@@ -184,7 +268,7 @@ impl Running {
     /// Up to `max` frames, one per camera in turn, with the cameras' dead letters.
     #[allow(
         clippy::indexing_slicing,
-        reason = "`camera` runs over the indices of `self.queues`"
+        reason = "`camera` runs over the indices of `self.cameras`"
     )]
     fn take(
         &mut self,
@@ -194,11 +278,11 @@ impl Running {
         Vec<riffle_dataflow::dead_letter::DeadLetter>,
     ) {
         let mut rejected = Vec::new();
-        for q in &self.queues {
-            rejected.extend(q.take_rejected());
+        for live in &self.cameras {
+            rejected.extend(live.queue.take_rejected());
         }
         let mut frames = Vec::new();
-        let n = self.queues.len();
+        let n = self.cameras.len();
         let mut progressed = true;
         while progressed && frames.len() < max {
             progressed = false;
@@ -207,7 +291,7 @@ impl Running {
                 if frames.len() >= max {
                     break;
                 }
-                if let Some(f) = self.queues[camera].pop() {
+                if let Some(f) = self.cameras[camera].queue.pop() {
                     frames.push((camera, f));
                     progressed = true;
                 }
@@ -220,33 +304,31 @@ impl Running {
     }
 
     fn done(&self) -> bool {
-        self.queues.iter().all(|q| q.is_done())
+        self.cameras.iter().all(|l| l.queue.is_done())
     }
 }
 
 impl Source for VideoPartition {
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
-        if self.cameras.is_empty() {
+        self.sync()?;
+        let open = self.source.directory.is_open();
+        if self.running.cameras.is_empty() && !open {
             return Ok(None);
-        }
-        if self.running.is_none() {
-            self.running = Some(self.start()?);
         }
         let batch_size = self.source.batch_size;
-        let Some(running) = self.running.as_mut() else {
-            return Ok(None);
-        };
+        let running = &mut self.running;
         let seen = running.bell.count();
         let (mut frames, mut rejected) = running.take(batch_size);
         if frames.is_empty() && rejected.is_empty() {
-            if running.done() {
+            if running.done() && !open {
                 return Ok(None);
             }
             running.bell.wait(seen, IDLE_WAIT);
             (frames, rejected) = running.take(batch_size);
         }
-        let positions = positions(&self.cameras, &frames);
-        let records = to_batch(&self.cameras, frames)?;
+        let cameras: Vec<&Camera> = running.cameras.iter().map(|l| &l.camera).collect();
+        let positions = positions(&cameras, &frames);
+        let records = to_batch(&cameras, frames)?;
         Ok(Some(SourceBatch {
             records,
             rejected,
@@ -260,7 +342,7 @@ impl Source for VideoPartition {
     clippy::indexing_slicing,
     reason = "frames carry indices into `cameras`, the list they were read for"
 )]
-fn positions(cameras: &[Camera], frames: &[(usize, Frame)]) -> Vec<SourcePosition> {
+fn positions(cameras: &[&Camera], frames: &[(usize, Frame)]) -> Vec<SourcePosition> {
     let mut ranges: BTreeMap<usize, (i64, i64)> = BTreeMap::new();
     for (camera, f) in frames {
         let r = ranges.entry(*camera).or_insert((f.frame, f.frame));
@@ -281,7 +363,7 @@ fn positions(cameras: &[Camera], frames: &[(usize, Frame)]) -> Vec<SourcePositio
     clippy::indexing_slicing,
     reason = "frames carry indices into `cameras`, the list they were read for"
 )]
-fn to_batch(cameras: &[Camera], frames: Vec<(usize, Frame)>) -> DataflowResult<RecordBatch> {
+fn to_batch(cameras: &[&Camera], frames: Vec<(usize, Frame)>) -> DataflowResult<RecordBatch> {
     let columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(
             frames.iter().map(|(c, _)| cameras[*c].id.as_str()),

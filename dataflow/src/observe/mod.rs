@@ -56,6 +56,9 @@ pub struct RunContext {
     /// A viewer's tap, fed by the source step and the sink operator; `None`: nothing is
     /// sampled or copied for a viewer.
     pub live: Option<Arc<LiveTap>>,
+    /// The source's inputs, changed while it runs (`/api/cameras`); `None` when its inputs are
+    /// fixed or nobody serves the control.
+    pub control: Option<Arc<dyn crate::control::InputControl>>,
 }
 
 impl RunContext {
@@ -86,6 +89,7 @@ impl From<Arc<Metrics>> for RunContext {
             readiness: Arc::default(),
             dead_letters: Arc::default(),
             live: None,
+            control: None,
         }
     }
 }

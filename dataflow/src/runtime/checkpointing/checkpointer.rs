@@ -18,10 +18,12 @@ use std::time::{Duration, Instant};
 
 use timely::dataflow::ProbeHandle;
 
-use super::{Offsets, OperatorState, Positions, Start, SINK_GENERATION, SINK_POSITION};
+use super::{
+    Offsets, OperatorState, Positions, Start, SINK_GENERATION, SINK_POSITION, SOURCE_STATE,
+};
 use crate::checkpoint::writer::{Done, Writer};
 use crate::checkpoint::{Checkpoint, CheckpointStore};
-use crate::{Committer, DataflowError, DataflowResult, Epoch};
+use crate::{Committer, DataflowError, DataflowResult, Epoch, SourceFactory};
 
 /// A checkpoint's offsets and state entries.
 type Content = (Offsets, BTreeMap<String, String>);
@@ -49,6 +51,8 @@ const LONGEST_RETRY: Duration = Duration::from_secs(5);
 pub struct Checkpointer {
     store: CheckpointStore,
     source_id: String,
+    /// Asked for its own state at each checkpoint.
+    source: Arc<dyn SourceFactory>,
     workers: usize,
     committed: Offsets,
     written: Option<Epoch>,
@@ -105,6 +109,7 @@ impl Checkpointer {
             committer,
             store,
             source_id,
+            source: start.source.clone(),
             workers,
             committed: start.resumed.clone(),
             // The checkpoint resumed from is already written.
@@ -240,6 +245,9 @@ impl Checkpointer {
         }
         if let Some(g) = self.generation {
             entries.insert(SINK_GENERATION.to_string(), g.to_string());
+        }
+        if let Some(s) = self.source.checkpoint_state() {
+            entries.insert(SOURCE_STATE.to_string(), s);
         }
         if let Some(state) = state {
             state.fold_through(epoch);

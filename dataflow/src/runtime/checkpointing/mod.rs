@@ -142,6 +142,9 @@ pub fn start(job: &Job, leader: bool) -> DataflowResult<Start> {
             previous: None,
         });
     };
+    if let Some(state) = checkpoint.state.get(SOURCE_STATE) {
+        job.source.restore_state(state)?;
+    }
     let offsets = checkpoint.sources.get(&id).cloned().unwrap_or_default();
     let resumed = job.source.resume(&offsets)?.ok_or_else(|| {
         DataflowError::Config(format!("source `{id}` cannot resume from offsets"))
@@ -218,6 +221,9 @@ fn restored_state(state: &BTreeMap<String, String>) -> DataflowResult<Restored> 
 
 /// Key of the results sink's position in a checkpoint's state.
 pub const SINK_POSITION: &str = "sink.position";
+
+/// Key of the source's own state in a checkpoint's state (its camera set).
+pub const SOURCE_STATE: &str = "source.state";
 
 /// Key of the generation that wrote a checkpoint.
 pub const SINK_GENERATION: &str = "sink.generation";

@@ -1,0 +1,329 @@
+//! Cameras added and removed while a run goes on: the control API on the view's address
+//! (`/api/cameras`), the watched `cameras_file`, and a restart from a checkpoint that resumes
+//! with the camera set as it was.
+//!
+//! Needs the videos of `scripts/media.sh`.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+fn clip(n: usize) -> PathBuf {
+    let file = repo().join(format!("data/videos/live/bikes-{n}.mp4"));
+    assert!(
+        file.is_file(),
+        "{} missing: run `scripts/media.sh` (needs ffmpeg)",
+        file.display()
+    );
+    file
+}
+
+/// A source that stays open with `cameras` (YAML list) and a cheap stage, results to
+/// `out.jsonl`; `extra` goes into the video block.
+fn pipeline(tmp: &Path, cameras: &str, extra: &str) -> PathBuf {
+    write(
+        tmp,
+        "cams.yaml",
+        &format!(
+            "name: cams\n\
+             source:\n  video:\n    cameras: {cameras}\n    stay_open: true\n    batch_size: 4\n{extra}\
+             stages:\n  - select: {{ columns: [camera_id, frame] }}\n\
+             sink:\n  jsonl: {{ path: \"{}\" }}\n",
+            tmp.join("out.jsonl").display()
+        ),
+    )
+}
+
+struct Run(Child);
+
+impl Run {
+    fn start(pipeline: &Path, ui: u16, extra: &[&str]) -> Self {
+        Run(Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q"])
+            .arg(pipeline)
+            .args(["--ui", &format!("127.0.0.1:{ui}")])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap())
+    }
+
+    /// SIGTERM, and the run's exit status.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.0.id() as i32;
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let status = self.0.wait().unwrap();
+        std::mem::forget(self);
+        status
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(5)))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+fn post(ui: u16, body: &str) -> (u16, Value) {
+    let mut r = agent()
+        .post(&format!("http://127.0.0.1:{ui}/api/cameras"))
+        .content_type("application/json")
+        .send(body)
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_json().unwrap_or(Value::Null))
+}
+
+fn delete(ui: u16, id: &str) -> (u16, Value) {
+    let mut r = agent()
+        .delete(&format!("http://127.0.0.1:{ui}/api/cameras/{id}"))
+        .call()
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_json().unwrap_or(Value::Null))
+}
+
+fn listed(ui: u16) -> Vec<String> {
+    let (status, body) = http_get(&format!("http://127.0.0.1:{ui}/api/cameras")).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let list: Value = serde_json::from_str(&body).unwrap();
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Frames answered per camera: (count, distinct, highest).
+fn answered(out: &Path) -> BTreeMap<String, (usize, usize, i64)> {
+    let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    if out.exists() {
+        for (camera, frame) in camera_frames(out) {
+            per.entry(camera).or_default().push(frame);
+        }
+    }
+    per.into_iter()
+        .map(|(c, mut frames)| {
+            let n = frames.len();
+            frames.dedup();
+            (c, (n, frames.len(), frames.last().copied().unwrap_or(-1)))
+        })
+        .collect()
+}
+
+fn wait_for_frames(out: &Path, camera: &str, at_least: usize) {
+    poll_until(
+        &format!("{at_least} results of camera `{camera}`"),
+        Duration::from_secs(60),
+        || (answered(out).get(camera).map_or(0, |a| a.0) >= at_least).then_some(()),
+    );
+}
+
+#[test]
+fn cameras_come_and_go_through_the_api_and_bad_requests_change_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = pipeline(
+        tmp.path(),
+        &format!(
+            "[{{ id: a, uri: \"{}\", realtime: true }}]",
+            clip(0).display()
+        ),
+        "",
+    );
+    let out = tmp.path().join("out.jsonl");
+    let ui = free_port();
+    let run = Run::start(&p, ui, &[]);
+    poll_until("the camera API", Duration::from_secs(60), || {
+        http_get(&format!("http://127.0.0.1:{ui}/api/cameras")).filter(|(s, _)| *s == 200)
+    });
+    wait_for_frames(&out, "a", 10);
+
+    // A file camera of 40 frames, at full speed: every frame answered once.
+    let (status, added) = post(
+        ui,
+        &format!(
+            "{{\"id\": \"b\", \"uri\": \"{}\", \"max_frames\": 40}}",
+            clip(1).display()
+        ),
+    );
+    assert_eq!(status, 201, "{added}");
+    assert_eq!(added["id"], "b");
+    assert_eq!(
+        added["index"], 1,
+        "a new camera takes the next index: {added}"
+    );
+    // Refused, each with its reason; the set stays as it was.
+    let refusals = [
+        (
+            format!("{{\"id\": \"b\", \"uri\": \"{}\"}}", clip(1).display()),
+            409,
+            "already",
+        ),
+        (
+            "{\"id\": \"c\", \"uri\": \"/no/such/clip.mp4\"}".to_string(),
+            400,
+            "/no/such/clip.mp4",
+        ),
+        (
+            format!("{{\"id\": \"c\", \"url\": \"{}\"}}", clip(1).display()),
+            400,
+            "unknown field `url`",
+        ),
+        ("not json".to_string(), 400, "not JSON"),
+        ("[1, 2]".to_string(), 400, "JSON object"),
+    ];
+    for (body, want, reason) in refusals {
+        let (status, answer) = post(ui, &body);
+        assert_eq!(status, want, "{body} → {answer}");
+        assert!(
+            answer["error"].as_str().unwrap_or("").contains(reason),
+            "{body} → {answer}"
+        );
+    }
+    assert_eq!(delete(ui, "zz").0, 404);
+    assert_eq!(listed(ui), ["a", "b"]);
+    wait_for_frames(&out, "b", 40);
+
+    // `a` goes: its results stop, every frame it had was answered once.
+    let (status, removed) = delete(ui, "a");
+    assert_eq!(status, 200, "{removed}");
+    assert_eq!(listed(ui), ["b"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = answered(&out);
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = answered(&out);
+    assert_eq!(
+        before.get("a"),
+        after.get("a"),
+        "a removed camera gives no more results"
+    );
+    let status = run.stop();
+    assert!(status.success(), "{status:?}");
+    let done = answered(&out);
+    let (n, distinct, last) = done["a"];
+    assert_eq!(
+        (n, distinct),
+        (last as usize + 1, last as usize + 1),
+        "camera a: frames 0..={last}, each once"
+    );
+    assert_eq!(done["b"], (40, 40, 39), "camera b: frames 0..40, each once");
+}
+
+#[test]
+fn the_cameras_file_is_watched_while_the_run_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("cameras.yaml");
+    // Relative to the cameras file.
+    let rel = |n: usize| {
+        let target = tmp.path().join(format!("clip-{n}.mp4"));
+        std::fs::copy(clip(n), &target).unwrap();
+        format!("clip-{n}.mp4")
+    };
+    std::fs::write(
+        &file,
+        format!(
+            "cameras:\n  - {{ id: f1, uri: {}, max_frames: 30 }}\n",
+            rel(0)
+        ),
+    )
+    .unwrap();
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "name: watched\nsource:\n  video: {{ cameras_file: cameras.yaml }}\n\
+             stages:\n  - select: {{ columns: [camera_id, frame] }}\n\
+             sink:\n  jsonl: {{ path: out.jsonl }}\n"
+        ),
+    );
+    let out = tmp.path().join("out.jsonl");
+    let run = Run(Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q"])
+        .arg(&p)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap());
+    wait_for_frames(&out, "f1", 30);
+    std::fs::write(
+        &file,
+        format!(
+            "cameras:\n  - {{ id: f1, uri: {}, max_frames: 30 }}\n  - {{ id: f2, uri: {}, max_frames: 25 }}\n",
+            rel(0),
+            rel(1)
+        ),
+    )
+    .unwrap();
+    wait_for_frames(&out, "f2", 25);
+    let status = run.stop();
+    assert!(status.success(), "{status:?}");
+    let done = answered(&out);
+    assert_eq!(done["f1"], (30, 30, 29));
+    assert_eq!(done["f2"], (25, 25, 24));
+}
+
+#[test]
+fn a_restart_resumes_with_the_checkpointed_camera_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = pipeline(
+        tmp.path(),
+        &format!(
+            "[{{ id: a, uri: \"{}\", max_frames: 20 }}]",
+            clip(0).display()
+        ),
+        "",
+    );
+    let out = tmp.path().join("out.jsonl");
+    let checkpoints = tmp.path().join("ckpt");
+    let ckpt = checkpoints.to_str().unwrap();
+    let ui = free_port();
+    let run = Run::start(&p, ui, &["--checkpoint-dir", ckpt]);
+    wait_for_frames(&out, "a", 20);
+    // Realtime: still going when the run is stopped.
+    let (status, added) = post(
+        ui,
+        &format!(
+            "{{\"id\": \"late\", \"uri\": \"{}\", \"realtime\": true, \"max_frames\": 100}}",
+            clip(2).display()
+        ),
+    );
+    assert_eq!(status, 201, "{added}");
+    wait_for_frames(&out, "late", 10);
+    assert!(run.stop().success());
+    let first = answered(&out);
+    let (late_then, _, _) = first["late"];
+    assert!(
+        late_then < 100,
+        "the run stopped before `late` ended: {first:?}"
+    );
+
+    // No request this time: the checkpoint brings `late` back, its frames going on.
+    let ui = free_port();
+    let run = Run::start(&p, ui, &["--checkpoint-dir", ckpt]);
+    poll_until("the camera API", Duration::from_secs(60), || {
+        http_get(&format!("http://127.0.0.1:{ui}/api/cameras")).filter(|(s, _)| *s == 200)
+    });
+    assert_eq!(listed(ui), ["a", "late"]);
+    wait_for_frames(&out, "late", 100);
+    assert!(run.stop().success());
+    let done = answered(&out);
+    assert_eq!(done["late"], (100, 100, 99), "every frame of `late` once");
+    assert_eq!(done["a"], (20, 20, 19), "every frame of `a` once");
+}
