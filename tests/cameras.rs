@@ -327,3 +327,85 @@ fn a_restart_resumes_with_the_checkpointed_camera_set() {
     assert_eq!(done["late"], (100, 100, 99), "every frame of `late` once");
     assert_eq!(done["a"], (20, 20, 19), "every frame of `a` once");
 }
+
+#[test]
+fn a_camera_added_back_under_its_id_starts_over_in_the_tracker() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let dead = tmp.path().join("dead.jsonl");
+    // People walk in from frame 30 of this clip.
+    let street = repo().join("data/videos/bikes-0.mp4");
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "name: again\n\
+             source:\n  video:\n    cameras: [{{ id: a, uri: \"{clip}\", max_frames: 50 }}]\n    stay_open: true\n    batch_size: 4\n\
+             stages:\n\
+             \x20 - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n\
+             \x20 - model:\n      path: \"{model}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      outputs:\n        \"detection_boxes:0\": {{ column: boxes, shape: [100, 4] }}\n        \"detection_scores:0\": {{ column: scores, shape: [100] }}\n        \"detection_classes:0\": {{ column: classes, shape: [100] }}\n      batch: {{ max_size: 4, max_delay_ms: 5 }}\n\
+             \x20 - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.2, keep_classes: [1] }}\n\
+             \x20 - exchange: {{ key: camera_id }}\n\
+             \x20 - track: {{ high_threshold: 0.3, new_track_threshold: 0.3 }}\n\
+             \x20 - select: {{ columns: [camera_id, frame, detections] }}\n\
+             runtime: {{ workers: 2 }}\n\
+             sink:\n  jsonl: {{ path: \"{out}\" }}\n\
+             dead_letter:\n  jsonl: {{ path: \"{dead}\" }}\n",
+            clip = street.display(),
+            model = model("ssdlite_person.onnx").display(),
+            out = out.display(),
+            dead = dead.display(),
+        ),
+    );
+    let ui = free_port();
+    let run = Run::start(&p, ui, &[]);
+    wait_for_frames(&out, "a", 50);
+    assert_eq!(delete(ui, "a").0, 200);
+    let (status, again) = post(
+        ui,
+        &format!(
+            "{{\"id\": \"a\", \"uri\": \"{}\", \"max_frames\": 50}}",
+            street.display()
+        ),
+    );
+    assert_eq!(status, 201, "{again}");
+    wait_for_frames(&out, "a", 100);
+    assert!(run.stop().success());
+    let letters = if dead.exists() {
+        read_jsonl(&dead)
+    } else {
+        Vec::new()
+    };
+    assert!(
+        letters.is_empty(),
+        "frames of the camera added back are not taken for late ones: {letters:?}"
+    );
+    // Each frame twice (once per life); the second life's tracks are the first's, ids again
+    // from 1: the tracker started over.
+    let mut lives: BTreeMap<i64, Vec<Vec<i64>>> = BTreeMap::new();
+    for r in read_jsonl(&out) {
+        let ids: Vec<i64> = r["detections"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|d| d["track_id"].as_i64())
+            .collect();
+        lives
+            .entry(r["frame"].as_i64().unwrap())
+            .or_default()
+            .push(ids);
+    }
+    assert_eq!(lives.len(), 50);
+    for (frame, seen) in &lives {
+        assert_eq!(seen.len(), 2, "frame {frame}: {seen:?}");
+        assert_eq!(
+            seen[0], seen[1],
+            "frame {frame}: the same tracks in both lives"
+        );
+    }
+    assert!(
+        lives.values().any(|s| !s[0].is_empty()),
+        "some frames have tracks: {lives:?}"
+    );
+}

@@ -20,6 +20,11 @@ pub enum BatchKind {
     Records,
     /// Rows in the [`crate::dead_letter`] schema; stages pass them through untouched.
     DeadLetters,
+    /// Keys whose per-key state is finished with (a camera removed while running): one column,
+    /// named as the key column it retires from. Stages pass it through; a keyed stage on that
+    /// column drops those keys' state once it has processed the rows of the batch's epoch;
+    /// the sink ignores it.
+    Retired,
 }
 
 /// An Arrow `RecordBatch` plus what the engine needs to know about it.
@@ -56,6 +61,16 @@ impl Batch {
         Batch {
             kind: BatchKind::DeadLetters,
             data,
+            ingest_ns,
+            route: 0,
+            compression: Compression::None,
+        }
+    }
+
+    pub fn retired(keys: RecordBatch, ingest_ns: u64) -> Self {
+        Batch {
+            kind: BatchKind::Retired,
+            data: keys,
             ingest_ns,
             route: 0,
             compression: Compression::None,

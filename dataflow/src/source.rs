@@ -45,6 +45,13 @@ pub trait Source: Send {
     fn next_due(&self) -> Option<std::time::Instant> {
         None
     }
+
+    /// Keys whose state downstream is finished with since the last call (cameras removed
+    /// while running), as one column named as the key column (`camera_id`); sent on after
+    /// the batch just read, so keyed stages drop them once their last rows are through.
+    fn retired(&mut self) -> Option<RecordBatch> {
+        None
+    }
 }
 
 /// A configured source, able to describe its output and to split itself across workers.

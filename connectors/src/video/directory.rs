@@ -47,6 +47,10 @@ struct Set {
     cameras: BTreeMap<String, Entry>,
     next_index: usize,
     workers: Option<usize>,
+    /// The worker each removed id was on: an id added back goes there, so its new frames
+    /// come after its old state was dropped (keyed stages drop it in order, per worker).
+    #[serde(default)]
+    was_on: BTreeMap<String, usize>,
 }
 
 /// The camera set of one source, shared by its partitions, its resumed copies and the
@@ -190,7 +194,10 @@ impl Directory {
             .config
             .resolve_camera(index, spec.clone())
             .map_err(|e| ControlError::BadRequest(e.to_string()))?;
-        let worker = set.workers.map(|peers| least_loaded(&set, peers));
+        let worker = set.workers.map(|peers| match set.was_on.get(&spec.id) {
+            Some(&w) if w < peers => w,
+            _ => least_loaded(&set, peers),
+        });
         set.next_index += 1;
         let entry = Entry {
             spec,
@@ -221,6 +228,9 @@ impl Directory {
             Some(_) => {}
         }
         let entry = set.cameras.remove(id);
+        if let Some(w) = entry.as_ref().and_then(|e| e.worker) {
+            set.was_on.insert(id.to_string(), w);
+        }
         let camera = lock(&self.resolved).remove(id);
         drop(set);
         self.changed();

@@ -112,6 +112,7 @@ impl SourceFactory for VideoSource {
             peers,
             seen: None,
             registered,
+            retiring: Vec::new(),
             running: Running {
                 cameras: Vec::new(),
                 bell: Arc::new(Bell::default()),
@@ -166,6 +167,9 @@ struct VideoPartition {
     /// Metrics registered for cameras not started yet (at the start: /readyz waits for them).
     registered: BTreeMap<String, CameraMetrics>,
     running: Running,
+    /// Cameras stopped here whose retirement is not sent on yet: an id among them is not
+    /// started again before it is.
+    retiring: Vec<String>,
 }
 
 /// One running camera.
@@ -199,17 +203,25 @@ impl VideoPartition {
         }
         let (version, wanted) = directory.cameras_of(self.worker, self.peers);
         let video_metrics = video_metrics()?;
+        let retiring = &mut self.retiring;
         self.running.cameras.retain(|live| {
             let keep = wanted.contains(&live.camera);
             if !keep {
                 live.stop();
                 video_metrics.forget(&live.camera.id);
+                retiring.push(live.camera.id.clone());
                 tracing::info!("camera `{}` stopped (removed)", live.camera.id);
             }
             keep
         });
+        let mut deferred = false;
         for camera in wanted {
             if self.running.cameras.iter().any(|l| l.camera == camera) {
+                continue;
+            }
+            // Its old self's state downstream goes first (next batch).
+            if self.retiring.contains(&camera.id) {
+                deferred = true;
                 continue;
             }
             let metrics = self
@@ -220,7 +232,7 @@ impl VideoPartition {
             self.running.cameras.push(live);
         }
         self.running.cameras.sort_by_key(|l| l.camera.index);
-        self.seen = Some(version);
+        self.seen = (!deferred).then_some(version);
         Ok(())
     }
 
@@ -309,6 +321,19 @@ impl Running {
 }
 
 impl Source for VideoPartition {
+    fn retired(&mut self) -> Option<RecordBatch> {
+        if self.retiring.is_empty() {
+            return None;
+        }
+        let ids = StringArray::from_iter_values(self.retiring.drain(..));
+        let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+            super::CAMERA_ID,
+            arrow_schema::DataType::Utf8,
+            false,
+        )]));
+        RecordBatch::try_new(schema, vec![Arc::new(ids) as ArrayRef]).ok()
+    }
+
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
         self.sync()?;
         let open = self.source.directory.is_open();

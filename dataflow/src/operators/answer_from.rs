@@ -98,7 +98,7 @@ impl<'scope> AnswerFrom<'scope> for BatchStream<'scope> {
             move |(batches, batches_frontier), (updates, updates_frontier), output| {
                 batches.for_each(|cap, data| {
                     for batch in data.drain(..) {
-                        if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
+                        if batch.kind != BatchKind::Records || batch.num_rows() == 0 {
                             output.session(&cap).give(batch);
                             continue;
                         }

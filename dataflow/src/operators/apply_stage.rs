@@ -70,9 +70,9 @@ impl<'scope> ApplyStage<'scope> for BatchStream<'scope> {
 }
 
 /// One batch through one stage: its results and, if any, a batch of dead letters.
-/// Dead-letter batches pass through untouched.
+/// Dead letters and retired keys pass through untouched.
 pub fn run_stage(stage: &mut dyn Stage, metrics: &StageMetrics, batch: &Batch) -> Vec<Batch> {
-    if batch.kind == BatchKind::DeadLetters {
+    if batch.kind != BatchKind::Records {
         return vec![batch.clone()];
     }
     let started = Instant::now();

@@ -191,7 +191,7 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
                     };
                     let mut session = output.session(&cap);
                     for mut batch in data.drain(..) {
-                        if batch.kind == BatchKind::DeadLetters {
+                        if batch.kind != BatchKind::Records {
                             batch.route = me as u64;
                             session.give(batch);
                             continue;

@@ -85,7 +85,7 @@ impl<'scope> BySchedule<'scope> for BatchStream<'scope> {
                     });
                     data.for_each(|cap, batches| {
                         for batch in batches.drain(..) {
-                            if batch.kind == BatchKind::DeadLetters {
+                            if batch.kind != BatchKind::Records {
                                 output.session(&cap).give(batch);
                             } else if let Some(held) = cap.retain_least(0) {
                                 waiting.entry(*held.time()).or_default().push((held, batch));

@@ -99,7 +99,7 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
             move |(input, frontier), output| {
                 input.for_each(|cap, data| {
                     for batch in data.drain(..) {
-                        if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
+                        if batch.kind != BatchKind::Records || batch.num_rows() == 0 {
                             output.session(&cap).give(batch);
                             continue;
                         }

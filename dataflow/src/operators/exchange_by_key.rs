@@ -52,7 +52,13 @@ impl<'scope> ExchangeByKey<'scope> for BatchStream<'scope> {
                 input.for_each(|cap, data| {
                     let mut session = output.session(&cap);
                     for batch in data.drain(..) {
-                        if batch.kind == BatchKind::DeadLetters {
+                        // Retired keys go where their rows went; other retirements stay.
+                        let keyed = match batch.kind {
+                            BatchKind::Records => true,
+                            BatchKind::Retired => batch.data.column_by_name(&column).is_some(),
+                            BatchKind::DeadLetters => false,
+                        };
+                        if !keyed {
                             let mut b = batch;
                             b.route = me;
                             session.give(b);

@@ -46,6 +46,12 @@ pub trait KeyedLogic: Send + 'static {
         state: &mut Self::State,
         rows: &RecordBatch,
     ) -> DataflowResult<StageOutput>;
+
+    /// `key` is finished with (its camera was removed): its state is dropped after this call,
+    /// which may give the rows that close it (last events). Default: none.
+    fn retire(&mut self, _key: &str, _state: Self::State) -> DataflowResult<Option<RecordBatch>> {
+        Ok(None)
+    }
 }
 
 /// A [`KeyedLogic`] keyed by a column (a string or Int64 column): the stateful step the runtime
@@ -239,7 +245,12 @@ impl<'scope> KeyedState<'scope> for BatchStream<'scope> {
                             };
                             let mut session = output.session(&cap);
                             let mut touched = Vec::new();
+                            let mut retired = Vec::new();
                             for (_, batch) in &batches {
+                                if batch.kind == BatchKind::Retired {
+                                    retired.push(batch);
+                                    continue;
+                                }
                                 for out in run_keyed(&mut logic, &key, &mut states, &metrics, batch)
                                 {
                                     match out {
@@ -259,6 +270,13 @@ impl<'scope> KeyedState<'scope> for BatchStream<'scope> {
                                         session.give(change);
                                     }
                                 }
+                            }
+                            // After the epoch's rows: every row of a retired key is through.
+                            for batch in retired {
+                                for out in retire_keys(&mut logic, &key, &mut states, batch) {
+                                    session.give(out);
+                                }
+                                session.give(Out::Rows(batch.clone()));
                             }
                         }
                     }
@@ -364,6 +382,38 @@ fn run_keyed<L: KeyedLogic>(
                 metrics.record_batch(part.num_rows(), 0, part.num_rows(), started.elapsed());
                 out.push(Err(letters_for(logic.name(), batch, &part, &e)));
             }
+        }
+    }
+    out
+}
+
+/// Drops the state of the keys `batch` retires (when they are of this stage's key column):
+/// what the logic gives for them, and the state records withdrawn from the checkpoint.
+fn retire_keys<L: KeyedLogic>(
+    logic: &mut L,
+    key_column: &str,
+    states: &mut HashMap<StateKey, Keep<L::State>>,
+    batch: &Batch,
+) -> Vec<Out> {
+    let Ok(groups) = group_by_key(&batch.data, key_column) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (key, _) in groups {
+        let Some(keep) = states.remove(&key) else {
+            continue;
+        };
+        if let Some(record) = keep.announced {
+            out.push(Out::State(record, -1));
+        }
+        match logic.retire(&key.shown(), keep.state) {
+            Ok(Some(rows)) if rows.num_rows() > 0 => {
+                let mut closing = batch.with_data(rows);
+                closing.kind = BatchKind::Records;
+                out.push(Out::Rows(closing));
+            }
+            Ok(_) => {}
+            Err(e) => tracing::error!("{}: retiring `{}`: {e}", logic.name(), key.shown()),
         }
     }
     out

@@ -58,7 +58,7 @@ impl<'scope> Place<'scope> for BatchStream<'scope> {
                 input.for_each(|cap, data| {
                     let mut session = output.session(&cap);
                     for mut batch in data.drain(..) {
-                        batch.route = if batch.kind == BatchKind::DeadLetters {
+                        batch.route = if batch.kind != BatchKind::Records {
                             me as u64
                         } else {
                             next = next.wrapping_add(1);

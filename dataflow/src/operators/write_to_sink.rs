@@ -135,6 +135,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                     match batch.kind {
                                         BatchKind::Records => tap.results(&batch.data),
                                         BatchKind::DeadLetters => tap.dead_letters(&batch.data),
+                                        BatchKind::Retired => {}
                                     }
                                 }
                                 match batch.kind {
@@ -169,7 +170,7 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                             }
                                         }
                                     }
-                                    BatchKind::DeadLetters => {}
+                                    BatchKind::DeadLetters | BatchKind::Retired => {}
                                 }
                             }
                         });

@@ -198,6 +198,15 @@ pub(crate) fn run_worker(
                 ingest,
             ));
         }
+        // The epoch closes after a retirement: rows of a key started again later (a camera
+        // id added back) fall in a later epoch than the keyed stages' drop of its old state.
+        let retired = match source.retired().filter(|k| k.num_rows() > 0) {
+            Some(keys) => {
+                input.send(Batch::retired(keys, ingest));
+                true
+            }
+            None => false,
+        };
         // Sent on now, not when the input handle's buffer fills or the epoch closes: results
         // then exist (live view, metrics, uncommitted outputs) as soon as the stages are done.
         input.flush();
@@ -211,7 +220,12 @@ pub(crate) fn run_worker(
         // With `epoch_ms`, an epoch also closes once it has been open that long: results wait
         // for their epoch, so this bounds the wait however slowly records come.
         let due = records_in_epoch > 0 && max_duration.is_some_and(|d| last_epoch.elapsed() >= d);
-        if records_in_epoch >= epoch_records || (read == 0 && records_in_epoch > 0) || idle || due {
+        if records_in_epoch >= epoch_records
+            || (read == 0 && records_in_epoch > 0)
+            || idle
+            || due
+            || retired
+        {
             records_in_epoch = 0;
             last_epoch = Instant::now();
             epoch += 1;

@@ -166,7 +166,7 @@ pub(super) fn candidates<'scope>(
                 }
                 batches.for_each(|cap, data| {
                     for batch in data.drain(..) {
-                        if batch.kind == BatchKind::DeadLetters || batch.num_rows() == 0 {
+                        if batch.kind != BatchKind::Records || batch.num_rows() == 0 {
                             output.session(&cap).give(Out::Rows(batch));
                             continue;
                         }
