@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::rtsp::*;
 use common::*;
 use serde_json::Value;
 
@@ -24,85 +25,6 @@ fn videos() -> PathBuf {
         dir.display()
     );
     dir
-}
-
-const SYSTEM_PYTHON: &str = "/usr/bin/python3";
-
-/// Fails (never skips) when the RTSP test server cannot run, saying how to install it.
-fn require_rtsp_server() {
-    let ok = Command::new(SYSTEM_PYTHON)
-        .args([
-            "-c",
-            "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ok,
-        "GStreamer's RTSP server for {SYSTEM_PYTHON} is missing: apt-get install -y python3-gi \
-         gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
-         gstreamer1.0-plugins-bad (or run scripts/setup.sh)"
-    );
-}
-
-/// One live camera: `scripts/rtsp_server.py` serving `file` at rtsp://127.0.0.1:PORT/ID.
-struct RtspCamera {
-    id: String,
-    file: PathBuf,
-    port: u16,
-    server: Option<Child>,
-}
-
-impl RtspCamera {
-    fn start(id: &str, file: &Path) -> Self {
-        let mut camera = RtspCamera {
-            id: id.to_string(),
-            file: file.to_path_buf(),
-            port: free_port(),
-            server: None,
-        };
-        camera.restart();
-        camera
-    }
-
-    fn uri(&self) -> String {
-        format!("rtsp://127.0.0.1:{}/{}", self.port, self.id)
-    }
-
-    /// Starts the server (again, on the same port) and waits until it listens.
-    fn restart(&mut self) {
-        let mut child = Command::new(SYSTEM_PYTHON)
-            .arg(repo().join("scripts/rtsp_server.py"))
-            .args(["--port", &self.port.to_string()])
-            .arg(format!("{}={}", self.id, self.file.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting scripts/rtsp_server.py");
-        let mut line = String::new();
-        let stdout = child.stdout.take().unwrap();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        if !line.starts_with("ready") {
-            let mut err = String::new();
-            let _ = child.stderr.take().unwrap().read_to_string(&mut err);
-            panic!("rtsp_server.py for {} did not start: {line}{err}", self.id);
-        }
-        self.server = Some(child);
-    }
-
-    /// Kills the server (SIGKILL: an abrupt outage).
-    fn kill(&mut self) {
-        if let Some(mut child) = self.server.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RtspCamera {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }
 
 /// A running `riffle run`.
@@ -673,4 +595,79 @@ fn a_connections_opening_burst_is_skipped_on_connect_not_dropped() {
     assert_eq!(rows.len() + lost(&summary, "cam"), 60, "{summary}");
     // The newest frames are kept: the last one arrives.
     assert!(rows.iter().any(|r| r["frame"] == 59), "{summary}");
+}
+
+#[test]
+fn a_stalled_live_camera_is_noticed_after_its_timeout_not_twice_that() {
+    require_rtsp_server();
+    let dir = videos();
+    let camera = RtspCamera::start("cam", &dir.join("live/bikes-0.mp4"));
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out.jsonl");
+    let text = live_pipeline(
+        &[camera_entry("cam", &camera.uri())],
+        ", timeout_ms: 2000, connect_attempts: 1",
+        SELECT_ONLY,
+        ", workers: 1",
+        &out,
+    );
+    let p = write(tmp.path(), "stall.yaml", &text);
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", p.to_str().unwrap(), "--metrics-addr"])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Each log line with the time it arrived.
+    let stderr = child.stderr.take().unwrap();
+    let (lines, log) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send((Instant::now(), line));
+        }
+    });
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _guard = Kill(child);
+    poll_until("camera_up 1", Duration::from_secs(30), || {
+        http_get(&format!("{base}/metrics"))
+            .filter(|r| scraped(&r.1, "camera_up", "cam") == Some(1.0))
+    });
+    // The server stalls: its connection stays open, nothing more comes.
+    let pid = camera.server.as_ref().unwrap().id().to_string();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    signal("-STOP");
+    let stalled = Instant::now();
+    let mut seen = String::new();
+    let noticed = loop {
+        match log.recv_timeout(Duration::from_secs(15)) {
+            Ok((at, line)) if line.contains("reconnecting") => break Some((at, line)),
+            Ok((_, line)) => seen += &format!("{line}\n"),
+            Err(_) => break None,
+        }
+    };
+    signal("-CONT");
+    let (at, line) = noticed.unwrap_or_else(|| panic!("the stall went unnoticed:\n{seen}"));
+    let delay = at.duration_since(stalled);
+    eprintln!("stall noticed after {} ms: {line}", delay.as_millis());
+    assert!(
+        delay >= Duration::from_millis(1800) && delay <= Duration::from_millis(3000),
+        "noticed after {} ms, timeout_ms is 2000: {line}",
+        delay.as_millis()
+    );
 }

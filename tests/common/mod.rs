@@ -6,6 +6,7 @@ pub mod kafka;
 pub mod postgres;
 pub mod redis;
 pub mod registry;
+pub mod rtsp;
 pub mod s3;
 
 use std::path::{Path, PathBuf};

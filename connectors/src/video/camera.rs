@@ -67,7 +67,9 @@ impl CameraTask {
         let camera = &self.camera;
         let uri = camera.uri.as_ffmpeg();
         let mut progress = Progress {
-            next_frame: 0,
+            // A live stream cannot be rewound: a resumed one numbers its frames on from the
+            // checkpoint instead (per-camera state downstream expects them to go on).
+            next_frame: if camera.live { self.resume_from } else { 0 },
             kept: 0,
             thinning: Thinning::new(camera.every_nth, camera.sample_fps),
             clock: StreamClock::default(),
@@ -83,8 +85,10 @@ impl CameraTask {
             if self.stopped() {
                 return self.queue.finish();
             }
-            let mut stream = match decoder::open(&uri, &self.open) {
+            let mut stream = match decoder::open(&uri, &self.open, &self.stop) {
                 Ok(stream) => stream,
+                // Stopping abandons a live stream's opening: not a failure.
+                Err(_) if self.stopped() => return self.queue.finish(),
                 Err(e) => {
                     failures += 1;
                     if !camera.live || failures >= self.retry.attempts {

@@ -1,8 +1,11 @@
 //! One camera's stream through FFmpeg's libraries: demux (libavformat: files, RTSP, HTTP/HLS),
 //! decode (libavcodec: H.264, H.265, …) and convert to RGB8 (libswscale).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
+use std::ffi::{c_int, c_void, CString};
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Once};
+use std::time::Instant;
 
 use ffmpeg::format::Pixel;
 use ffmpeg::software::scaling;
@@ -32,6 +35,13 @@ pub(crate) enum VideoError {
         uri: String,
         #[source]
         source: ffmpeg::Error,
+    },
+    /// `doing` (opening or reading) took longer than `timeout_ms`.
+    #[error("{doing} {uri}: timed out after {timeout_ms} ms")]
+    TimedOut {
+        doing: &'static str,
+        uri: String,
+        timeout_ms: u64,
     },
 }
 
@@ -129,6 +139,133 @@ pub(crate) struct Stream {
     start: Option<i64>,
     decoder: ffmpeg::decoder::Video,
     scaler: Option<scaling::Context>,
+    /// Whether each packet read has `timeout_ms` (live streams but HLS and DASH).
+    timed_reads: bool,
+    /// A live stream's interrupt callback state. Declared after `input`, so dropped after it:
+    /// the context calls back into it until it is closed.
+    watchdog: Option<Arc<Watchdog>>,
+}
+
+/// What a live stream's interrupt callback reads. FFmpeg abandons the blocking call it is in
+/// (connecting, probing, reading a packet) within ~0.1 s of the callback saying so: an exact
+/// deadline, and a stop that does not wait for the stream. FFmpeg's own socket timeouts take
+/// up to twice as long: the read they end returns the packet its parser held back, and the
+/// next read waits a whole timeout again.
+struct Watchdog {
+    stop: Arc<AtomicBool>,
+    timeout_ms: u64,
+    origin: Instant,
+    /// Milliseconds after `origin` past which the current call is abandoned.
+    deadline_ms: AtomicU64,
+    /// Whether the deadline interrupted FFmpeg since the clock was last started.
+    fired: AtomicBool,
+}
+
+impl Watchdog {
+    fn new(stop: &Arc<AtomicBool>, timeout_ms: u64) -> Self {
+        Watchdog {
+            stop: Arc::clone(stop),
+            timeout_ms,
+            origin: Instant::now(),
+            deadline_ms: AtomicU64::new(u64::MAX),
+            fired: AtomicBool::new(false),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Starts the clock of the call about to be made.
+    fn arm(&self) {
+        let deadline = self.now_ms().saturating_add(self.timeout_ms);
+        self.fired.store(false, Ordering::Relaxed);
+        self.deadline_ms.store(deadline, Ordering::Relaxed);
+    }
+
+    /// Stops the clock: what runs between calls (the consumer) has no deadline.
+    fn disarm(&self) {
+        self.deadline_ms.store(u64::MAX, Ordering::Relaxed);
+    }
+
+    /// What the interrupt callback answers.
+    fn interrupts(&self) -> bool {
+        if self.stop.load(Ordering::Relaxed) {
+            return true;
+        }
+        let expired = self.now_ms() >= self.deadline_ms.load(Ordering::Relaxed);
+        if expired {
+            self.fired.store(true, Ordering::Relaxed);
+        }
+        expired
+    }
+
+    /// The timeout, once the deadline interrupted the last call (`doing`: opening or reading).
+    fn timed_out(&self, doing: &'static str, uri: &str) -> Option<VideoError> {
+        self.fired
+            .load(Ordering::Relaxed)
+            .then(|| VideoError::TimedOut {
+                doing,
+                uri: uri.to_string(),
+                timeout_ms: self.timeout_ms,
+            })
+    }
+}
+
+/// The live streams' `AVIOInterruptCB`: non-zero abandons the blocking call.
+unsafe extern "C" fn interrupted(opaque: *mut c_void) -> c_int {
+    // SAFETY: `opaque` is `Arc::as_ptr` of a `Watchdog` that `open_live` and then the `Stream`
+    // keep alive until the context is closed; it is only used through shared references.
+    let watchdog = unsafe { &*opaque.cast::<Watchdog>() };
+    c_int::from(watchdog.interrupts())
+}
+
+/// What `format::input_with_dictionary` does, with `watchdog` as the context's interrupt
+/// callback (ffmpeg-next's `input_with_interrupt` takes no options).
+fn open_live(
+    uri: &str,
+    options: Dictionary,
+    watchdog: &Arc<Watchdog>,
+) -> Result<format::context::Input, ffmpeg::Error> {
+    let url = CString::new(uri).map_err(|_| ffmpeg::Error::InvalidData)?;
+    // SAFETY: a plain allocation, null when out of memory.
+    let mut ctx = unsafe { ffmpeg::ffi::avformat_alloc_context() };
+    if ctx.is_null() {
+        return Err(ffmpeg::Error::Other {
+            errno: ffmpeg::util::error::ENOMEM,
+        });
+    }
+    let callback = ffmpeg::ffi::AVIOInterruptCB {
+        callback: Some(interrupted),
+        opaque: Arc::as_ptr(watchdog).cast_mut().cast(),
+    };
+    watchdog.arm();
+    // SAFETY: `ctx` is the valid, unopened context just allocated, and `opaque` outlives it (see
+    // `interrupted`). The options are handed over and their leftovers taken back and freed;
+    // on failure `avformat_open_input` frees `ctx` itself.
+    let opened = unsafe {
+        (*ctx).interrupt_callback = callback;
+        let mut opts = options.disown();
+        let opened =
+            ffmpeg::ffi::avformat_open_input(&mut ctx, url.as_ptr(), ptr::null(), &mut opts);
+        drop(Dictionary::own(opts));
+        opened
+    };
+    if opened < 0 {
+        return Err(ffmpeg::Error::from(opened));
+    }
+    // SAFETY: `ctx` is open and owned by no one else: the `Input` closes it when dropped
+    // (also when probing fails, below).
+    let mut input = unsafe { format::context::Input::wrap(ctx) };
+    watchdog.arm();
+    // SAFETY: `input`'s context is open; no per-stream options.
+    let probed =
+        unsafe { ffmpeg::ffi::avformat_find_stream_info(input.as_mut_ptr(), ptr::null_mut()) };
+    if probed < 0 {
+        return Err(ffmpeg::Error::from(probed));
+    }
+    watchdog.disarm();
+    Ok(input)
 }
 
 fn init() {
@@ -140,7 +277,13 @@ fn init() {
     });
 }
 
-pub(crate) fn open(uri: &str, options: &OpenOptions) -> Result<Stream, VideoError> {
+/// Opens `uri`; `stop` (the camera's stop flag) also abandons a live stream's opening and
+/// reads.
+pub(crate) fn open(
+    uri: &str,
+    options: &OpenOptions,
+    stop: &Arc<AtomicBool>,
+) -> Result<Stream, VideoError> {
     init();
     let mut dict = Dictionary::new();
     if options.live {
@@ -160,7 +303,23 @@ pub(crate) fn open(uri: &str, options: &OpenOptions) -> Result<Stream, VideoErro
         uri: uri.to_string(),
         source,
     };
-    let input = format::input_with_dictionary(&uri, dict).map_err(open_error)?;
+    let (input, watchdog) = if options.live {
+        let watchdog = Arc::new(Watchdog::new(stop, options.timeout_ms));
+        let input = open_live(uri, dict, &watchdog).map_err(|e| {
+            watchdog
+                .timed_out("opening", uri)
+                .unwrap_or_else(|| open_error(e))
+        })?;
+        (input, Some(watchdog))
+    } else {
+        (
+            format::input_with_dictionary(&uri, dict).map_err(open_error)?,
+            None,
+        )
+    };
+    // An HLS or DASH read may rightly wait a whole segment for the playlist to grow: those
+    // keep FFmpeg's per-request `rw_timeout` only.
+    let timed_reads = watchdog.is_some() && !matches!(input.format().name(), "hls" | "dash");
     let stream = input
         .streams()
         .best(media::Type::Video)
@@ -185,6 +344,8 @@ pub(crate) fn open(uri: &str, options: &OpenOptions) -> Result<Stream, VideoErro
         start,
         decoder,
         scaler: None,
+        timed_reads,
+        watchdog,
     })
 }
 
@@ -214,14 +375,34 @@ impl Stream {
             if stop.load(Ordering::Relaxed) {
                 return Ok(Ended::Stopped);
             }
+            if let Some(watchdog) = self.watchdog.as_ref().filter(|_| self.timed_reads) {
+                // An interrupted read can still return what FFmpeg held back (the parser's
+                // last frame, flushed): the stream stalled all the same.
+                if let Some(e) = watchdog.timed_out("reading", &self.uri) {
+                    return Err(e);
+                }
+                watchdog.arm();
+            }
             match packet.read(&mut self.input) {
-                Ok(()) => {}
-                Err(ffmpeg::Error::Eof) => break,
+                Ok(()) => {
+                    if let Some(watchdog) = &self.watchdog {
+                        watchdog.disarm();
+                    }
+                }
+                // An interrupted read may end in any error, EOF included.
+                Err(_) if stop.load(Ordering::Relaxed) => return Ok(Ended::Stopped),
                 Err(source) => {
+                    let watchdog = self.watchdog.as_ref();
+                    if let Some(e) = watchdog.and_then(|w| w.timed_out("reading", &self.uri)) {
+                        return Err(e);
+                    }
+                    if source == ffmpeg::Error::Eof {
+                        break;
+                    }
                     return Err(VideoError::Read {
                         uri: self.uri.clone(),
                         source,
-                    })
+                    });
                 }
             }
             if packet.stream() != self.index {

@@ -210,7 +210,7 @@ impl Directory {
         lock(&self.resolved).insert(camera.id.clone(), camera);
         drop(set);
         self.changed();
-        tracing::info!("camera `{}` added ({origin:?}): {listed}", listed["id"]);
+        tracing::info!("camera added ({origin:?}): {listed}");
         Ok(listed)
     }
 
