@@ -129,11 +129,15 @@ fn answered(out: &Path) -> BTreeMap<String, (usize, usize, i64)> {
 }
 
 fn wait_for_frames(out: &Path, camera: &str, at_least: usize) {
-    poll_until(
-        &format!("{at_least} results of camera `{camera}`"),
-        Duration::from_secs(60),
-        || (answered(out).get(camera).map_or(0, |a| a.0) >= at_least).then_some(()),
-    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while answered(out).get(camera).map_or(0, |a| a.0) < at_least {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{at_least} results of camera `{camera}` within 60 s; (count, distinct, last) so far: {:?}",
+            answered(out)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -408,4 +412,112 @@ fn a_camera_added_back_under_its_id_starts_over_in_the_tracker() {
         lives.values().any(|s| !s[0].is_empty()),
         "some frames have tracks: {lives:?}"
     );
+}
+
+/// The newest checkpoint in `dir`, parsed (its CRC trailer cut off).
+fn newest_checkpoint(dir: &Path) -> Option<Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "ckpt"))
+        .collect();
+    files.sort();
+    let text = std::fs::read_to_string(files.last()?).ok()?;
+    serde_json::from_str(text.split("\n#crc32:").next()?).ok()
+}
+
+#[test]
+fn rtsp_cameras_added_and_removed_across_two_processes() {
+    require_onnx_runtime();
+    common::rtsp::require_rtsp_server();
+    let tmp = tempfile::tempdir().unwrap();
+    let servers: Vec<common::rtsp::RtspCamera> = (1..=3)
+        .map(|k| common::rtsp::RtspCamera::start(&format!("r{k}"), &clip(k - 1)))
+        .collect();
+    let out = tmp.path().join("out.jsonl");
+    let checkpoints = tmp.path().join("ckpt");
+    let street_stages = format!(
+        "stages:\n\
+         \x20 - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n\
+         \x20 - model:\n      path: \"{model}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      outputs:\n        \"detection_boxes:0\": {{ column: boxes, shape: [100, 4] }}\n        \"detection_scores:0\": {{ column: scores, shape: [100] }}\n        \"detection_classes:0\": {{ column: classes, shape: [100] }}\n      batch: {{ max_size: 4, max_delay_ms: 5 }}\n\
+         \x20 - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.3, keep_classes: [1] }}\n\
+         \x20 - exchange: {{ key: camera_id }}\n\
+         \x20 - track: {{}}\n\
+         \x20 - select: {{ columns: [camera_id, frame] }}\n",
+        model = model("ssdlite_person.onnx").display(),
+    );
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            "name: fleet\n\
+             source:\n  video:\n    cameras: [{{ id: r1, uri: \"{r1}\", max_frames: 25 }}]\n    sample_fps: 5\n    on_overload: wait\n    stay_open: true\n    batch_size: 4\n\
+             {street_stages}\
+             sink:\n  jsonl: {{ path: \"{out}\" }}\n",
+            r1 = servers[0].uri(),
+            out = out.display(),
+        ),
+    );
+    let ui = free_port();
+    let base = free_port_pair().to_string();
+    let run = Run::start(
+        &p,
+        ui,
+        &[
+            "--processes",
+            "2",
+            "--base-port",
+            &base,
+            "--checkpoint-dir",
+            checkpoints.to_str().unwrap(),
+        ],
+    );
+    wait_for_frames(&out, "r1", 3);
+    let (status, r2) = post(
+        ui,
+        &format!(
+            "{{\"id\": \"r2\", \"uri\": \"{}\", \"max_frames\": 25}}",
+            servers[1].uri()
+        ),
+    );
+    assert_eq!(status, 201, "{r2}");
+    assert_eq!(
+        r2["worker"], 1,
+        "the idle worker (process 1) takes it: {r2}"
+    );
+    let (status, r3) = post(
+        ui,
+        &format!("{{\"id\": \"r3\", \"uri\": \"{}\"}}", servers[2].uri()),
+    );
+    assert_eq!(status, 201, "{r3}");
+    wait_for_frames(&out, "r2", 3);
+    wait_for_frames(&out, "r3", 5);
+    assert_eq!(delete(ui, "r3").0, 200);
+    wait_for_frames(&out, "r1", 25);
+    wait_for_frames(&out, "r2", 25);
+    // The checkpoints after the removal hold neither r3 in the camera set nor its tracks.
+    let state = poll_until("a checkpoint without r3", Duration::from_secs(30), || {
+        let c = newest_checkpoint(&checkpoints)?;
+        let set: Value = serde_json::from_str(c["state"]["source.state"].as_str()?).ok()?;
+        (set["cameras"].get("r3").is_none()).then_some(c)
+    });
+    let tracks = state["state"]["operator.track"].as_str().unwrap_or("");
+    assert!(
+        tracks.contains("\"r2\"") && !tracks.contains("\"r3\""),
+        "the tracker's checkpointed state drops r3 and keeps r2: {tracks}"
+    );
+    let before = answered(&out);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        answered(&out).get("r3"),
+        before.get("r3"),
+        "r3 gives no more results"
+    );
+    assert!(run.stop().success());
+    let done = answered(&out);
+    assert_eq!(done["r1"].0, 25, "r1: {:?}", done["r1"]);
+    assert_eq!(done["r2"].0, 25, "r2: {:?}", done["r2"]);
+    for (camera, (n, distinct, _)) in &done {
+        assert_eq!(n, distinct, "camera {camera}: every frame answered once");
+    }
 }
