@@ -307,3 +307,111 @@ fn bad_settings_fail_validation_naming_the_key() {
         "{stderr}"
     );
 }
+
+/// Line crossings of tracked people, as one row per event, to the webhook; the results keep
+/// their per-frame lists, which the delivered rows must match one for one.
+#[test]
+fn line_crossings_go_to_the_webhook_as_one_row_per_event() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = serve(Mode::Flaky);
+    let videos = repo().join("data/videos");
+    assert!(
+        videos.join("bikes-3.mp4").is_file(),
+        "test videos missing: run scripts/media.sh"
+    );
+    let file = write(
+        tmp.path(),
+        "events.yaml",
+        &format!(
+            r#"
+name: crossings
+source: {{ video: {{ glob: "{videos}/*.mp4", batch_size: 4 }} }}
+stages:
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs:
+        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+        "detection_classes:0": {{ column: classes, shape: [100] }}
+      batch: {{ max_size: 4, max_delay_ms: 10 }}
+  - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.1, keep_classes: [1] }}
+  - exchange: {{ key: camera_id }}
+  - track: {{ track_buffer: 30 }}
+  - line_count:
+      lines:
+        - {{ name: left, from: [160, 0], to: [160, 272] }}
+        - {{ name: middle, from: [320, 0], to: [320, 272] }}
+        - {{ name: right, from: [480, 0], to: [480, 272] }}
+        - {{ name: low, from: [0, 200], to: [640, 200] }}
+  - select: {{ columns: [camera_id, frame, pts_ms, line_events] }}
+sink: {{ jsonl: {{ path: results.jsonl }} }}
+events:
+  from: [line_events]
+  sink:
+    http:
+      url: "{url}"
+      headers: {{ Authorization: "Bearer ${{HTTP_SINK_TEST_TOKEN}}" }}
+      max_rows_per_request: 1
+      backoff_ms: 10
+      dead_letter_path: refused.jsonl
+runtime: {{ workers: 2 }}
+"#,
+            videos = videos.display(),
+            model = model("ssdlite_person.onnx").display(),
+            url = server.url,
+        ),
+    );
+    let out = riffle_with_token("run", &file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // What the results say crossed, one entry per event.
+    let mut expected = Vec::new();
+    for r in read_jsonl(&tmp.path().join("results.jsonl")) {
+        for e in r["line_events"].as_array().unwrap() {
+            expected.push((
+                r["camera_id"].as_str().unwrap().to_string(),
+                r["frame"].as_i64().unwrap(),
+                r["pts_ms"].as_i64().unwrap(),
+                e["line"].as_str().unwrap().to_string(),
+                e["track_id"].as_i64().unwrap(),
+                e["direction"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    expected.sort();
+    assert!(expected.len() >= 3, "people cross the lines: {expected:?}");
+    // What the webhook took: each request once (a retried one repeats its key and body).
+    let seen = server.seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|s| s.status == 503),
+        "some requests were retried"
+    );
+    let mut by_key: BTreeMap<String, String> = BTreeMap::new();
+    for s in seen.iter().filter(|s| s.status == 200) {
+        assert!(s.key.starts_with("crossings.events@"), "{}", s.key);
+        by_key.insert(s.key.clone(), s.body.clone());
+    }
+    let mut delivered = Vec::new();
+    for body in by_key.values() {
+        for row in serde_json::from_str::<Vec<Value>>(body).unwrap() {
+            assert_eq!(row["event_source"], "line_events", "{row}");
+            delivered.push((
+                row["camera_id"].as_str().unwrap().to_string(),
+                row["frame"].as_i64().unwrap(),
+                row["pts_ms"].as_i64().unwrap(),
+                row["line"].as_str().unwrap().to_string(),
+                row["track_id"].as_i64().unwrap(),
+                row["direction"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    delivered.sort();
+    assert_eq!(delivered, expected, "one row per crossing, each once");
+}

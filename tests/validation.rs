@@ -686,3 +686,21 @@ fn a_gpu_map_without_an_auto_device_stage_is_an_error_at_the_key() {
     assert!(e.contains("device: auto"), "{e}");
     assert!(e.contains("p.yaml"), "{e}");
 }
+
+#[test]
+fn events_from_a_column_the_results_lack_names_it() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = edited(
+        tmp.path(),
+        "\nsink:",
+        "\nevents:\n  from: [line_events]\n  sink: { jsonl: { path: events.jsonl } }\nsink:",
+    );
+    let e = error_of(&f);
+    let line = line_of(&f, "from: [line_events]");
+    assert!(
+        e.starts_with(&format!("{}:{line}: events.from: no column", f.display())),
+        "{e}"
+    );
+    assert!(e.contains("no column `line_events` in the results"), "{e}");
+}

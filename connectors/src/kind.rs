@@ -69,6 +69,9 @@ pub enum SinkRole {
     DeadLetters,
     /// `live_sink:`, written as results arrive and never committed.
     Live,
+    /// `events.sink`: rows taken out of the results, written as each epoch's results are (at
+    /// least once: an epoch replayed after a crash writes its events again).
+    Events,
 }
 
 /// What a sink learns of its pipeline before it is built.

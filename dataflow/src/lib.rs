@@ -30,6 +30,7 @@ pub mod compression;
 pub mod control;
 pub mod dead_letter;
 pub mod error;
+pub mod events;
 pub mod observe;
 pub mod operators;
 pub mod range;

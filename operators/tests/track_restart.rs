@@ -264,6 +264,7 @@ fn track(cameras: i32, end: i64, workers: usize, checkpoints: &Path) -> (Ids, us
         sink: Arc::new(results.clone()),
         dead_letter: Arc::new(dead.clone()),
         live_sink: None,
+        events: None,
         // Small epochs: many checkpoints, frames of one camera spread over many epochs.
         epochs: EpochPolicy {
             records: 4,

@@ -45,6 +45,7 @@ pub fn job(pipeline: &Pipeline) -> DataflowResult<Job> {
         sink: pipeline.sink.clone(),
         dead_letter: pipeline.dead_letter.clone(),
         live_sink: pipeline.live_sink.clone(),
+        events: pipeline.events.clone(),
         epochs: EpochPolicy {
             records: runtime.epoch_records,
             max_duration: runtime.epoch_ms.map(Duration::from_millis),

@@ -39,8 +39,27 @@ pub struct PipelineSpec {
     /// reads: uncommitted (after a crash, replayed epochs' results appear again).
     #[serde(default)]
     pub live_sink: Option<Spanned<SinkConfig>>,
+    /// Events (line crossings, zone entries and exits) as rows of their own, to a sink of
+    /// their own.
+    #[serde(default)]
+    pub events: Option<Spanned<EventsConfig>>,
     #[serde(default)]
     pub runtime: Option<Spanned<RuntimeConfig>>,
+}
+
+/// `events: { from: [line_events, zone_events], keep: [camera_id, frame, pts_ms], sink: {…} }`:
+/// one row per entry of the `from` list columns of the results, with the `keep` columns of its
+/// result row, written to `sink` as each epoch's results are written.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsConfig {
+    /// List-of-struct columns of the results holding events.
+    pub from: Vec<String>,
+    /// Columns of the result row copied into each of its events; default: those of
+    /// `camera_id`, `frame`, `pts_ms` and `ingest_ms` the results have.
+    #[serde(default)]
+    pub keep: Option<Vec<String>>,
+    pub sink: SinkConfig,
 }
 
 /// Registers the stage kinds: each line is a YAML key's variant and its configuration type,

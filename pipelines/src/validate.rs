@@ -31,6 +31,8 @@ pub struct Pipeline {
     pub dead_letter_config: SinkConfig,
     /// The file's `live_sink`, if any (see [`crate::spec::PipelineSpec::live_sink`]).
     pub live_sink: Option<Arc<dyn SinkFactory>>,
+    /// The file's `events`, if any (see [`crate::spec::EventsConfig`]).
+    pub events: Option<riffle_dataflow::runtime::EventsOutput>,
     /// Schema after the source (index 0) and after each stage.
     pub schemas: Vec<SchemaRef>,
     /// Values of secret `${VAR}`s in the file, kept out of what is shown (`riffle plan`).
@@ -476,6 +478,7 @@ fn validate(
     })?);
 
     let live_sink = live_sink(&mut spec, &pipeline, &at, &resolve)?;
+    let events = events(&mut spec, &pipeline, &at, &resolve, schemas.last())?;
 
     Ok(Pipeline {
         file: file.to_path_buf(),
@@ -486,9 +489,87 @@ fn validate(
         dead_letter,
         dead_letter_config,
         live_sink,
+        events,
         schemas,
         redactions: Redactions::default(),
     })
+}
+
+/// The `events` output: its rows' schema from the results', and its sink.
+fn events(
+    spec: &mut PipelineSpec,
+    pipeline: &str,
+    at: &Locator<'_>,
+    resolve: &dyn Fn(&mut PathBuf),
+    results: Option<&SchemaRef>,
+) -> Result<Option<riffle_dataflow::runtime::EventsOutput>, PipelineError> {
+    let Some(events) = spec.events.as_mut() else {
+        return Ok(None);
+    };
+    let line = line_of(events);
+    let config = &mut events.value;
+    let Some(results) = results else {
+        return Ok(None);
+    };
+    let keep = config.keep.clone().unwrap_or_else(|| {
+        ["camera_id", "frame", "pts_ms", "ingest_ms"]
+            .into_iter()
+            .filter(|c| results.field_with_name(c).is_ok())
+            .map(str::to_string)
+            .collect()
+    });
+    if config.from.is_empty() {
+        return Err(at.error(
+            line,
+            Some("from"),
+            "events.from".into(),
+            "expected the list columns holding events, e.g. [line_events, zone_events]".into(),
+        ));
+    }
+    let rows = riffle_dataflow::events::EventsSpec {
+        from: config.from.clone(),
+        keep,
+    };
+    let schema = rows.schema(results).map_err(|message| {
+        let (key, reason) = message.split_once(": ").unwrap_or(("from", &message));
+        at.error(line, Some(key), format!("events.{key}"), reason.to_string())
+    })?;
+    for p in config.sink.kind_mut().paths_mut() {
+        resolve(p);
+    }
+    config.sink.kind_mut().prepare(&SinkContext {
+        pipeline,
+        role: SinkRole::Events,
+    });
+    let kind = config.sink.kind().kind();
+    for path in config.sink.kind().outputs() {
+        check_writable(path).map_err(|message| {
+            at.error(
+                line,
+                Some("path"),
+                format!("events.sink.{kind}.path"),
+                message,
+            )
+        })?;
+    }
+    config
+        .sink
+        .kind()
+        .check_input(&schema)
+        .map_err(|message| at.error(line, Some("sink"), format!("events.sink.{kind}"), message))?;
+    let sink = config.sink.build().map_err(|e| {
+        at.error(
+            line,
+            Some("sink"),
+            format!("events.sink.{kind}"),
+            e.to_string(),
+        )
+    })?;
+    Ok(Some(riffle_dataflow::runtime::EventsOutput {
+        spec: rows,
+        schema,
+        sink: Arc::from(sink),
+    }))
 }
 
 /// The `live_sink` factory. It writes results as they arrive and never commits: a Kafka live

@@ -196,7 +196,11 @@ impl SinkKind for HttpSinkConfig {
     }
 
     fn prepare(&mut self, ctx: &SinkContext<'_>) {
-        self.pipeline = ctx.pipeline.to_string();
+        // Events' keys apart from results' (one receiver may take both).
+        self.pipeline = match ctx.role {
+            crate::kind::SinkRole::Events => format!("{}.events", ctx.pipeline),
+            _ => ctx.pipeline.to_string(),
+        };
     }
 
     fn paths_mut(&mut self) -> Vec<&mut PathBuf> {

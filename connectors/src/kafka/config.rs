@@ -344,7 +344,7 @@ impl SinkKind for KafkaSinkConfig {
                 }
             }
             // Written as results arrive: no transactions or markers, whatever the file says.
-            SinkRole::Live => self.exactly_once = ExactlyOnce::Off,
+            SinkRole::Live | SinkRole::Events => self.exactly_once = ExactlyOnce::Off,
             SinkRole::DeadLetters => {}
         }
     }

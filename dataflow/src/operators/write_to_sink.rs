@@ -11,9 +11,11 @@ use timely::dataflow::ProbeHandle;
 use super::BatchStream;
 use crate::batch::now_ns;
 use crate::error::DataflowError;
+use crate::events::EventsSpec;
 use crate::observe::RunContext;
 use crate::sink::Sink;
 use crate::{Batch, BatchKind, Epoch};
+use arrow_schema::SchemaRef;
 
 /// Where results and dead letters go, and what the sink reports back.
 #[derive(Default)]
@@ -33,6 +35,9 @@ pub struct SinkOptions {
     /// Results as they arrive, before their epoch commits (on worker 0): a live topic for
     /// dashboards. Not part of any checkpoint; its errors are logged, never fail the run.
     pub live: Option<Box<dyn Sink>>,
+    /// Events taken out of each result batch and written, with the results of their epoch, to
+    /// a sink of their own (on worker 0).
+    pub events: Option<(EventsSpec, SchemaRef, Box<dyn Sink>)>,
 }
 
 /// Sinks a stream: results to one sink, dead letters to another.
@@ -84,7 +89,15 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
             generation,
             errors,
             mut live,
+            events,
         } = options;
+        let (events, mut events_sink) = match events {
+            Some((spec, schema, sink)) => (Some((spec, schema)), Some(sink)),
+            None => (None, None),
+        };
+        let events_metrics = events
+            .as_ref()
+            .and_then(|_| context.metrics.stage("events").ok());
         let mut live_failed = false;
         let RunContext {
             metrics,
@@ -194,8 +207,10 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                             .filter(|e| !frontier.less_equal(e))
                             .collect();
                         for epoch in complete {
-                            if let (Some(g), Some(sink)) = (generation, results.as_mut()) {
-                                sink.begin_epoch(g, epoch);
+                            if let Some(g) = generation {
+                                for sink in [&mut results, &mut events_sink].into_iter().flatten() {
+                                    sink.begin_epoch(g, epoch);
+                                }
                             }
                             let batches = pending.remove(&epoch).unwrap_or_default();
                             // Which rows of the output are which epoch's (tests read it).
@@ -232,6 +247,34 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                                     );
                                 }
                                 metrics.record_end_to_end(batch.ingest_ns, now, batch.num_rows());
+                                if let (Some((spec, schema)), Some(sink)) =
+                                    (&events, events_sink.as_mut())
+                                {
+                                    let started = Instant::now();
+                                    let written =
+                                        spec.extract(&batch.data, schema).and_then(|rows| {
+                                            if rows.num_rows() > 0 {
+                                                sink.write_batch(&rows)?;
+                                            }
+                                            Ok(rows.num_rows())
+                                        });
+                                    match written {
+                                        Ok(n) => {
+                                            if let Some(m) = &events_metrics {
+                                                m.record_batch(
+                                                    batch.num_rows(),
+                                                    n,
+                                                    0,
+                                                    started.elapsed(),
+                                                );
+                                            }
+                                        }
+                                        Err(e) => {
+                                            failed = true;
+                                            fail(e);
+                                        }
+                                    }
+                                }
                             }
                         }
                         // Make each completed epoch visible, and note where it ends.
@@ -239,7 +282,10 @@ impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
                         if flushed_frontier.as_ref() != Some(&current) && !failed {
                             // An empty frontier is the end of the input: make it durable.
                             let end = current.is_empty();
-                            for sink in [&mut results, &mut dead_letters].into_iter().flatten() {
+                            for sink in [&mut results, &mut dead_letters, &mut events_sink]
+                                .into_iter()
+                                .flatten()
+                            {
                                 let done = if end { sink.finish() } else { sink.flush() };
                                 if let Err(e) = done {
                                     failed = true;

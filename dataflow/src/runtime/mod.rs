@@ -49,6 +49,9 @@ pub struct Job {
     /// Results as they exist, before their epoch commits: uncommitted, written on worker 0 as
     /// they reach the sink operator.
     pub live_sink: Option<Arc<dyn SinkFactory>>,
+    /// Events taken out of the results (one row per entry of their list columns), written to
+    /// a sink of their own on worker 0 as each epoch's results are.
+    pub events: Option<EventsOutput>,
     pub epochs: EpochPolicy,
     pub checkpoint: Option<CheckpointPolicy>,
     /// Adds a column of this name to every result: its end-to-end latency in milliseconds.
@@ -57,6 +60,15 @@ pub struct Job {
     pub peer_timeout: Duration,
     /// Testing and demos: one worker's batched stages are slower by a fixed delay per batch.
     pub slow_worker: Option<SlowWorker>,
+}
+
+/// The `events:` output of a job.
+#[derive(Clone)]
+pub struct EventsOutput {
+    pub spec: crate::events::EventsSpec,
+    /// The event rows' schema, from [`crate::events::EventsSpec::schema`].
+    pub schema: arrow_schema::SchemaRef,
+    pub sink: Arc<dyn SinkFactory>,
 }
 
 /// How records are grouped into epochs, the unit of progress tracking and checkpoints.
@@ -229,6 +241,7 @@ pub fn stop_requested() -> bool {
 ///     sink: Arc::new(results.clone()),
 ///     dead_letter: Arc::new(Collect::default()),
 ///     live_sink: None,
+///     events: None,
 ///     epochs: EpochPolicy { records: 10, max_duration: None, max_in_flight: 4 },
 ///     checkpoint: None,
 ///     latency_column: None,

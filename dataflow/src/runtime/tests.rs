@@ -73,6 +73,7 @@ fn job(source: Numbers, steps: Vec<JobStep>, checkpoints: Option<&Path>) -> (Arc
         sink: Arc::new(out.results.clone()),
         dead_letter: Arc::new(out.dead.clone()),
         live_sink: None,
+        events: None,
         // Small epochs, little room ahead: many epochs, checkpoints and flow-control waits.
         epochs: EpochPolicy {
             records: 4,

@@ -51,6 +51,10 @@ pub(crate) fn run_worker(
         (Some(factory), 0) => Some(factory.open()?),
         _ => None,
     };
+    let events = match (&job.events, index) {
+        (Some(out), 0) => Some((out.spec.clone(), out.schema.clone(), out.sink.open()?)),
+        _ => None,
+    };
     let sink_positions = results
         .as_ref()
         .and_then(|r| r.position())
@@ -83,6 +87,7 @@ pub(crate) fn run_worker(
         generation: start.generation,
         errors: errors.clone(),
         live,
+        events,
     };
     let mut positions: Option<Positions> = None;
     let mut state: Option<OperatorState> = None;

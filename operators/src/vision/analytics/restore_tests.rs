@@ -175,6 +175,7 @@ fn job(end: i64, checkpoints: &Path) -> (Arc<Job>, Collect, Collect) {
         sink: Arc::new(results.clone()),
         dead_letter: Arc::new(dead.clone()),
         live_sink: None,
+        events: None,
         // Small epochs: many epochs and checkpoints.
         epochs: EpochPolicy {
             records: 4,
