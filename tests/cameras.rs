@@ -251,11 +251,9 @@ fn the_cameras_file_is_watched_while_the_run_goes_on() {
     let p = write(
         tmp.path(),
         "p.yaml",
-        &format!(
-            "name: watched\nsource:\n  video: {{ cameras_file: cameras.yaml }}\n\
-             stages:\n  - select: {{ columns: [camera_id, frame] }}\n\
-             sink:\n  jsonl: {{ path: out.jsonl }}\n"
-        ),
+        "name: watched\nsource:\n  video: { cameras_file: cameras.yaml }\n\
+         stages:\n  - select: { columns: [camera_id, frame] }\n\
+         sink:\n  jsonl: { path: out.jsonl }\n",
     );
     let out = tmp.path().join("out.jsonl");
     let run = Run(Command::new(env!("CARGO_BIN_EXE_riffle"))
