@@ -42,6 +42,12 @@ pub trait Sink: Send {
 pub trait SinkFactory: Send + Sync {
     fn open(&self) -> DataflowResult<Box<dyn Sink>>;
 
+    /// The folder where the sink keeps a live video per camera (`<camera>/live/index.m3u8`,
+    /// HLS), which the live view serves and plays; `None` for sinks that write no video.
+    fn live_video_dir(&self) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// Reopens after a restart, at the position a checkpoint recorded. Sinks without a
     /// position (topics, standard output) just open.
     fn open_at(&self, _position: u64) -> DataflowResult<Box<dyn Sink>> {

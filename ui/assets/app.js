@@ -42,14 +42,100 @@ function cameraCard(id) {
   const caption = document.createElement("div");
   caption.className = "caption";
   caption.textContent = id;
-  card.append(canvas, caption);
+  const video = document.createElement("video");
+  video.muted = true;
+  video.playsInline = true;
+  video.className = "camera-video";
+  video.dataset.camera = id;
+  video.hidden = true;
+  const toggle = document.createElement("button");
+  toggle.className = "play";
+  toggle.hidden = true;
+  toggle.textContent = "▶ video";
+  card.append(canvas, video, caption, toggle);
   card.dataset.camera = id;
   // Cards in camera order, whatever order the cameras first showed up in.
   const after = [...$("cameras").children].find((c) => c.dataset.camera > id);
   $("cameras").insertBefore(card, after || null);
   cam = { canvas, caption, version: 0, loading: 0 };
   cameras.set(id, cam);
+  offerVideo(id, video, canvas, toggle);
   return cam;
+}
+
+// A `video` sink's live HLS for this camera, when there is one: a button switches the card
+// from sampled stills to the annotated video at its full frame rate.
+function offerVideo(id, video, canvas, toggle) {
+  const base = `/video/${encodeURIComponent(id)}/live/`;
+  const probe = () =>
+    fetch(base + "index.m3u8", { method: "HEAD", cache: "no-store" })
+      .then((r) => { if (r.ok) toggle.hidden = false; else setTimeout(probe, 5000); })
+      .catch(() => setTimeout(probe, 5000));
+  probe();
+  let playing = null;
+  toggle.onclick = () => {
+    const on = video.hidden;
+    video.hidden = !on;
+    canvas.hidden = on;
+    toggle.textContent = on ? "■ stills" : "▶ video";
+    if (on) playing = playLive(video, base);
+    else if (playing) playing.stop();
+  };
+}
+
+// Plays an HLS playlist of fragmented-MP4 segments through Media Source Extensions: the init
+// segment, then each new segment in order, from near the live edge.
+function playLive(video, base) {
+  let stopped = false;
+  const source = new MediaSource();
+  video.src = URL.createObjectURL(source);
+  const get = (name) => fetch(base + name, { cache: "no-store" }).then((r) => {
+    if (!r.ok) throw new Error(`${name}: ${r.status}`);
+    return r;
+  });
+  const appended = (buffer, bytes) => new Promise((resolve, reject) => {
+    buffer.addEventListener("updateend", resolve, { once: true });
+    buffer.addEventListener("error", reject, { once: true });
+    buffer.appendBuffer(bytes);
+  });
+  source.addEventListener("sourceopen", async () => {
+    let buffer = null;
+    let next = -1;
+    while (!stopped) {
+      try {
+        const text = await (await get("index.m3u8")).text();
+        const lines = text.split("\n").map((l) => l.trim());
+        const first = Number((lines.find((l) => l.startsWith("#EXT-X-MEDIA-SEQUENCE:")) || ":0").split(":")[1]);
+        const target = Number((lines.find((l) => l.startsWith("#EXT-X-TARGETDURATION:")) || ":2").split(":")[1]);
+        const segments = lines.filter((l) => l && !l.startsWith("#"));
+        if (!buffer) {
+          const map = lines.find((l) => l.startsWith("#EXT-X-MAP:"));
+          const init = map ? map.split('URI="')[1].split('"')[0] : "init.mp4";
+          buffer = source.addSourceBuffer('video/mp4; codecs="avc1.640028"');
+          await appended(buffer, await (await get(init)).arrayBuffer());
+          next = first + Math.max(0, segments.length - 2);
+        }
+        if (next < first) next = first; // fell behind the window: skip ahead
+        for (let seq = next; seq < first + segments.length && !stopped; seq++) {
+          await appended(buffer, await (await get(segments[seq - first])).arrayBuffer());
+          next = seq + 1;
+          if (video.paused && buffer.buffered.length) {
+            video.currentTime = buffer.buffered.start(0);
+            video.play().catch(() => {});
+          }
+        }
+        // Keep about a minute: a long watch does not grow the page's memory.
+        if (buffer.buffered.length && video.currentTime - buffer.buffered.start(0) > 60) {
+          buffer.remove(0, video.currentTime - 30);
+          await new Promise((r) => buffer.addEventListener("updateend", r, { once: true }));
+        }
+        await new Promise((r) => setTimeout(r, Math.max(250, target * 500)));
+      } catch (e) {
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    }
+  }, { once: true });
+  return { stop() { stopped = true; video.pause(); video.removeAttribute("src"); video.load(); } };
 }
 
 function drawCamera(cam, view, image) {

@@ -11,6 +11,8 @@
 //!   `GET /api/state` (the same snapshot), `GET /frame?camera=..&v=..` (a camera's sampled frame
 //!   the snapshot's boxes belong to) and `POST /api/report` (the other processes of a
 //!   cluster send their [`Report`]s here; the answer carries the camera set they follow);
+//! - with the page on and a `video` sink's live folder ([`ViewConfig::video_dir`]):
+//!   `GET /video/{camera}/live/index.m3u8` and its segments (the `video` module);
 //! - on process 0, when the source's cameras can change (`RunContext::control`):
 //!   `GET/POST /api/cameras` and `DELETE /api/cameras/{id}` (the `control` module).
 //!
@@ -52,6 +54,7 @@ mod control;
 pub mod hub;
 pub mod report;
 pub mod thumb;
+mod video;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -100,6 +103,9 @@ pub struct ViewConfig {
     pub workers: usize,
     /// Serve the page (`--ui`), not only the metrics and health endpoints.
     pub page: bool,
+    /// The folder of a `video` sink's live HLS (`<camera>/live/index.m3u8`), served at
+    /// `/video/` for the page to play.
+    pub video_dir: Option<std::path::PathBuf>,
 }
 
 struct Shared {
@@ -150,6 +156,9 @@ pub fn serve(
         updates,
     });
     let mut app = router(shared.clone());
+    if let (Some(dir), true) = (&shared.config.video_dir, shared.config.page) {
+        app = app.merge(video::routes(dir.clone()));
+    }
     // Process 0 holds the camera set; the others follow it through their reports.
     if let (Some(inputs), 0) = (&shared.context.control, shared.config.process) {
         app = app.merge(control::routes(inputs.clone(), bound.ip().is_loopback()));
