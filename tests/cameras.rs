@@ -344,18 +344,14 @@ fn a_camera_added_back_under_its_id_starts_over_in_the_tracker() {
         &format!(
             "name: again\n\
              source:\n  video:\n    cameras: [{{ id: a, uri: \"{clip}\", max_frames: 50 }}]\n    stay_open: true\n    batch_size: 4\n\
-             stages:\n\
-             \x20 - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n\
-             \x20 - model:\n      path: \"{model}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      outputs:\n        \"detection_boxes:0\": {{ column: boxes, shape: [100, 4] }}\n        \"detection_scores:0\": {{ column: scores, shape: [100] }}\n        \"detection_classes:0\": {{ column: classes, shape: [100] }}\n      batch: {{ max_size: 4, max_delay_ms: 5 }}\n\
-             \x20 - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.2, keep_classes: [1] }}\n\
-             \x20 - exchange: {{ key: camera_id }}\n\
+             stages:{stages}\n\
              \x20 - track: {{ high_threshold: 0.3, new_track_threshold: 0.3 }}\n\
              \x20 - select: {{ columns: [camera_id, frame, detections] }}\n\
              runtime: {{ workers: 2 }}\n\
              sink:\n  jsonl: {{ path: \"{out}\" }}\n\
              dead_letter:\n  jsonl: {{ path: \"{dead}\" }}\n",
             clip = street.display(),
-            model = model("ssdlite_person.onnx").display(),
+            stages = video_tracker_stages(0.2),
             out = out.display(),
             dead = dead.display(),
         ),
@@ -435,14 +431,10 @@ fn rtsp_cameras_added_and_removed_across_two_processes() {
     let out = tmp.path().join("out.jsonl");
     let checkpoints = tmp.path().join("ckpt");
     let street_stages = format!(
-        "stages:\n\
-         \x20 - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}\n\
-         \x20 - model:\n      path: \"{model}\"\n      inputs: {{ \"image_tensor:0\": tensor }}\n      outputs:\n        \"detection_boxes:0\": {{ column: boxes, shape: [100, 4] }}\n        \"detection_scores:0\": {{ column: scores, shape: [100] }}\n        \"detection_classes:0\": {{ column: classes, shape: [100] }}\n      batch: {{ max_size: 4, max_delay_ms: 5 }}\n\
-         \x20 - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.3, keep_classes: [1] }}\n\
-         \x20 - exchange: {{ key: camera_id }}\n\
+        "stages:{}\n\
          \x20 - track: {{}}\n\
          \x20 - select: {{ columns: [camera_id, frame] }}\n",
-        model = model("ssdlite_person.onnx").display(),
+        video_tracker_stages(0.3)
     );
     let p = write(
         tmp.path(),

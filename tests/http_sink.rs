@@ -327,18 +327,7 @@ fn line_crossings_go_to_the_webhook_as_one_row_per_event() {
             r#"
 name: crossings
 source: {{ video: {{ glob: "{videos}/*.mp4", batch_size: 4 }} }}
-stages:
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 10 }}
-  - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.1, keep_classes: [1] }}
-  - exchange: {{ key: camera_id }}
+stages:{stages}
   - track: {{ track_buffer: 30 }}
   - line_count:
       lines:
@@ -360,7 +349,7 @@ events:
 runtime: {{ workers: 2 }}
 "#,
             videos = videos.display(),
-            model = model("ssdlite_person.onnx").display(),
+            stages = video_tracker_stages(0.1),
             url = server.url,
         ),
     );

@@ -118,6 +118,26 @@ pub fn detector_stages(threshold: f64, max_size: usize) -> String {
     )
 }
 
+/// The person detector, then the tracker, for a `video` source's frames (no decode stage):
+/// `stages:` items as pipeline text, detections scoring at least `threshold`.
+pub fn video_tracker_stages(threshold: f64) -> String {
+    format!(
+        r#"
+  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8 }}
+  - model:
+      path: "{model}"
+      inputs: {{ "image_tensor:0": tensor }}
+      outputs:
+        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
+        "detection_scores:0": {{ column: scores, shape: [100] }}
+        "detection_classes:0": {{ column: classes, shape: [100] }}
+      batch: {{ max_size: 4, max_delay_ms: 5 }}
+  - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: {threshold}, keep_classes: [1] }}
+  - exchange: {{ key: camera_id }}"#,
+        model = model("ssdlite_person.onnx").display(),
+    )
+}
+
 /// The person-detection pipeline over `frames`, with the given model batch and worker count.
 pub fn detection_pipeline(
     frames: &Path,
