@@ -53,6 +53,10 @@ pub struct VideoConfig {
     /// A live camera's connection and reads time out after this long without data.
     #[serde_inline_default(5000)]
     pub timeout_ms: u64,
+    /// How much of a live stream is read to describe it (codec, size) before its first frame
+    /// is decoded (FFmpeg's `analyzeduration`, 5 s by default there).
+    #[serde_inline_default(500)]
+    pub probe_ms: u64,
     /// Consecutive failed attempts to open a live camera (at start, or after an outage) before
     /// it is given up; a file is tried once.
     #[serde_inline_default(10)]

@@ -51,6 +51,8 @@ pub(crate) struct OpenOptions {
     pub live: bool,
     pub rtsp_tcp: bool,
     pub timeout_ms: u64,
+    /// How much of a live stream FFmpeg reads to describe it before the first frame.
+    pub probe_ms: u64,
 }
 
 /// Something the stream produced.
@@ -298,6 +300,13 @@ pub(crate) fn open(
         } else {
             dict.set("rw_timeout", &timeout_us);
         }
+        // FFmpeg reads up to 5 s of a stream to describe it before the first frame; an H.264
+        // or H.265 camera is described by its first key frame: ~1.4 s → ~0.7 s to the first
+        // frame over RTSP here at 500 ms.
+        dict.set(
+            "analyzeduration",
+            &options.probe_ms.saturating_mul(1000).to_string(),
+        );
     }
     let open_error = |source| VideoError::Open {
         uri: uri.to_string(),

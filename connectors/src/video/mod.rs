@@ -106,6 +106,7 @@ impl crate::kind::Limits for VideoConfig {
         Range::int("queue_size", 1, 4096),
         Range::real("sample_fps", 1e-6, 1000.0),
         Range::int("timeout_ms", 1, HOUR_MS),
+        Range::int("probe_ms", 1, 60_000),
         Range::int("backoff_ms", 0, HOUR_MS),
         Range::int("max_backoff_ms", 0, HOUR_MS),
         // A camera is tried at least once.

@@ -76,6 +76,7 @@ impl VideoSource {
                 live: false,
                 rtsp_tcp: config.rtsp_transport == RtspTransport::Tcp,
                 timeout_ms: config.timeout_ms,
+                probe_ms: config.probe_ms,
             },
             retry: Retry {
                 attempts: config.connect_attempts,
