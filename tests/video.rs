@@ -572,12 +572,13 @@ fn a_connections_opening_burst_is_skipped_on_connect_not_dropped() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out.jsonl");
     // A model of ~30 ms a frame about keeps up with 25 fps, but not with what the connection
-    // buffered while opening (~1 s of frames, handed over in ~70 ms): more than the queue
-    // holds. Those are skipped on connect; whatever the model falls behind by later is dropped.
+    // buffered while opening (`probe_ms` of frames, ~1.5 s, handed over at once): more than
+    // the queue holds. Those are skipped on connect; whatever the model falls behind by later
+    // is dropped.
     let stages = frame_by_frame_detector();
     let text = live_pipeline(
         &[camera_entry("cam", &camera.uri())],
-        ", max_frames: 60, queue_size: 2, batch_size: 1",
+        ", max_frames: 60, queue_size: 2, batch_size: 1, probe_ms: 1500",
         &stages,
         ", workers: 1",
         &out,
