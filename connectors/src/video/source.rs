@@ -29,7 +29,7 @@ use super::queue::{Bell, Frame, FrameQueue};
 const IDLE_WAIT: Duration = Duration::from_millis(5);
 
 /// A configured video source: its cameras, resolved and checked, in a set that may change
-/// while it runs ([`Directory`]).
+/// while it runs (cameras added through `/api/cameras` or a watched `cameras_file`).
 #[derive(Clone)]
 pub struct VideoSource {
     directory: Arc<Directory>,
