@@ -534,8 +534,9 @@ fn metrics_and_readyz_say_which_camera_is_down() {
     let _guard = Kill(&mut child);
     let metrics = || http_get(&format!("{base}/metrics")).map(|r| r.1);
     // Never came up: /readyz says so by name, the camera is down and its silence grows.
-    let (status, body) = poll_until("/readyz", Duration::from_secs(30), || {
-        http_get(&format!("{base}/readyz"))
+    // (Once the worker is ready: before, /readyz says how many workers are.)
+    let (status, body) = poll_until("/readyz past the workers", Duration::from_secs(30), || {
+        http_get(&format!("{base}/readyz")).filter(|(_, b)| !b.contains("workers have"))
     });
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("camera `cam`"), "{body}");
