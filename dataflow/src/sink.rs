@@ -42,9 +42,9 @@ pub trait Sink: Send {
 pub trait SinkFactory: Send + Sync {
     fn open(&self) -> DataflowResult<Box<dyn Sink>>;
 
-    /// The folder where the sink keeps a live video per camera (`<camera>/live/index.m3u8`,
-    /// HLS), which the live view serves and plays; `None` for sinks that write no video.
-    fn live_video_dir(&self) -> Option<std::path::PathBuf> {
+    /// The folder where the sink keeps a live stream per camera (`<camera>/live/index.m3u8`,
+    /// HLS), which the live view serves and plays; `None` for sinks that write no stream.
+    fn live_stream_dir(&self) -> Option<std::path::PathBuf> {
         None
     }
 
