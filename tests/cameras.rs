@@ -485,16 +485,18 @@ fn rtsp_cameras_added_and_removed_across_two_processes() {
     assert_eq!(delete(ui, "r3").0, 200);
     wait_for_frames(&out, "r1", 25);
     wait_for_frames(&out, "r2", 25);
-    // The checkpoints after the removal hold neither r3 in the camera set nor its tracks.
-    let state = poll_until("a checkpoint without r3", Duration::from_secs(30), || {
+    // A checkpoint after the removal holds neither r3 in the camera set nor its tracks (the
+    // set is read as a checkpoint is written, so one taken while r3's retirement is on its way
+    // can still hold its tracks: a run resumed from it retires r3 again).
+    let tracks = poll_until("a checkpoint without r3", Duration::from_secs(30), || {
         let c = newest_checkpoint(&checkpoints)?;
         let set: Value = serde_json::from_str(c["state"]["source.state"].as_str()?).ok()?;
-        (set["cameras"].get("r3").is_none()).then_some(c)
+        let tracks = c["state"]["operator.track"].as_str()?.to_string();
+        (set["cameras"].get("r3").is_none() && !tracks.contains("\"r3\"")).then_some(tracks)
     });
-    let tracks = state["state"]["operator.track"].as_str().unwrap_or("");
     assert!(
-        tracks.contains("\"r2\"") && !tracks.contains("\"r3\""),
-        "the tracker's checkpointed state drops r3 and keeps r2: {tracks}"
+        tracks.contains("\"r2\""),
+        "the tracker's checkpointed state keeps r2: {tracks}"
     );
     let before = answered(&out);
     std::thread::sleep(Duration::from_secs(2));

@@ -515,6 +515,19 @@ impl Directory {
         self.changed();
     }
 
+    /// Removed cameras that were on `worker` of `peers` (not added back). A checkpoint's set
+    /// is read as it is written, so it can leave out a camera removed after the checkpoint's
+    /// epoch whose keyed state that epoch still holds: a run resumed from it retires them
+    /// again (retiring an id with no state does nothing).
+    pub fn removed_from(&self, worker: usize, peers: usize) -> Vec<String> {
+        let set = lock(&self.set);
+        set.was_on
+            .iter()
+            .filter(|(id, on)| !set.cameras.contains_key(*id) && **on % peers.max(1) == worker)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
     /// The set as a checkpoint keeps it.
     pub fn checkpoint_state(&self) -> String {
         self.snapshot().to_string()
@@ -638,6 +651,12 @@ mod tests {
         let cams = again.cameras();
         assert_eq!(cams.len(), 1);
         assert_eq!((cams[0].id.as_str(), cams[0].index), ("b", 1));
+        // The removed camera is retired again by the worker it was on, whose keyed state may
+        // still hold it at the checkpoint's epoch.
+        assert_eq!(again.removed_from(0, 2), ["a"]);
+        assert!(again.removed_from(1, 2).is_empty());
+        again.add(json!({ "id": "a", "uri": clip() })).unwrap();
+        assert!(again.removed_from(0, 2).is_empty(), "added back: not retired");
     }
 
     #[test]

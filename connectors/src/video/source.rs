@@ -113,7 +113,7 @@ impl SourceFactory for VideoSource {
             peers,
             seen: None,
             registered,
-            retiring: Vec::new(),
+            retiring: self.directory.removed_from(index, peers),
             running: Running {
                 cameras: Vec::new(),
                 bell: Arc::new(Bell::default()),
