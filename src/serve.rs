@@ -32,7 +32,7 @@ impl Endpoints {
             processes: cluster.processes(),
             workers: cluster.threads,
             page: false,
-            video_dir: pipeline.sink.live_stream_dir(),
+            video_dir: pipeline.live_stream_dir(),
         };
         if let (Some(control), None, true) =
             (pipeline.source.control(), &args.ui, cluster.processes() > 1)

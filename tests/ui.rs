@@ -70,6 +70,36 @@ runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
 
 struct Killed(Child);
 
+/// Chromedriver (killed when its guard drops) and a headless Chromium session through it.
+async fn open_browser() -> (Killed, fantoccini::Client) {
+    let driver_port = free_port();
+    let driver = Killed(
+        Command::new(CHROMEDRIVER)
+            .arg(format!("--port={driver_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("chromedriver listens", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(("127.0.0.1", driver_port)).is_ok()
+    });
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": CHROMIUM,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1600", "--autoplay-policy=no-user-gesture-required"],
+        }),
+    );
+    let browser = fantoccini::ClientBuilder::native()
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{driver_port}"))
+        .await
+        .expect("a headless Chromium session");
+    (driver, browser)
+}
+
 impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -359,31 +389,7 @@ async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
             .spawn()
             .unwrap(),
     );
-    let driver_port = free_port();
-    let _driver = Killed(
-        Command::new(CHROMEDRIVER)
-            .arg(format!("--port={driver_port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_until("chromedriver listens", Duration::from_secs(20), || {
-        std::net::TcpStream::connect(("127.0.0.1", driver_port)).is_ok()
-    });
-    let mut caps = serde_json::Map::new();
-    caps.insert(
-        "goog:chromeOptions".into(),
-        serde_json::json!({
-            "binary": CHROMIUM,
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1600"],
-        }),
-    );
-    let browser = fantoccini::ClientBuilder::native()
-        .capabilities(caps)
-        .connect(&format!("http://127.0.0.1:{driver_port}"))
-        .await
-        .expect("a headless Chromium session");
+    let (_driver, browser) = open_browser().await;
     let page = format!("http://127.0.0.1:{ui}/");
     wait_until("the view serves its page", Duration::from_secs(30), || {
         std::net::TcpStream::connect(("127.0.0.1", ui)).is_ok()
@@ -504,4 +510,164 @@ async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "SIGTERM: exit 0, not {status}");
+}
+
+/// The camera's `<video>` as the page plays it: where it is, how much is buffered, its
+/// picture's size, any error, and the mean brightness of its current picture (drawn on a
+/// canvas: a picture that decodes, not a black box).
+const VIDEO_JS: &str = r##"
+const v = document.querySelector(`.camera[data-camera="${arguments[0]}"] video`)
+  || [...document.querySelectorAll("video")].find((e) => e.closest("[data-camera]")?.dataset.camera === arguments[0]);
+if (!v) return null;
+let mean = 0;
+if (v.videoWidth) {
+  const c = document.createElement("canvas");
+  c.width = v.videoWidth; c.height = v.videoHeight;
+  const g = c.getContext("2d");
+  g.drawImage(v, 0, 0);
+  const d = g.getImageData(0, 0, c.width, c.height).data;
+  let sum = 0;
+  for (let i = 0; i < d.length; i += 4) sum += d[i] + d[i + 1] + d[i + 2];
+  mean = sum / (d.length / 4) / 3;
+}
+return { time: v.currentTime, width: v.videoWidth, height: v.videoHeight, hidden: v.hidden,
+         error: v.error ? v.error.message || String(v.error.code) : null, mean,
+         h264: MediaSource.isTypeSupported('video/mp4; codecs="avc1.640028"') };
+"##;
+
+/// The issue's "done when": a camera added with one request to a running pipeline whose
+/// frames go through a `tap: { video }`, and its annotated video played in the page at its
+/// live edge (Media Source Extensions reading the tap's HLS through the view).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_camera_added_by_request_plays_its_annotated_video_in_the_page() {
+    require_onnx_runtime();
+    require_browser();
+    let tmp = tempfile::tempdir().unwrap();
+    let clip = repo().join("data/videos/bikes-0.mp4");
+    assert!(
+        clip.is_file(),
+        "{} missing: run scripts/media.sh",
+        clip.display()
+    );
+    let video = tmp.path().join("video");
+    let pipeline = write(
+        tmp.path(),
+        "watch.yaml",
+        &format!(
+            r#"
+name: watch
+source:
+  video: {{ cameras: [], stay_open: true, batch_size: 4 }}
+stages:{stages}
+  - track: {{}}
+  - tap: {{ video: {{ dir: "{video}", preset: ultrafast }} }}
+  - select: {{ columns: [camera_id, frame] }}
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
+"#,
+            stages =
+                video_tracker_stages(0.3).replace("dtype: u8 }", "dtype: u8, keep_input: true }"),
+            video = video.display(),
+        ),
+    );
+    let ui = free_port();
+    let riffle = Killed(
+        Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q", pipeline.to_str().unwrap()])
+            .args(["--ui", &format!("127.0.0.1:{ui}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the view serves its page", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", ui)).is_ok()
+    });
+    let (_driver, browser) = open_browser().await;
+    browser
+        .goto(&format!("http://127.0.0.1:{ui}/"))
+        .await
+        .unwrap();
+
+    // One request adds the camera: a clip replayed at its own pace, round and round.
+    let added = ureq::post(&format!("http://127.0.0.1:{ui}/api/cameras"))
+        .content_type("application/json")
+        .send(
+            serde_json::json!({"id": "street", "uri": clip, "loop": true, "realtime": true})
+                .to_string(),
+        )
+        .unwrap()
+        .status()
+        .as_u16();
+    assert_eq!(added, 201, "POST /api/cameras");
+
+    // Its card offers the video once the tap's playlist is there (the page asks every 5 s).
+    let toggle = "[data-camera=\"street\"] button.play";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let shown = browser
+            .execute(
+                &format!("const b = document.querySelector('{toggle}'); return !!b && !b.hidden;"),
+                vec![],
+            )
+            .await
+            .unwrap();
+        if shown == serde_json::Value::Bool(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the camera's card offers its video within 60 s (playlist: {})",
+            video.join("street/live/index.m3u8").display()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    browser
+        .find(fantoccini::Locator::Css(toggle))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+
+    // It plays: the clock moves on by seconds, the picture is the camera's size and not black.
+    let state = || async {
+        browser
+            .execute(VIDEO_JS, vec![serde_json::json!("street")])
+            .await
+            .unwrap()
+    };
+    let first = state().await;
+    assert_eq!(first["h264"], true, "Chromium plays H.264 in MSE: {first}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut started: Option<f64> = None;
+    let last = loop {
+        let now = state().await;
+        assert!(now["error"].is_null(), "the video fails: {now}");
+        let t = now["time"].as_f64().unwrap_or(0.0);
+        if now["width"].as_u64().unwrap_or(0) > 0 {
+            match started {
+                None => started = Some(t),
+                Some(s) if t - s >= 3.0 => break now,
+                Some(_) => {}
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the video plays 3 s within 60 s: {now}, from {started:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        (last["width"].as_u64(), last["height"].as_u64()),
+        (Some(640), Some(272))
+    );
+    assert_eq!(last["hidden"], false, "the video replaces the stills");
+    assert!(
+        last["mean"].as_f64().unwrap() > 10.0,
+        "a picture, not black: {last}"
+    );
+    browser.close().await.unwrap();
+    drop(riffle);
 }

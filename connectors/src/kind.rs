@@ -140,6 +140,12 @@ pub trait SinkKind: fmt::Debug + Send + Sync {
         None
     }
 
+    /// Whether every worker may open one of its own, each writing the rows it holds (a `tap:`
+    /// stage): true where rows of different workers never meet in one file (one per camera).
+    fn per_worker(&self) -> bool {
+        false
+    }
+
     /// The sink's factory: the runtime opens one writer (worker 0) and commits through it.
     fn build(&self) -> DataflowResult<Box<dyn SinkFactory>>;
 }

@@ -13,8 +13,9 @@
 //! per-record rejection live in one place, [`formats`], shared by the file and Kafka sources.
 //! Kafka clients are configured in one place too: [`kafka::client`].
 //!
-//! Sinks: [`jsonl`] (a JSON-lines file), [`stdout`] (JSON lines on standard output) and
-//! [`ipc`] (an Arrow IPC file).
+//! Sinks: [`jsonl`] (a JSON-lines file), [`stdout`] (JSON lines on standard output),
+//! [`ipc`] (an Arrow IPC file) and [`video_sink`] (each camera's frames with their detections
+//! drawn, as H.264 MP4 files; the `video` feature).
 //!
 //! [`SourceConfig`] and [`SinkConfig`] are the `source:` and `sink:` blocks of a pipeline file.
 //! Each kind describes itself ([`SourceKind`], [`SinkKind`], [`Limits`]): a new kind is its
@@ -30,6 +31,7 @@
 pub mod annotate;
 pub mod avro;
 pub mod csv;
+mod draw;
 mod files;
 pub mod formats;
 pub mod http;
@@ -47,6 +49,7 @@ pub mod schema_registry;
 pub mod stdout;
 mod text;
 pub mod video;
+pub mod video_sink;
 mod web;
 
 use riffle_dataflow::DataflowResult;

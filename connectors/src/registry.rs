@@ -170,6 +170,8 @@ sink_kinds! {
     Redis(crate::redis::RedisSinkConfig),
     Parquet(crate::parquet::ParquetSinkConfig),
     Http(crate::http::HttpSinkConfig),
+    /// Each camera's frames with their detections drawn, as H.264 MP4 files (FFmpeg).
+    Video(crate::video_sink::VideoSinkConfig),
 }
 
 impl SourceConfig {
@@ -250,6 +252,7 @@ mod tests {
             json!({"redis": {"url": "redis://h", "key": "k"}}),
             json!({"postgres": {"url": "postgres://h/db", "table": "t"}}),
             json!({"http": {"url": "http://h/hook"}}),
+            json!({"video": {"dir": "d"}}),
         ];
         for sink in sinks {
             let key = sink.as_object().unwrap().keys().next().unwrap().clone();

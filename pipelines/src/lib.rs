@@ -36,6 +36,7 @@ pub mod plan;
 pub mod ranges;
 pub mod run;
 pub mod spec;
+pub mod tap;
 pub mod validate;
 
 pub use error::PipelineError;

@@ -119,6 +119,9 @@ stage_kinds! {
     Tensor(riffle_operators::tabular::tensor_stage::TensorConfig),
     /// Columns cast to other element types (tensors element-wise, keeping their shape).
     Cast(CastConfig),
+    /// The rows written to a sink of the worker's own as they pass (a camera's annotated
+    /// video), and passed on unchanged.
+    Tap(crate::tap::TapConfig),
 }
 
 impl StageSpec {

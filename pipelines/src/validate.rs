@@ -40,6 +40,17 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
+    /// The folder of live streams (`<camera>/live/index.m3u8`) the live view serves: the
+    /// sink's, else a `tap` stage's.
+    pub fn live_stream_dir(&self) -> Option<PathBuf> {
+        self.sink.live_stream_dir().or_else(|| {
+            self.spec.stages.iter().find_map(|s| match &s.value {
+                StageSpec::Tap(tap) => tap.live_stream_dir(),
+                _ => None,
+            })
+        })
+    }
+
     pub fn name(&self) -> String {
         self.spec.name.clone().unwrap_or_else(|| {
             self.file

@@ -83,6 +83,20 @@ function offerVideo(id, video, canvas, toggle) {
   };
 }
 
+// The RFC 6381 codec of an H.264 init segment, from its avcC box (profile, constraints,
+// level): the encoder's preset decides the profile, and MSE refuses a stream that is not the one
+// it was told.
+function avcCodec(bytes) {
+  const b = new Uint8Array(bytes);
+  for (let i = 4; i + 8 < b.length; i++) {
+    if (b[i] === 0x61 && b[i + 1] === 0x76 && b[i + 2] === 0x63 && b[i + 3] === 0x43) {
+      const hex = (n) => n.toString(16).padStart(2, "0");
+      return `avc1.${hex(b[i + 5])}${hex(b[i + 6])}${hex(b[i + 7])}`;
+    }
+  }
+  return "avc1.640028";
+}
+
 // Plays an HLS playlist of fragmented-MP4 segments through Media Source Extensions: the init
 // segment, then each new segment in order, from near the live edge.
 function playLive(video, base) {
@@ -108,13 +122,24 @@ function playLive(video, base) {
         const first = Number((lines.find((l) => l.startsWith("#EXT-X-MEDIA-SEQUENCE:")) || ":0").split(":")[1]);
         const target = Number((lines.find((l) => l.startsWith("#EXT-X-TARGETDURATION:")) || ":2").split(":")[1]);
         const segments = lines.filter((l) => l && !l.startsWith("#"));
-        if (!buffer) {
+        // The sink started the stream over (a new size, a restarted run): its numbers begin
+        // again, after a new init segment.
+        const restarted = buffer && next > first + segments.length;
+        if (segments.length && (!buffer || restarted)) {
           const map = lines.find((l) => l.startsWith("#EXT-X-MAP:"));
           const init = map ? map.split('URI="')[1].split('"')[0] : "init.mp4";
-          buffer = source.addSourceBuffer('video/mp4; codecs="avc1.640028"');
-          await appended(buffer, await (await get(init)).arrayBuffer());
+          const bytes = await (await get(init)).arrayBuffer();
+          if (!bytes.byteLength) throw new Error("init segment not written yet");
+          if (!buffer) {
+            buffer = source.addSourceBuffer(`video/mp4; codecs="${avcCodec(bytes)}"`);
+            // Segments play one after another whatever their times: a stream started over
+            // runs on from where the last one ended.
+            buffer.mode = "sequence";
+          }
+          await appended(buffer, bytes);
           next = first + Math.max(0, segments.length - 2);
         }
+        if (!buffer) throw new Error("no segment yet");
         if (next < first) next = first; // fell behind the window: skip ahead
         for (let seq = next; seq < first + segments.length && !stopped; seq++) {
           await appended(buffer, await (await get(segments[seq - first])).arrayBuffer());

@@ -40,7 +40,8 @@ async fn file(State(dir): State<Arc<PathBuf>>, UrlPath(path): UrlPath<String>) -
         return (StatusCode::BAD_REQUEST, "no such video path\n").into_response();
     };
     match tokio::fs::read(&file).await {
-        Ok(bytes) => (
+        // FFmpeg creates a playlist and init segment empty and fills them later.
+        Ok(bytes) if !bytes.is_empty() => (
             [
                 (header::CONTENT_TYPE, content_type(&file)),
                 // The playlist changes every segment; segments never do.
@@ -49,7 +50,7 @@ async fn file(State(dir): State<Arc<PathBuf>>, UrlPath(path): UrlPath<String>) -
             bytes,
         )
             .into_response(),
-        Err(_) => (StatusCode::NOT_FOUND, "no such video file (yet)\n").into_response(),
+        _ => (StatusCode::NOT_FOUND, "no such video file (yet)\n").into_response(),
     }
 }
 
