@@ -656,7 +656,10 @@ mod tests {
         assert_eq!(again.removed_from(0, 2), ["a"]);
         assert!(again.removed_from(1, 2).is_empty());
         again.add(json!({ "id": "a", "uri": clip() })).unwrap();
-        assert!(again.removed_from(0, 2).is_empty(), "added back: not retired");
+        assert!(
+            again.removed_from(0, 2).is_empty(),
+            "added back: not retired"
+        );
     }
 
     #[test]
