@@ -70,6 +70,21 @@ runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
 
 struct Killed(Child);
 
+/// `riffle run PIPELINE --ui 127.0.0.1:UI`, killed when its guard drops.
+fn run_with_view(pipeline: &Path, ui: u16) -> Killed {
+    Killed(
+        Command::new(env!("CARGO_BIN_EXE_riffle"))
+            .args(["run", "-q"])
+            .arg(pipeline)
+            .args(["--ui", &format!("127.0.0.1:{ui}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// Chromedriver (killed when its guard drops) and a headless Chromium session through it.
 async fn open_browser() -> (Killed, fantoccini::Client) {
     let driver_port = free_port();
@@ -379,16 +394,7 @@ async fn the_page_shows_every_camera_with_its_boxes_and_live_counters() {
     let tmp = tempfile::tempdir().unwrap();
     let pipeline = paced_perception(tmp.path());
     let ui = free_port();
-    let riffle = Killed(
-        Command::new(env!("CARGO_BIN_EXE_riffle"))
-            .args(["run", "-q", pipeline.to_str().unwrap()])
-            .args(["--ui", &format!("127.0.0.1:{ui}")])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let riffle = run_with_view(&pipeline, ui);
     let (_driver, browser) = open_browser().await;
     let page = format!("http://127.0.0.1:{ui}/");
     wait_until("the view serves its page", Duration::from_secs(30), || {
@@ -565,22 +571,12 @@ stages:{stages}
 sink: {{ jsonl: {{ path: out.jsonl }} }}
 runtime: {{ workers: 2, intra_op_threads: 1, epoch_records: 8 }}
 "#,
-            stages =
-                video_tracker_stages(0.3).replace("dtype: u8 }", "dtype: u8, keep_input: true }"),
+            stages = video_tracker_stages_keeping_frames(0.3),
             video = video.display(),
         ),
     );
     let ui = free_port();
-    let riffle = Killed(
-        Command::new(env!("CARGO_BIN_EXE_riffle"))
-            .args(["run", "-q", pipeline.to_str().unwrap()])
-            .args(["--ui", &format!("127.0.0.1:{ui}")])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
+    let riffle = run_with_view(&pipeline, ui);
     wait_until("the view serves its page", Duration::from_secs(30), || {
         std::net::TcpStream::connect(("127.0.0.1", ui)).is_ok()
     });

@@ -33,18 +33,7 @@ source:
   video:
     cameras: [ {{ id: a, uri: "{clip}", {camera} }} ]
     batch_size: 4
-stages:
-  - resize: {{ width: 300, height: 300, layout: nhwc, dtype: u8, keep_input: true }}
-  - model:
-      path: "{model}"
-      inputs: {{ "image_tensor:0": tensor }}
-      outputs:
-        "detection_boxes:0": {{ column: boxes, shape: [100, 4] }}
-        "detection_scores:0": {{ column: scores, shape: [100] }}
-        "detection_classes:0": {{ column: classes, shape: [100] }}
-      batch: {{ max_size: 4, max_delay_ms: 5 }}
-  - detections: {{ boxes: boxes, scores: scores, classes: classes, box_format: yxyx_normalized, score_threshold: 0.2, keep_classes: [1], labels: {{ 1: person }} }}
-  - exchange: {{ key: camera_id }}
+stages:{stages}
   - track: {{ high_threshold: 0.3, new_track_threshold: 0.3 }}
   - select: {{ columns: [camera_id, frame, pts_ms, width, height, pixels, detections] }}
 runtime: {{ workers: 2 }}
@@ -53,10 +42,25 @@ live_sink:
   jsonl: {{ path: "{live}" }}
 "#,
         clip = clip().display(),
-        model = model("ssdlite_person.onnx").display(),
+        // Labelled: the drawn label reads `#<track> person`.
+        stages = video_tracker_stages_keeping_frames(0.2).replace(
+            "keep_classes: [1] }",
+            "keep_classes: [1], labels: { 1: person } }"
+        ),
         live = live.display(),
     );
     write(tmp, "p.yaml", &text)
+}
+
+/// [`pipeline`] in a new temporary folder with a `video` sink of `keys` into `<tmp>/video`:
+/// the folder (kept while it lives), the pipeline file, the video folder and the live results.
+fn with_video_sink(camera: &str, keys: &str) -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let live = tmp.path().join("live.jsonl");
+    let dir = tmp.path().join("video");
+    let sink = format!("{{ video: {{ dir: \"{}\", {keys} }} }}", dir.display());
+    let p = pipeline(tmp.path(), camera, &sink, &live);
+    (tmp, p, dir, live)
 }
 
 /// The camera's files, oldest first.
@@ -121,17 +125,9 @@ fn decode(file: &Path, frames: usize) -> Vec<Vec<u8>> {
 #[test]
 fn every_answered_frame_is_in_the_files_with_its_boxes_drawn() {
     require_onnx_runtime();
-    let tmp = tempfile::tempdir().unwrap();
-    let live = tmp.path().join("live.jsonl");
-    let dir = tmp.path().join("video");
-    let p = pipeline(
-        tmp.path(),
+    let (_tmp, p, dir, live) = with_video_sink(
         "max_frames: 50",
-        &format!(
-            "{{ video: {{ dir: \"{}\", segment_seconds: 1, fps: 25, crf: 18, preset: ultrafast }} }}",
-            dir.display()
-        ),
-        &live,
+        "segment_seconds: 1, fps: 25, crf: 18, preset: ultrafast",
     );
     riffle_ok(&["run", "-q", p.to_str().unwrap()]);
     let mut answered = read_jsonl(&live);
@@ -228,18 +224,10 @@ fn every_answered_frame_is_in_the_files_with_its_boxes_drawn() {
 #[test]
 fn a_stopped_run_finishes_every_file() {
     require_onnx_runtime();
-    let tmp = tempfile::tempdir().unwrap();
-    let live = tmp.path().join("live.jsonl");
-    let dir = tmp.path().join("video");
     // A camera that never ends: only SIGTERM stops the run.
-    let p = pipeline(
-        tmp.path(),
+    let (_tmp, p, dir, live) = with_video_sink(
         "loop: true, realtime: true",
-        &format!(
-            "{{ video: {{ dir: \"{}\", segment_seconds: 60, preset: ultrafast }} }}",
-            dir.display()
-        ),
-        &live,
+        "segment_seconds: 60, preset: ultrafast",
     );
     let mut child = Command::new(env!("CARGO_BIN_EXE_riffle"))
         .args(["run", "-q", p.to_str().unwrap()])
@@ -325,7 +313,7 @@ sink: {{ jsonl: {{ path: "{out}" }} }}
 "#,
         a = clips[0].display(),
         b = clips[1].display(),
-        stages = video_tracker_stages(0.3).replace("dtype: u8 }", "dtype: u8, keep_input: true }"),
+        stages = video_tracker_stages_keeping_frames(0.3),
         dir = dir.display(),
         out = out.display(),
     );

@@ -11,7 +11,6 @@
 use std::path::{Path, PathBuf};
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
 use arrow_array::{Array, RecordBatch};
 use riffle_dataflow::error::{DataflowError, DataflowResult};
 use riffle_dataflow::sink::{Sink, SinkFactory};
@@ -42,52 +41,15 @@ impl AnnotateSinkConfig {
     /// Checks, before running, that results in `schema` name their files and carry a picture;
     /// the message says what is missing and what would do.
     fn check_schema(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
-        use arrow_schema::DataType;
-        let has = |name: &str, types: &[DataType]| {
-            schema
-                .field_with_name(name)
-                .is_ok_and(|f| types.contains(f.data_type()))
-        };
-        let columns = || {
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if !has("camera_id", &[DataType::Utf8]) || !has("frame", &[DataType::Int64]) {
-            return Err(format!(
-                "expected results with `camera_id` (Utf8) and `frame` (Int64) to name the files; they have {}",
-                columns()
-            ));
-        }
-        let picture = has("bytes", &[DataType::Binary])
-            || (has("pixels", &[DataType::Binary])
-                && has("width", &[DataType::UInt32])
-                && has("height", &[DataType::UInt32]))
-            || has("path", &[DataType::Utf8]);
-        if !picture {
-            return Err(format!(
-                "expected the frame's picture in the results: a `bytes` column (JPEG), `pixels` \
-                 with `width` and `height` (RGB), or `path` (a JPEG file); they have {} (keep one \
-                 of them in the last `select`)",
-                columns()
-            ));
-        }
-        match schema.field_with_name(&self.detections) {
-            Ok(f) if matches!(f.data_type(), DataType::List(_)) => Ok(()),
-            Ok(f) => Err(format!(
-                "annotate.detections: `{}` is {}, expected a list of detections (x1, y1, x2, y2)",
-                self.detections,
-                f.data_type()
-            )),
-            Err(_) => Err(format!(
-                "annotate.detections: no column `{}` in the results ({})",
-                self.detections,
-                columns()
-            )),
-        }
+        crate::draw::check_drawable(
+            schema,
+            "annotate",
+            &self.detections,
+            " to name the files",
+            "expected the frame's picture in the results: a `bytes` column (JPEG), `pixels` \
+             with `width` and `height` (RGB), or `path` (a JPEG file); they have {} (keep one of \
+             them in the last `select`)",
+        )
     }
 }
 
@@ -115,17 +77,7 @@ struct AnnotateSink {
 
 impl Sink for AnnotateSink {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
-        let cameras = batch
-            .column_by_name("camera_id")
-            .and_then(|c| c.as_string_opt::<i32>());
-        let frames = batch
-            .column_by_name("frame")
-            .and_then(|c| c.as_primitive_opt::<Int64Type>());
-        let (Some(cameras), Some(frames)) = (cameras, frames) else {
-            return Err(DataflowError::Config(
-                "annotate sink: the results need `camera_id` (Utf8) and `frame` (Int64) columns to name the files".into(),
-            ));
-        };
+        let (cameras, frames) = crate::draw::frame_columns(batch, "annotate")?;
         let picture = Picture::of(batch, "annotate")?;
         let detections = batch
             .column_by_name(&self.config.detections)

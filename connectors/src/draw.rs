@@ -338,6 +338,75 @@ pub(crate) fn draw_boxes_and_labels(pixels: &mut [u8], width: u32, height: u32, 
 }
 
 /// A camera id as one path component.
+/// The camera and frame columns of a batch of results for the `kind` sink.
+pub(crate) fn frame_columns<'a>(
+    batch: &'a arrow_array::RecordBatch,
+    kind: &str,
+) -> riffle_dataflow::DataflowResult<(&'a arrow_array::StringArray, &'a arrow_array::Int64Array)> {
+    use arrow_array::cast::AsArray;
+    let cameras = batch
+        .column_by_name("camera_id")
+        .and_then(|c| c.as_string_opt::<i32>());
+    let frames = batch
+        .column_by_name("frame")
+        .and_then(|c| c.as_primitive_opt::<arrow_array::types::Int64Type>());
+    match (cameras, frames) {
+        (Some(cameras), Some(frames)) => Ok((cameras, frames)),
+        _ => Err(riffle_dataflow::DataflowError::Config(format!(
+            "{kind} sink: the results need `camera_id` (Utf8) and `frame` (Int64) columns"
+        ))),
+    }
+}
+
+/// Checks, before running, that results in `schema` can be drawn by the `kind` sink: they
+/// name their camera and frame (`purpose`: what for), carry a picture (`picture`: the message
+/// when they do not, with `{}` for the columns they have) and the `detections` list column.
+pub(crate) fn check_drawable(
+    schema: &arrow_schema::Schema,
+    kind: &str,
+    detections: &str,
+    purpose: &str,
+    picture: &str,
+) -> Result<(), String> {
+    use arrow_schema::DataType;
+    let has = |name: &str, types: &[DataType]| {
+        schema
+            .field_with_name(name)
+            .is_ok_and(|f| types.contains(f.data_type()))
+    };
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if !has("camera_id", &[DataType::Utf8]) || !has("frame", &[DataType::Int64]) {
+        return Err(format!(
+            "expected results with `camera_id` (Utf8) and `frame` (Int64){purpose}; they have \
+             {columns}"
+        ));
+    }
+    let drawable = has("bytes", &[DataType::Binary])
+        || (has("pixels", &[DataType::Binary])
+            && has("width", &[DataType::UInt32])
+            && has("height", &[DataType::UInt32]))
+        || has("path", &[DataType::Utf8]);
+    if !drawable {
+        return Err(picture.replace("{}", &columns));
+    }
+    match schema.field_with_name(detections) {
+        Ok(f) if matches!(f.data_type(), DataType::List(_)) => Ok(()),
+        Ok(f) => Err(format!(
+            "{kind}.detections: `{detections}` is {}, expected a list of detections (x1, y1, \
+             x2, y2)",
+            f.data_type()
+        )),
+        Err(_) => Err(format!(
+            "{kind}.detections: no column `{detections}` in the results ({columns})"
+        )),
+    }
+}
+
 pub(crate) fn sanitize(camera: &str) -> String {
     let cleaned: String = camera
         .chars()

@@ -183,6 +183,56 @@ pub(crate) fn create_parent(path: &Path) -> DataflowResult<()> {
     }
 }
 
+/// A sink's own dead-letter file: JSON lines appended, the file created (with its folder) at
+/// the first, so a run without refusals leaves none.
+pub(crate) struct AppendLines {
+    path: PathBuf,
+    out: Option<BufWriter<File>>,
+}
+
+impl AppendLines {
+    pub fn new(path: PathBuf) -> Self {
+        AppendLines { path, out: None }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn io(&self, e: std::io::Error) -> DataflowError {
+        DataflowError::io(format!("writing {}", self.path.display()), e)
+    }
+
+    /// Appends `line` (held in a buffer until [`AppendLines::flush`]).
+    pub fn write(&mut self, line: &serde_json::Value) -> DataflowResult<()> {
+        if self.out.is_none() {
+            create_parent(&self.path)?;
+            let file = File::options()
+                .create(true)
+                .append(true)
+                .open(&self.path)
+                .map_err(|e| self.io(e))?;
+            self.out = Some(BufWriter::new(file));
+        }
+        let Some(out) = self.out.as_mut() else {
+            return Ok(());
+        };
+        let written = serde_json::to_writer(&mut *out, line)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"));
+        written.map_err(|e| self.io(e))
+    }
+
+    /// Hands what was written to the file: refused rows must outlast a crash as surely as
+    /// written ones.
+    pub fn flush(&mut self) -> DataflowResult<()> {
+        match self.out.as_mut().map(Write::flush) {
+            Some(Err(e)) => Err(self.io(e)),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Writes each row as one JSON object per line, nulls included, nested lists and structs as
 /// JSON arrays and objects.
 ///

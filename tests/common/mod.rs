@@ -138,6 +138,12 @@ pub fn video_tracker_stages(threshold: f64) -> String {
     )
 }
 
+/// [`video_tracker_stages`] keeping each frame's pixels (`keep_input`) for a `video` sink or tap.
+#[allow(dead_code)]
+pub fn video_tracker_stages_keeping_frames(threshold: f64) -> String {
+    video_tracker_stages(threshold).replace("dtype: u8 }", "dtype: u8, keep_input: true }")
+}
+
 /// The person-detection pipeline over `frames`, with the given model batch and worker count.
 pub fn detection_pipeline(
     frames: &Path,

@@ -3,12 +3,10 @@
 //! of refused requests are appended to the dead-letter file.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 
 use arrow_array::RecordBatch;
 use riffle_dataflow::sink::{Sink, SinkFactory};
-use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
+use riffle_dataflow::{DataflowResult, Epoch};
 
 use super::client::{quote, Answer, Client, Tally};
 use super::config::{BodyFormat, HttpSinkConfig};
@@ -49,7 +47,7 @@ pub struct HttpSink {
     epoch: Epoch,
     /// Requests sent in this epoch (in the whole run without checkpoints).
     sent_in_epoch: u64,
-    dead_letters: Option<BufWriter<File>>,
+    dead_letters: crate::jsonl::AppendLines,
     /// Rows refused, per status, for one warning each and the total at the end.
     refused: BTreeMap<u16, u64>,
     tally: Tally,
@@ -74,7 +72,7 @@ impl HttpSink {
             prefix: format!("{}@{}", config.pipeline, run_start_ms()),
             epoch: 0,
             sent_in_epoch: 0,
-            dead_letters: None,
+            dead_letters: crate::jsonl::AppendLines::new(config.dead_letter_path.clone()),
             refused: BTreeMap::new(),
             tally: Tally::default(),
         })
@@ -148,32 +146,13 @@ impl HttpSink {
             );
         }
         *count += rows.len() as u64;
-        let path = &self.config.dead_letter_path;
-        let io = |e| DataflowError::io(format!("writing {}", path.display()), e);
-        if self.dead_letters.is_none() {
-            crate::jsonl::create_parent(path)?;
-            let file = File::options()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(io)?;
-            self.dead_letters = Some(BufWriter::new(file));
-        }
-        let Some(out) = self.dead_letters.as_mut() else {
-            return Ok(());
-        };
         for row in rows {
             let row: serde_json::Value = serde_json::from_slice(row)
                 .map_err(|e| self.config.sink_error(format!("re-reading a row: {e}")))?;
-            let line = serde_json::json!({ "reason": reason, "row": row });
-            serde_json::to_writer(&mut *out, &line).map_err(|e| {
-                self.config
-                    .sink_error(format!("writing a dead letter: {e}"))
-            })?;
-            out.write_all(b"\n").map_err(io)?;
+            self.dead_letters
+                .write(&serde_json::json!({ "reason": reason, "row": row }))?;
         }
-        // Refused rows must outlast a crash as surely as sent ones.
-        out.flush().map_err(io)
+        self.dead_letters.flush()
     }
 }
 

@@ -114,56 +114,22 @@ impl VideoSinkConfig {
     /// and detections; the message says what is missing and what would do.
     fn check_schema(&self, schema: &arrow_schema::Schema) -> Result<(), String> {
         use arrow_schema::DataType;
-        let has = |name: &str, types: &[DataType]| {
-            schema
-                .field_with_name(name)
-                .is_ok_and(|f| types.contains(f.data_type()))
-        };
-        let columns = || {
-            schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        if !has("camera_id", &[DataType::Utf8]) || !has("frame", &[DataType::Int64]) {
-            return Err(format!(
-                "expected results with `camera_id` (Utf8) and `frame` (Int64): one video per \
-                 camera, in frame order; they have {}",
-                columns()
-            ));
-        }
-        if schema.field_with_name("pts_ms").is_ok() && !has("pts_ms", &[DataType::Int64]) {
+        if schema
+            .field_with_name("pts_ms")
+            .is_ok_and(|f| f.data_type() != &DataType::Int64)
+        {
             return Err("expected `pts_ms` to be Int64 (milliseconds)".into());
         }
-        let picture = has("bytes", &[DataType::Binary])
-            || (has("pixels", &[DataType::Binary])
-                && has("width", &[DataType::UInt32])
-                && has("height", &[DataType::UInt32]))
-            || has("path", &[DataType::Utf8]);
-        if !picture {
-            return Err(format!(
-                "expected the frame's picture in the results: `pixels` with `width` and \
-                 `height` (RGB; `resize: {{ ..., keep_input: true }}` keeps the video source's), \
-                 a `bytes` column (JPEG) or `path` (a JPEG file); they have {} (keep them in \
-                 the last `select`)",
-                columns()
-            ));
-        }
-        match schema.field_with_name(&self.detections) {
-            Ok(f) if matches!(f.data_type(), DataType::List(_)) => Ok(()),
-            Ok(f) => Err(format!(
-                "video.detections: `{}` is {}, expected a list of detections (x1, y1, x2, y2)",
-                self.detections,
-                f.data_type()
-            )),
-            Err(_) => Err(format!(
-                "video.detections: no column `{}` in the results ({})",
-                self.detections,
-                columns()
-            )),
-        }
+        crate::draw::check_drawable(
+            schema,
+            "video",
+            &self.detections,
+            ": one video per camera, in frame order",
+            "expected the frame's picture in the results: `pixels` with `width` and `height` \
+             (RGB; `resize: { ..., keep_input: true }` keeps the video source's), a `bytes` \
+             column (JPEG) or `path` (a JPEG file); they have {} (keep them in the last \
+             `select`)",
+        )
     }
 }
 

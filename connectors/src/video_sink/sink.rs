@@ -2,8 +2,6 @@
 //! time and size; rows that cannot be drawn to the dead-letter file.
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
 use arrow_array::cast::AsArray;
@@ -16,6 +14,7 @@ use riffle_dataflow::sink::{Sink, SinkFactory};
 use super::encoder::{EncodeError, Live, Segment, Settings};
 use super::VideoSinkConfig;
 use crate::draw::{self, sanitize, Picture};
+use crate::jsonl::AppendLines;
 
 /// The stage named in this sink's dead letters.
 const STAGE: &str = "sink.video";
@@ -47,10 +46,9 @@ impl SinkFactory for VideoSinkFactory {
                 preset: c.preset.clone(),
             },
             segment_ms: (c.segment_seconds * 1000.0).round().max(1.0) as i64,
-            dead_letter_path: c.dead_letter_file(),
+            dead_letters: AppendLines::new(c.dead_letter_file()),
             config: self.config.clone(),
             cameras: HashMap::new(),
-            dead_letters: None,
             rejected: 0,
         }))
     }
@@ -61,8 +59,7 @@ struct VideoSink {
     settings: Settings,
     segment_ms: i64,
     cameras: HashMap<String, Camera>,
-    dead_letter_path: PathBuf,
-    dead_letters: Option<BufWriter<File>>,
+    dead_letters: AppendLines,
     rejected: u64,
 }
 
@@ -83,18 +80,7 @@ enum Outcome {
 
 impl Sink for VideoSink {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
-        let cameras = batch
-            .column_by_name("camera_id")
-            .and_then(|c| c.as_string_opt::<i32>());
-        let frames = batch
-            .column_by_name("frame")
-            .and_then(|c| c.as_primitive_opt::<Int64Type>());
-        let (Some(cameras), Some(frames)) = (cameras, frames) else {
-            return Err(DataflowError::Config(
-                "video sink: the results need `camera_id` (Utf8) and `frame` (Int64) columns"
-                    .into(),
-            ));
-        };
+        let (cameras, frames) = crate::draw::frame_columns(batch, "video")?;
         let pts = batch
             .column_by_name("pts_ms")
             .and_then(|c| c.as_primitive_opt::<Int64Type>());
@@ -135,13 +121,7 @@ impl Sink for VideoSink {
                 Outcome::Rejected(why) => self.reject(batch, row, why)?,
             }
         }
-        if let Some(out) = self.dead_letters.as_mut() {
-            // Rejected rows must outlast a crash as surely as encoded ones.
-            out.flush().map_err(|e| {
-                DataflowError::io(format!("writing {}", self.dead_letter_path.display()), e)
-            })?;
-        }
-        Ok(())
+        self.dead_letters.flush()
     }
 
     fn flush(&mut self) -> DataflowResult<()> {
@@ -172,7 +152,7 @@ impl Sink for VideoSink {
             tracing::warn!(
                 "video sink: {} row(s) not encoded, see {}",
                 self.rejected,
-                self.dead_letter_path.display()
+                self.dead_letters.path().display()
             );
         }
         first.map_or(Ok(()), Err)
@@ -281,32 +261,15 @@ impl VideoSink {
             tracing::warn!(
                 "video sink: a row not encoded ({reason}); {} so far, in {}",
                 self.rejected,
-                self.dead_letter_path.display()
+                self.dead_letters.path().display()
             );
         }
-        let path = &self.dead_letter_path;
-        let io = |e| DataflowError::io(format!("writing {}", path.display()), e);
-        if self.dead_letters.is_none() {
-            crate::jsonl::create_parent(path)?;
-            let file = File::options()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(io)?;
-            self.dead_letters = Some(BufWriter::new(file));
-        }
-        let Some(out) = self.dead_letters.as_mut() else {
-            return Ok(());
-        };
         // The pipeline's own dead letters' fields: stage, reason, record.
-        let line = serde_json::json!({
+        self.dead_letters.write(&serde_json::json!({
             "stage": STAGE,
             "reason": reason,
             "record": describe_row(batch, row),
-        });
-        serde_json::to_writer(&mut *out, &line)
-            .map_err(|e| DataflowError::Config(format!("video sink: a dead letter: {e}")))?;
-        out.write_all(b"\n").map_err(io)
+        }))
     }
 }
 
