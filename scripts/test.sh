@@ -107,12 +107,17 @@ if [ ${#ran[@]} -gt 0 ]; then
   cargo test --workspace --all-targets -- --ignored --exact "${ran[@]}" 2>&1 | tee -a "$log"
 fi
 cargo test --workspace --doc 2>&1 | tee -a "$log"
+# The Python package, installed from its wheel into a fresh venv (pytest's summary is counted).
+scripts/python-tests.sh 2>&1 | tee -a "$log"
 # What did not run, and why: never counted as passing.
 not_run=$(printf '%s\n' "$ignored" | awk -F'\t' -v ran="$(printf '%s\n' "${ran[@]}")" '
   BEGIN { n = split(ran, r, "\n"); for (i = 1; i <= n; i++) if (r[i] != "") done[r[i]] = 1 }
   $1 != "" && !($1 in done) { printf "  %s: %s\n", $1, ($2 == "" ? "(no reason given)" : $2) }')
 # One closing line over every test binary and the doc tests.
 awk -v left="$(printf '%s' "$not_run" | grep -c . || true)" '/^test result:/ { p += $4; f += $6 }
+  /^[0-9]+ (passed|failed).* in [0-9.]+s/ {
+    for (i = 1; i < NF; i++) { if ($(i + 1) ~ /^passed/) p += $i; if ($(i + 1) ~ /^failed/) f += $i }
+  }
   END { printf "total: %d passed, %d failed, %d not run (ignored)\n", p, f, left }' "$log"
 if [ -n "$not_run" ]; then
   echo "test: not run here, and why:"

@@ -195,6 +195,8 @@ impl AppendLines {
         AppendLines { path, out: None }
     }
 
+    // The video sink's messages name it.
+    #[cfg_attr(not(feature = "video"), allow(dead_code))]
     pub fn path(&self) -> &Path {
         &self.path
     }

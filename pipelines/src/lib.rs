@@ -43,4 +43,4 @@ pub use error::PipelineError;
 pub use lock::{LockError, RunLock};
 pub use run::{run, RunError, RunOptions, RunOutcome, RunReport};
 pub use spec::PipelineSpec;
-pub use validate::{load, Pipeline};
+pub use validate::{load, load_text, Pipeline};

@@ -108,7 +108,18 @@ pub fn load(file: &Path, output: Option<&Path>) -> Result<Pipeline, PipelineErro
         field: String::new(),
         message: format!("cannot read the pipeline file: {e}"),
     })?;
-    let env = substitute(&written, |name| std::env::var(name)).map_err(|e| PipelineError {
+    load_text(file, &written, output)
+}
+
+/// [`load`] of a pipeline given as text (YAML, or JSON, which is YAML too) instead of read from
+/// `file`, which names it in errors and whose folder relative paths start from (a program's
+/// pipeline: `<working directory>/<name>`).
+pub fn load_text(
+    file: &Path,
+    written: &str,
+    output: Option<&Path>,
+) -> Result<Pipeline, PipelineError> {
+    let env = substitute(written, |name| std::env::var(name)).map_err(|e| PipelineError {
         file: file.to_path_buf(),
         line: Some(e.line),
         field: e.key.clone(),

@@ -168,6 +168,12 @@ pub fn request_stop() {
     STOP.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
+/// Withdraws a [`request_stop`], so that a program running pipelines one after another (the
+/// Python package) starts the next one unstopped.
+pub fn clear_stop_request() {
+    STOP.store(false, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Whether [`request_stop`] was called.
 pub fn stop_requested() -> bool {
     STOP.load(std::sync::atomic::Ordering::SeqCst)

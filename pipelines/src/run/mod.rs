@@ -89,6 +89,7 @@ use std::sync::Arc;
 use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::observe::RunContext;
+use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::DataflowError;
 
 pub use cluster::{ClusterSpec, Workers, CLUSTER_TOKEN};
@@ -123,6 +124,8 @@ pub struct RunOptions {
     metrics: Option<Arc<Metrics>>,
     program: Option<PathBuf>,
     process_args: Option<ProcessArgs>,
+    text: Option<String>,
+    sink: Option<Arc<dyn SinkFactory>>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -154,7 +157,24 @@ impl RunOptions {
             metrics: None,
             program: None,
             process_args: None,
+            text: None,
+            sink: None,
         }
+    }
+
+    /// Runs the pipeline `text` (YAML or JSON) instead of reading `file`, which names it in
+    /// errors and whose folder its relative paths start from. One process only: a local
+    /// cluster's processes read the file.
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.text = Some(text.into());
+        self
+    }
+
+    /// Results go to `sink` instead of the pipeline's own (a program that takes them itself);
+    /// the dead letters stay where the pipeline puts them.
+    pub fn sink(mut self, sink: Arc<dyn SinkFactory>) -> Self {
+        self.sink = Some(sink);
+        self
     }
 
     /// Results go to this file instead of the sink's configured path (`--output`).
@@ -246,6 +266,16 @@ impl Run {
     /// process of a hand-started cluster does) and installs the stop signals.
     pub fn prepare(options: RunOptions) -> Result<Run, RunError> {
         let pipeline = Arc::new(load(&options)?);
+        if options.text.is_some() && options.cluster.launches_locally() {
+            return Err(RunError::Pipeline(crate::PipelineError {
+                file: options.file.clone(),
+                line: None,
+                field: "processes".into(),
+                message: "a pipeline given as text runs in one process: write it to a file to \
+                          start a cluster of processes"
+                    .into(),
+            }));
+        }
         // One run at a time per checkpoint directory and output: a supervisor takes the locks
         // for its cluster and passes them down, so its own processes do not take them again.
         let supervised = std::env::var_os(LOCKS_HELD).is_some();
@@ -317,7 +347,13 @@ pub fn execute(
 
 /// The pipeline of the run, with its `output` and `checkpoint_dir` or `checkpoint_url`.
 fn load(options: &RunOptions) -> Result<Pipeline, RunError> {
-    let mut pipeline = crate::load(&options.file, options.output.as_deref())?;
+    let mut pipeline = match &options.text {
+        Some(text) => crate::load_text(&options.file, text, options.output.as_deref())?,
+        None => crate::load(&options.file, options.output.as_deref())?,
+    };
+    if let Some(sink) = &options.sink {
+        pipeline.sink = sink.clone();
+    }
     let file = pipeline.runtime.checkpoint.clone().unwrap_or_default();
     if let Some(dir) = &options.checkpoint_dir {
         // The file's policy (keep, interval) stays; an object store's settings do not apply.
