@@ -513,3 +513,35 @@ fn rtsp_cameras_added_and_removed_across_two_processes() {
         assert_eq!(n, distinct, "camera {camera}: every frame answered once");
     }
 }
+
+/// A file camera that played to its end reads `camera_ended 1` (and `camera_up 0`): the view
+/// shows it ended, not down.
+#[test]
+fn a_file_camera_played_to_its_end_is_ended_not_down() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = pipeline(
+        tmp.path(),
+        &format!(
+            "[{{ id: f, uri: \"{}\", max_frames: 20 }}]",
+            clip(0).display()
+        ),
+        "",
+    );
+    let out = tmp.path().join("out.jsonl");
+    let ui = free_port();
+    let run = Run::start(&p, ui, &[]);
+    wait_for_frames(&out, "f", 20);
+    let gauge = |body: &str, name: &str| {
+        let key = format!("riffle_video_{name}{{camera=\"f\"}} ");
+        body.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .map(|v| v.trim().to_string())
+    };
+    let body = poll_until("camera_ended 1", Duration::from_secs(30), || {
+        http_get(&format!("http://127.0.0.1:{ui}/metrics"))
+            .map(|r| r.1)
+            .filter(|b| gauge(b, "camera_ended").as_deref() == Some("1"))
+    });
+    assert_eq!(gauge(&body, "camera_up").as_deref(), Some("0"), "{body}");
+    assert!(run.stop().success());
+}

@@ -558,9 +558,14 @@ fn metrics_and_readyz_say_which_camera_is_down() {
     );
     // Down again: counted as down, while /readyz stays 200 (it came up once).
     camera.kill();
-    poll_until("camera_up 0", Duration::from_secs(15), || {
+    let body = poll_until("camera_up 0", Duration::from_secs(15), || {
         metrics().filter(|b| scraped(b, "camera_up", "cam") == Some(0.0))
     });
+    assert_eq!(
+        scraped(&body, "camera_ended", "cam"),
+        Some(0.0),
+        "a live camera down has not ended: {body}"
+    );
     assert_eq!(http_get(&format!("{base}/readyz")).unwrap().0, 200);
 }
 

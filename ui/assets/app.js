@@ -228,13 +228,14 @@ function renderCameras(list) {
 }
 
 // Live cameras' riffle_video_camera_up: a card says "down" (one that never came up gets an
-// empty card saying so).
+// empty card saying so), or "ended" for a file played to its end.
 function renderCameraHealth(connectors) {
   for (const [k, v] of Object.entries(connectors)) {
     const m = /^riffle_video_camera_up\{camera=(.*)\}$/.exec(k);
     if (!m) continue;
     const cam = cameraCard(m[1]);
-    cam.caption.parentElement.dataset.up = v > 0 ? "1" : "0";
+    const ended = connectors[`riffle_video_camera_ended{camera=${m[1]}}`] > 0;
+    cam.caption.parentElement.dataset.up = v > 0 ? "1" : ended ? "ended" : "0";
   }
 }
 

@@ -116,15 +116,25 @@ impl CameraTask {
             let ended = stream.run(&self.stop, &mut |d| self.handle(d, &mut progress));
             self.metrics.health.down();
             match ended {
-                Ok(Ended::Stopped) => return self.queue.finish(),
+                Ok(Ended::Stopped) => {
+                    // `max_frames` reached ends a camera as its file's end does.
+                    if camera.max_frames.is_some_and(|m| progress.kept >= m) {
+                        self.metrics.health.ended();
+                    }
+                    return self.queue.finish();
+                }
                 // A looped file plays again, its frame numbers and times going on.
                 Ok(Ended::Eof) if camera.looped && !camera.live => {
                     if !progress.looping.next_pass() {
+                        self.metrics.health.ended();
                         return self.queue.finish();
                     }
                     continue;
                 }
-                Ok(Ended::Eof) if !camera.live => return self.queue.finish(),
+                Ok(Ended::Eof) if !camera.live => {
+                    self.metrics.health.ended();
+                    return self.queue.finish();
+                }
                 Err(e) if !camera.live => return self.give_up(&e.to_string()),
                 // Logged once per outage; the retries stay quiet until it ends.
                 Ok(Ended::Eof) => {

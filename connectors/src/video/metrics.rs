@@ -43,10 +43,13 @@ pub(crate) struct CameraMetrics {
 }
 
 /// Whether a camera is up, read when scraped (`riffle_video_camera_up`,
-/// `riffle_video_seconds_since_last_frame`, `riffle_video_camera_awaited`).
+/// `riffle_video_seconds_since_last_frame`, `riffle_video_camera_awaited`,
+/// `riffle_video_camera_ended`).
 #[derive(Debug)]
 pub(crate) struct Health {
     up: AtomicBool,
+    /// A file played to its end: not up, and not down either.
+    ended: AtomicBool,
     /// Its last frame, or when it started while it has delivered none.
     last: Mutex<(Instant, bool)>,
 }
@@ -55,6 +58,7 @@ impl Health {
     fn new() -> Self {
         Health {
             up: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
             last: Mutex::new((Instant::now(), false)),
         }
     }
@@ -69,6 +73,12 @@ impl Health {
     pub fn down(&self) {
         self.up.store(false, Ordering::Relaxed);
     }
+
+    /// Its file played to the end (and is not played again).
+    pub fn ended(&self) {
+        self.up.store(false, Ordering::Relaxed);
+        self.ended.store(true, Ordering::Relaxed);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -82,6 +92,7 @@ struct HealthCollector {
     up: IntGaugeVec,
     since_frame: GaugeVec,
     awaited: IntGaugeVec,
+    ended: IntGaugeVec,
 }
 
 impl HealthCollector {
@@ -104,6 +115,10 @@ impl HealthCollector {
                 "video_camera_awaited",
                 "1 until a camera delivers its first frame (/readyz waits for it)",
             )?,
+            ended: gauge(
+                "video_camera_ended",
+                "1 once a file camera has played to its end (so its camera_up 0 is no outage)",
+            )?,
         })
     }
 
@@ -114,6 +129,7 @@ impl HealthCollector {
         let _ = self.up.remove_label_values(&l);
         let _ = self.since_frame.remove_label_values(&l);
         let _ = self.awaited.remove_label_values(&l);
+        let _ = self.ended.remove_label_values(&l);
     }
 
     /// A fresh health for `camera` (started again: awaited until its first frame).
@@ -129,6 +145,7 @@ impl Collector for HealthCollector {
         let mut descs = self.up.desc();
         descs.extend(self.since_frame.desc());
         descs.extend(self.awaited.desc());
+        descs.extend(self.ended.desc());
         descs
     }
 
@@ -143,10 +160,14 @@ impl Collector for HealthCollector {
                 .with_label_values(&l)
                 .set(last.elapsed().as_secs_f64());
             self.awaited.with_label_values(&l).set(i64::from(!seen));
+            self.ended
+                .with_label_values(&l)
+                .set(i64::from(health.ended.load(Ordering::Relaxed)));
         }
         let mut families = self.up.collect();
         families.extend(self.since_frame.collect());
         families.extend(self.awaited.collect());
+        families.extend(self.ended.collect());
         families
     }
 }
