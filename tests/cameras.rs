@@ -531,17 +531,11 @@ fn a_file_camera_played_to_its_end_is_ended_not_down() {
     let ui = free_port();
     let run = Run::start(&p, ui, &[]);
     wait_for_frames(&out, "f", 20);
-    let gauge = |body: &str, name: &str| {
-        let key = format!("riffle_video_{name}{{camera=\"f\"}} ");
-        body.lines()
-            .find_map(|l| l.strip_prefix(&key))
-            .map(|v| v.trim().to_string())
-    };
     let body = poll_until("camera_ended 1", Duration::from_secs(30), || {
         http_get(&format!("http://127.0.0.1:{ui}/metrics"))
             .map(|r| r.1)
-            .filter(|b| gauge(b, "camera_ended").as_deref() == Some("1"))
+            .filter(|b| scraped(b, "camera_ended", "f") == Some(1.0))
     });
-    assert_eq!(gauge(&body, "camera_up").as_deref(), Some("0"), "{body}");
+    assert_eq!(scraped(&body, "camera_up", "f"), Some(0.0), "{body}");
     assert!(run.stop().success());
 }

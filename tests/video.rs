@@ -486,13 +486,6 @@ fn an_rtsp_cameras_first_frames_are_on_its_own_clock() {
 }
 
 /// A sample of `/metrics` (`name{camera="id"} value`).
-fn scraped(body: &str, name: &str, camera: &str) -> Option<f64> {
-    let key = format!("riffle_video_{name}{{camera=\"{camera}\"}} ");
-    body.lines()
-        .find_map(|l| l.strip_prefix(&key))
-        .map(|v| v.trim().parse().unwrap())
-}
-
 #[test]
 fn metrics_and_readyz_say_which_camera_is_down() {
     require_rtsp_server();

@@ -398,3 +398,11 @@ pub fn poll_until<T>(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// A camera's `riffle_video_<name>` gauge in a /metrics body.
+pub fn scraped(body: &str, name: &str, camera: &str) -> Option<f64> {
+    let key = format!("riffle_video_{name}{{camera=\"{camera}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .map(|v| v.trim().parse().unwrap())
+}
