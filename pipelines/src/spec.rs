@@ -122,6 +122,8 @@ stage_kinds! {
     /// The rows written to a sink of the worker's own as they pass (a camera's annotated
     /// video), and passed on unchanged.
     Tap(crate::tap::TapConfig),
+    /// A function of a Python file called with each batch (`pyarrow.RecordBatch`).
+    Python(riffle_udf::PythonConfig),
 }
 
 impl StageSpec {

@@ -124,7 +124,7 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
                     if waiting_rows == 0 || !(waiting_rows >= max_size || due || input_done) {
                         break;
                     }
-                    let mut group = take_rows(&mut waiting, max_size);
+                    let mut group = take_rows(&mut waiting, max_size, !stage.preserves_rows());
                     waiting_rows -= group.iter().map(|w| w.batch.num_rows()).sum::<usize>();
                     if let Some(budget) = policy.late_after {
                         let now = now_ns();
@@ -157,13 +157,18 @@ impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
 
 /// Removes whole batches from the front of the queue, up to `max_rows` rows (or one batch when
 /// it alone is larger). Batches are never split: their rows may belong together downstream
-/// (e.g. the candidates of one request), and each comes out again as one batch.
-fn take_rows(waiting: &mut VecDeque<Waiting>, max_rows: usize) -> Vec<Waiting> {
-    let mut group = Vec::new();
+/// (e.g. the candidates of one request), and each comes out again as one batch. A stage that
+/// may change rows gets one epoch's batches only: its results cannot be split back, and rows
+/// given to another epoch would be written twice, or never, after a restart.
+fn take_rows(waiting: &mut VecDeque<Waiting>, max_rows: usize, one_epoch: bool) -> Vec<Waiting> {
+    let mut group: Vec<Waiting> = Vec::new();
     let mut rows = 0;
     while let Some(front) = waiting.front() {
         let n = front.batch.num_rows();
         if rows > 0 && rows + n > max_rows {
+            break;
+        }
+        if one_epoch && group.first().is_some_and(|g| g.cap.time() != front.cap.time()) {
             break;
         }
         rows += n;
