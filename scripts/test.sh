@@ -18,9 +18,12 @@ fi
 # Here every capability is probed and the tests needing it run (`--ignored`) where it works; one
 # left out where its capability works fails this script (CI runs as root: nothing is skipped).
 #   netns: network namespaces, root and `ip netns` (tests/netns.rs, many hosts);
-#   tmpfs: mounting a tmpfs, root (tests/supervisor.rs, the disk-full test).
-# RIFFLE_NETNS=0 / RIFFLE_TMPFS=0 leave those tests out: a failure where they could run.
-declare -A capable=([netns]=0 [tmpfs]=0)
+#   tmpfs: mounting a tmpfs, root (tests/supervisor.rs, the disk-full test);
+#   python: pyarrow for `python:` stages run by the CLI's embedded interpreter, which takes
+#     packages from VIRTUAL_ENV (tests/python_stage.rs): a venv of its own is made here.
+# RIFFLE_NETNS=0 / RIFFLE_TMPFS=0 / RIFFLE_PYTHON=0 leave those tests out: a failure where they
+# could run.
+declare -A capable=([netns]=0 [tmpfs]=0 [python]=0)
 if ! command -v ip >/dev/null; then
   apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null || true
 fi
@@ -31,10 +34,15 @@ if mount -t tmpfs -o size=64k tmpfs "$probe" 2>/dev/null; then
   capable[tmpfs]=1
 fi
 rmdir "$probe"
-declare -A wanted=([netns]="${RIFFLE_NETNS:-1}" [tmpfs]="${RIFFLE_TMPFS:-1}")
+VIRTUAL_ENV="$PWD/target/python-stages"
+export VIRTUAL_ENV
+if [ ! -x "$VIRTUAL_ENV/bin/python" ]; then python3 -m venv "$VIRTUAL_ENV"; fi
+PIP_ROOT_USER_ACTION=ignore "$VIRTUAL_ENV/bin/pip" install --quiet "pyarrow>=14" || true
+if "$VIRTUAL_ENV/bin/python" -c 'import pyarrow'; then capable[python]=1; fi
+declare -A wanted=([netns]="${RIFFLE_NETNS:-1}" [tmpfs]="${RIFFLE_TMPFS:-1}" [python]="${RIFFLE_PYTHON:-1}")
 for c in "${!capable[@]}"; do
   if [ "${capable[$c]}" != 1 ]; then
-    echo "test: no $c here (needs root): the tests that need it are left out (listed at the end)"
+    echo "test: no $c here: the tests that need it are left out (listed at the end)"
   fi
 done
 # NVRTC (no GPU needed) so that the tests compile every CUDA kernel here too.
@@ -129,7 +137,7 @@ if [ ${#unknown[@]} -gt 0 ]; then
   exit 1
 fi
 if [ ${#opted_out[@]} -gt 0 ]; then
-  echo "test: FAILED: left out on a machine that can run them (RIFFLE_NETNS=0 or RIFFLE_TMPFS=0?):"
+  echo "test: FAILED: left out on a machine that can run them (RIFFLE_NETNS, _TMPFS or _PYTHON=0?):"
   printf '  %s\n' "${opted_out[@]}"
   exit 1
 fi
