@@ -36,7 +36,8 @@ def even_frames(batch):
 
 const FRAMES: i64 = 60;
 
-fn pipeline(tmp: &Path, runtime: &str) -> PathBuf {
+/// `stage` adds keys to the `python:` stage, `runtime` to `runtime:`.
+fn pipeline(tmp: &Path, stage: &str, runtime: &str) -> PathBuf {
     write(tmp, "udf.py", UDF);
     write(
         tmp,
@@ -46,7 +47,7 @@ fn pipeline(tmp: &Path, runtime: &str) -> PathBuf {
 source: {{ video: {{ glob: "{videos}/*.mp4", batch_size: 4, max_frames: {FRAMES} }} }}
 stages:
   - select: {{ columns: [camera_id, frame] }}
-  - python: {{ path: udf.py, function: even_frames }}
+  - python: {{ path: udf.py, function: even_frames{stage} }}
 sink: {{ jsonl: {{ path: out.jsonl }} }}
 runtime: {{ workers: 2, epoch_records: 16{runtime} }}
 "#,
@@ -65,7 +66,11 @@ fn labels(out: &Path) -> Vec<String> {
 /// Every camera's even frames, as the function labels them.
 fn expected() -> BTreeSet<String> {
     (0..4)
-        .flat_map(|c| (0..FRAMES).step_by(2).map(move |f| format!("bikes-{c}#{f}")))
+        .flat_map(|c| {
+            (0..FRAMES)
+                .step_by(2)
+                .map(move |f| format!("bikes-{c}#{f}"))
+        })
         .collect()
 }
 
@@ -73,7 +78,7 @@ fn expected() -> BTreeSet<String> {
 #[ignore = "needs python: an interpreter with pyarrow in VIRTUAL_ENV (scripts/test.sh makes one)"]
 fn a_python_stage_reshapes_batches_and_its_exceptions_become_dead_letters() {
     let tmp = tempfile::tempdir().unwrap();
-    let p = pipeline(tmp.path(), ", max_dead_letter_ratio: 0.5");
+    let p = pipeline(tmp.path(), "", ", max_dead_letter_ratio: 0.5");
 
     // The output schema is learnt by calling the function with no rows.
     let valid = riffle_ok(&["validate", p.to_str().unwrap()]);
@@ -127,7 +132,11 @@ fn a_python_stage_reshapes_batches_and_its_exceptions_become_dead_letters() {
 #[test]
 fn a_function_the_file_does_not_define_names_the_file_and_field() {
     let tmp = tempfile::tempdir().unwrap();
-    write(tmp.path(), "udf.py", "def other(batch):\n    return batch\n");
+    write(
+        tmp.path(),
+        "udf.py",
+        "def other(batch):\n    return batch\n",
+    );
     let p = write(
         tmp.path(),
         "p.yaml",
@@ -163,8 +172,10 @@ sink: { stdout: {} }
 #[ignore = "needs python: an interpreter with pyarrow in VIRTUAL_ENV (scripts/test.sh makes one)"]
 fn kill_9_under_a_python_stage_then_restart_is_exactly_once() {
     let tmp = tempfile::tempdir().unwrap();
+    // Merged calls (`batch:`) take rows of one epoch only, so a checkpoint covers whole calls.
     let p = pipeline(
         tmp.path(),
+        ", batch: { max_size: 8, max_delay_ms: 20 }",
         ", checkpoint: { dir: ckpt, interval_ms: 300 }",
     );
     let out = tmp.path().join("out.jsonl");
@@ -189,7 +200,10 @@ fn kill_9_under_a_python_stage_then_restart_is_exactly_once() {
             run.try_wait().unwrap().is_none(),
             "the run ended before the kill"
         );
-        assert!(Instant::now() < deadline, "no checkpoint and results in 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint and results in 60 s"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     run.kill().unwrap(); // SIGKILL
@@ -213,4 +227,36 @@ fn kill_9_under_a_python_stage_then_restart_is_exactly_once() {
     let unique: BTreeSet<String> = got.iter().cloned().collect();
     assert_eq!(unique.len(), got.len(), "nothing repeated");
     assert_eq!(unique, expected(), "nothing lost");
+}
+
+#[test]
+#[ignore = "needs python: an interpreter with pyarrow in VIRTUAL_ENV (scripts/test.sh makes one)"]
+fn the_tracks_alerts_example_raises_alerts_only_for_tracked_people_near_the_camera() {
+    require_onnx_runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("alerts.jsonl");
+    let p = repo().join("pipelines/camera-tracks-alerts.yaml");
+    riffle_ok(&["validate", p.to_str().unwrap()]);
+    riffle_ok(&[
+        "run",
+        "-q",
+        p.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    let alerts = read_jsonl(&out);
+    assert!(
+        !alerts.is_empty(),
+        "the bundled frames have people near the camera"
+    );
+    let mut frames = BTreeSet::new();
+    for a in &alerts {
+        let feet = a["feet_y"].as_f64().unwrap();
+        let height = a["frame_height"].as_f64().unwrap();
+        assert!(a["track_id"].as_i64().is_some(), "{a}");
+        assert!(feet >= 0.75 * height - 1e-3, "{a}");
+        frames.insert((a["camera_id"].to_string(), a["frame"].as_i64().unwrap()));
+    }
+    // Several cameras' frames, not one batch repeated.
+    assert!(frames.len() > 10, "{frames:?}");
 }

@@ -22,7 +22,7 @@ VIDEOS = REPO / "data" / "videos"
 FRAMES = 60
 
 # A business rule on impressions: the top slot's clicked ones, with a label; it refuses a batch
-# holding item 14 in the top slot.
+# holding a click on item 9 in the top slot.
 RULE = textwrap.dedent(
     """
     import pyarrow as pa
@@ -30,8 +30,8 @@ RULE = textwrap.dedent(
 
     def clicked_top(batch):
         top = batch.filter(pc.and_(pc.equal(batch["position"], 1), pc.equal(batch["click"], 1)))
-        if 14 in top["item_id"].to_pylist():
-            raise ValueError("item 14 is withdrawn")
+        if 9 in top["item_id"].to_pylist():
+            raise ValueError("item 9 is withdrawn")
         label = pc.binary_join_element_wise(
             pc.cast(top["item_id"], pa.string()), pc.cast(top["position"], pa.string()), "@")
         return pa.RecordBatch.from_arrays([top["item_id"], label], names=["item_id", "label"])
@@ -96,12 +96,15 @@ def test_an_exception_sends_its_batch_to_dead_letters_with_the_reason(tmp_path):
     letters = [json.loads(line) for line in open("dead.jsonl")]
     assert letters, "the exception landed"
     assert all(d["stage"] == "python" for d in letters)
-    assert all("ValueError: item 14 is withdrawn" in d["reason"] for d in letters)
-    # Whole batches of the source's 100 rows; the others' results all arrived.
-    assert len(letters) % 100 == 0
+    assert all("ValueError: item 9 is withdrawn" in d["reason"] for d in letters)
+    # The failing batch's rows, the clicked one among them; the other batches' results arrived.
+    rows = [json.loads(d["record"]) for d in letters]
+    assert {"item_id": 9, "position": 1, "click": 1}.items() <= next(
+        r for r in rows if r["item_id"] == 9 and r["position"] == 1
+    ).items()
     results = [json.loads(line) for line in open("out.jsonl")]
-    assert summary["results"] == len(results) and results
-    assert 14 not in {r["item_id"] for r in results}
+    assert summary["results"] == len(results) == 3
+    assert 9 not in {r["item_id"] for r in results}
 
 
 def test_a_function_that_does_not_exist_names_the_field(tmp_path):

@@ -54,7 +54,10 @@ pub(crate) fn reason(py: Python<'_>, e: &PyErr) -> String {
         .get_type(py)
         .name()
         .map_or_else(|_| "Exception".to_string(), |n| n.to_string());
-    let value = e.value(py).str().map_or_else(|_| String::new(), |s| s.to_string());
+    let value = e
+        .value(py)
+        .str()
+        .map_or_else(|_| String::new(), |s| s.to_string());
     if value.is_empty() {
         kind
     } else {

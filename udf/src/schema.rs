@@ -61,9 +61,10 @@ mod tests {
 
     #[test]
     fn declared_columns_keep_their_order_and_bad_type_names_are_located() {
-        let s: DeclaredSchema =
-            serde_json::from_str(r#"{"track_id": "Int64", "label": "Utf8", "xs": "List(Float32)"}"#)
-                .unwrap();
+        let s: DeclaredSchema = serde_json::from_str(
+            r#"{"track_id": "Int64", "label": "Utf8", "xs": "List(Float32)"}"#,
+        )
+        .unwrap();
         let schema = s.to_schema().unwrap();
         let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         assert_eq!(names, ["track_id", "label", "xs"]);
@@ -71,6 +72,10 @@ mod tests {
         let bad = DeclaredSchema(vec![("n".into(), "Integer".into())]);
         let e = bad.to_schema().unwrap_err();
         assert_eq!(e.located().0, Some("schema.n"));
-        assert!(e.to_string().contains("`Integer` is not an Arrow type name"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("`Integer` is not an Arrow type name"),
+            "{e}"
+        );
     }
 }

@@ -46,7 +46,10 @@ pub(crate) fn load(path: &Path, function: &str) -> Result<Py<PyAny>, LoadError> 
             }
             let stem = path.file_stem().map_or_else(
                 || "udf".to_string(),
-                |s| s.to_string_lossy().replace(|c: char| !c.is_alphanumeric(), "_"),
+                |s| {
+                    s.to_string_lossy()
+                        .replace(|c: char| !c.is_alphanumeric(), "_")
+                },
             );
             let name = format!(
                 "riffle_udf_{stem}_{}",
@@ -88,13 +91,15 @@ fn call(function: &Py<PyAny>, batch: &RecordBatch) -> Result<Option<RecordBatch>
         if out.is_none() {
             return Ok(None);
         }
-        RecordBatch::from_pyarrow_bound(&out).map(Some).map_err(|_| {
-            let kind = out
-                .get_type()
-                .name()
-                .map_or_else(|_| "?".to_string(), |n| n.to_string());
-            format!("returned a {kind}, expected a pyarrow.RecordBatch (or None for no rows)")
-        })
+        RecordBatch::from_pyarrow_bound(&out)
+            .map(Some)
+            .map_err(|_| {
+                let kind = out
+                    .get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_string(), |n| n.to_string());
+                format!("returned a {kind}, expected a pyarrow.RecordBatch (or None for no rows)")
+            })
     })
 }
 

@@ -168,7 +168,11 @@ fn take_rows(waiting: &mut VecDeque<Waiting>, max_rows: usize, one_epoch: bool) 
         if rows > 0 && rows + n > max_rows {
             break;
         }
-        if one_epoch && group.first().is_some_and(|g| g.cap.time() != front.cap.time()) {
+        if one_epoch
+            && group
+                .first()
+                .is_some_and(|g| g.cap.time() != front.cap.time())
+        {
             break;
         }
         rows += n;
