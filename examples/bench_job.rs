@@ -2,7 +2,7 @@
 //! theirs: one `PEER riffle <job> items=… seconds=… items_per_s=… p50_ms=… p99_ms=…` line.
 //! `scripts/bench-peers.sh` runs it beside the Python peers, interleaved.
 //!
-//!     cargo run --release --example bench_job -- detect|classify|ctr
+//!     cargo run --release --example bench_job -- detect|detect-py|classify|ctr
 //!
 //! The clock, as the peers': after the models are loaded and have run once (model stages warm
 //! up when built), from the first record read to the last result written. Each job is the
@@ -11,6 +11,11 @@
 //! recommendation pipeline of `examples/bench_recs.rs` (20,000 ratings, epochs of 64; each
 //! click's features include every earlier click and itself, `features: per_click`, as the
 //! peers'). 2 workers × 1 ONNX Runtime thread, as the peers' 2 ORT threads in total.
+//!
+//! `detect-py` is detect with its post-processing (person boxes scoring over 0.5, counted per
+//! frame) a Python stage instead of Riffle's `detections` and `select`: the peers' own NumPy
+//! code on each batch, the rest of the job Riffle's. It needs pyarrow and NumPy in `VIRTUAL_ENV`
+//! (scripts/bench-python.sh makes one). `post_p50_ms` is the post-processing's p50 per batch.
 
 mod common;
 
@@ -26,16 +31,17 @@ const WORKERS: usize = 2;
 fn main() -> anyhow::Result<()> {
     let job = std::env::args()
         .nth(1)
-        .context("usage: bench_job detect|classify|ctr")?;
+        .context("usage: bench_job detect|detect-py|classify|ctr")?;
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("bench-job-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let out = dir.join("out.jsonl");
     let (yaml, items) = match job.as_str() {
         "detect" => (detect(&repo, &out), 250),
+        "detect-py" => (detect_py(&repo, &dir, &out)?, 250),
         "classify" => (classify(&repo, &out), 1000),
         "ctr" => (ctr(&repo, &out)?, 20_000),
-        other => bail!("unknown job {other}: detect, classify or ctr"),
+        other => bail!("unknown job {other}: detect, detect-py, classify or ctr"),
     };
     let file = dir.join("job.yaml");
     std::fs::write(&file, yaml)?;
@@ -58,7 +64,7 @@ fn main() -> anyhow::Result<()> {
     }
     let check = match job.as_str() {
         // As the peers' `check`: frames with a person, and person boxes.
-        "detect" => {
+        "detect" | "detect-py" => {
             let counts: Vec<i64> = rows
                 .iter()
                 .map(|r| r["detections_count"].as_i64().unwrap_or(0))
@@ -115,8 +121,19 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let seconds = s.busy.as_secs_f64();
+    let post: &[&str] = match job.as_str() {
+        "detect" => &["detections", "select"],
+        "detect-py" => &["python"],
+        _ => &[],
+    };
+    let post_p50: f64 = s
+        .stages
+        .iter()
+        .filter(|st| post.contains(&st.name.as_str()))
+        .map(|st| st.p50.as_secs_f64() * 1000.0)
+        .sum();
     println!(
-        "PEER riffle-w{WORKERS} {job} items={items} seconds={seconds:.3} items_per_s={:.1} p50_ms={:.2} p99_ms={:.2} ort_threads={WORKERS}x1 results={} check={check}",
+        "PEER riffle-w{WORKERS} {job} items={items} seconds={seconds:.3} items_per_s={:.1} p50_ms={:.2} p99_ms={:.2} ort_threads={WORKERS}x1 results={} post_p50_ms={post_p50:.3} check={check}",
         items as f64 / seconds,
         s.end_to_end_p50.as_secs_f64() * 1000.0,
         s.end_to_end_p99.as_secs_f64() * 1000.0,
@@ -168,6 +185,37 @@ runtime: {{ workers: {WORKERS}, intra_op_threads: 1, epoch_records: 16, max_epoc
         out = out.display(),
     )
 }
+
+/// detect, its post-processing the peers' NumPy code in a Python stage.
+fn detect_py(repo: &Path, dir: &Path, out: &Path) -> anyhow::Result<String> {
+    std::fs::write(dir.join("persons.py"), PERSONS_PY)?;
+    let stages = common::detect_stages(repo);
+    let upto_model = stages
+        .split("  - detections:")
+        .next()
+        .context("detect's stages have a detections stage")?;
+    Ok(detect(repo, out).replace(
+        &stages,
+        &format!("{upto_model}  - python: {{ path: persons.py, function: persons }}\n"),
+    ))
+}
+
+/// As the peers' `detect_batch`: per frame, the boxes of class 1 scoring over 0.5.
+const PERSONS_PY: &str = r#"
+import numpy as np
+import pyarrow as pa
+
+
+def persons(batch):
+    n, size = batch.num_rows, batch.schema.field("scores").type.list_size
+    scores = batch["scores"].flatten().to_numpy(zero_copy_only=False).reshape(n, size)
+    classes = batch["classes"].flatten().to_numpy(zero_copy_only=False).reshape(n, size)
+    count = ((scores > 0.5) & (classes == 1.0)).sum(axis=1).astype(np.int32)
+    return pa.RecordBatch.from_arrays(
+        [batch["camera_id"], batch["frame"], pa.array(count, pa.int32())],
+        names=["camera_id", "frame", "detections_count"],
+    )
+"#;
 
 fn classify(repo: &Path, out: &Path) -> String {
     format!(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Tuple, Union
 
@@ -134,17 +135,30 @@ def run(
     workers: Optional[int] = None,
     checkpoint: Optional[str] = None,
     output: Optional[Union[str, "os.PathLike[str]"]] = None,
+    processes: Optional[int] = None,
+    base_port: Optional[int] = None,
 ) -> dict:
     """Runs the pipeline to its end (or to Ctrl-C) and returns its summary: results, latency
     percentiles, per-stage counts and timings, dead-letter reasons, ``exit_code``.
 
-    ``workers`` overrides ``runtime.workers``; ``checkpoint`` is a directory or an
+    ``workers`` overrides ``runtime.workers`` (per process); ``checkpoint`` is a directory or an
     ``s3://bucket/prefix`` to checkpoint into and resume from; ``output`` replaces the sink's
-    file (as ``riffle run --output``)."""
+    file (as ``riffle run --output``). ``processes=N`` runs a local cluster of N processes
+    (``python -m riffle``, each with its workers, ports from ``base_port``, default 2101) as
+    ``riffle run --processes N`` does; each prints its own figures, and the summary is the
+    cluster's (``exit_code``, ``restarts``, ``stopped``)."""
     file, text, paths = _given(pipeline)
     try:
         return _native.run(
-            file, text, workers, checkpoint, None if output is None else os.fspath(output)
+            file,
+            text,
+            workers,
+            checkpoint,
+            None if output is None else os.fspath(output),
+            processes,
+            None,
+            base_port,
+            sys.executable,
         )
     except PipelineError as e:
         raise _lineless(paths, e) from None

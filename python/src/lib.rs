@@ -64,12 +64,23 @@ fn run_error(py: Python<'_>, e: RunError) -> PyErr {
 }
 
 /// What a run is given: the pipeline (`file`, or `text` named as `file`) and its overrides.
+#[derive(Default)]
 struct Given {
     file: PathBuf,
     text: Option<String>,
     workers: Option<usize>,
     checkpoint: Option<String>,
     output: Option<PathBuf>,
+    cluster: Option<Cluster>,
+}
+
+/// A local cluster of processes: the supervisor starts `program -m riffle run …` for each
+/// (`process` is `None`), or this is process `process` of one.
+struct Cluster {
+    processes: usize,
+    process: Option<usize>,
+    base_port: Option<u16>,
+    program: Option<PathBuf>,
 }
 
 impl Given {
@@ -88,6 +99,21 @@ impl Given {
         }
         if let Some(output) = &self.output {
             options = options.output(output);
+        }
+        if let Some(c) = &self.cluster {
+            let mut spec = riffle_pipelines::run::ClusterSpec {
+                workers: self.workers.map(Workers::Count),
+                processes: c.processes,
+                process: c.process,
+                ..Default::default()
+            };
+            if let Some(port) = c.base_port {
+                spec.base_port = port;
+            }
+            options = options.cluster(spec);
+            if let Some(program) = &c.program {
+                options = options.program(program).program_args(["-m", "riffle"]);
+            }
         }
         options
     }
@@ -119,7 +145,8 @@ fn validate<'py>(
 
 /// Runs a pipeline to its end; the summary as a dict.
 #[pyfunction]
-#[pyo3(signature = (file, text=None, workers=None, checkpoint=None, output=None))]
+#[pyo3(signature = (file, text=None, workers=None, checkpoint=None, output=None, processes=None, process=None, base_port=None, program=None))]
+#[allow(clippy::too_many_arguments)] // Python's keyword arguments
 fn run<'py>(
     py: Python<'py>,
     file: PathBuf,
@@ -127,14 +154,35 @@ fn run<'py>(
     workers: Option<usize>,
     checkpoint: Option<String>,
     output: Option<PathBuf>,
+    processes: Option<usize>,
+    process: Option<usize>,
+    base_port: Option<u16>,
+    program: Option<PathBuf>,
 ) -> PyResult<Bound<'py, PyDict>> {
     init_logging();
+    let cluster = match processes {
+        Some(processes) if processes > 1 || process.is_some() => {
+            if process.is_none() && program.is_none() {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "processes > 1 needs the program that runs each process (the interpreter)",
+                ));
+            }
+            Some(Cluster {
+                processes,
+                process,
+                base_port,
+                program,
+            })
+        }
+        _ => None,
+    };
     let given = Given {
         file,
         text,
         workers,
         checkpoint,
         output,
+        cluster,
     };
     let options = given.options();
     clear_stop_request();
@@ -194,6 +242,8 @@ fn summary(py: Python<'_>, outcome: RunOutcome) -> PyResult<Bound<'_, PyDict>> {
     dict.set_item("exit_code", outcome.exit_code())?;
     dict.set_item("stopped", outcome.stopped)?;
     dict.set_item("elapsed_s", outcome.elapsed.as_secs_f64())?;
+    // A supervisor's processes print their own figures; it has the restarts.
+    dict.set_item("restarts", outcome.restarts)?;
     dict.set_item(
         "too_many_dead_letters",
         outcome.dead_letters.as_ref().map(|d| d.to_string()),
@@ -293,7 +343,7 @@ fn stream(
         text,
         workers,
         checkpoint,
-        output: None,
+        ..Default::default()
     };
     let (sender, receiver) = mpsc::sync_channel(STREAM_BUFFER);
     let options = given

@@ -5,6 +5,7 @@ Needs the wheel installed (``scripts/test.sh`` builds it and installs it into a 
 and the repository's data and models (``scripts/setup.sh``, ``scripts/media.sh``)."""
 
 import csv
+import json
 import os
 import time
 from pathlib import Path
@@ -138,3 +139,32 @@ def test_closing_a_stream_stops_the_run_cleanly():
     assert list(stream) == []
     # The next run is not stopped by this one's request.
     assert riffle.run(top_slot())["results"] == len(expected_top_slot())
+
+
+def free_port_pair():
+    """A port whose next is free too (process i listens on base + i)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                    return port
+                except OSError:
+                    continue
+    raise RuntimeError("no free pair of ports")
+
+
+def test_a_dict_runs_as_a_local_cluster_of_processes(tmp_path):
+    out = tmp_path / "top.jsonl"
+    pipeline = top_slot({"jsonl": {"path": str(out)}})
+    pipeline["runtime"]["workers"] = 1
+    summary = riffle.run(pipeline, processes=2, base_port=free_port_pair())
+    assert summary["exit_code"] == 0 and summary["restarts"] == 0
+    # The supervisor's summary has no figures of its own: its processes print theirs.
+    assert "results" not in summary
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["item_id"], r["click"]) for r in rows) == sorted(expected_top_slot())

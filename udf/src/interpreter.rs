@@ -33,6 +33,18 @@ fn add_virtualenv(py: Python<'_>, venv: &Path) -> PyResult<()> {
         .join("lib")
         .join(format!("python{}.{}", version.major, version.minor))
         .join("site-packages");
+    if !site.is_dir() {
+        // A venv of another Python version: its packages cannot load in this interpreter.
+        tracing::warn!(
+            "python: VIRTUAL_ENV={} has no {} (this riffle embeds Python {}.{}): its packages \
+             are not used",
+            venv.display(),
+            site.display(),
+            version.major,
+            version.minor
+        );
+        return Ok(());
+    }
     py.import("site")?
         .call_method1("addsitedir", (site.to_string_lossy().as_ref(),))?;
     Ok(())

@@ -19,6 +19,10 @@ use crate::RunLock;
 /// Set in the environment of a supervisor's processes: the run locks are already held.
 pub const LOCKS_HELD: &str = "RIFFLE_LOCKS_HELD";
 
+/// Set in the environment of a supervisor's processes when the pipeline was given as text
+/// ([`RunOptions::text`]): the text, which their `FILE` argument names.
+pub const PIPELINE_TEXT: &str = "RIFFLE_PIPELINE_TEXT";
+
 /// How a start of the cluster ended without failing.
 pub(super) enum Ended {
     /// Every process exited 0.
@@ -78,7 +82,11 @@ pub(super) fn run_cluster_once(
         ^ ((std::process::id() as u64) << 32);
     for process in 0..options.cluster.processes {
         let mut cmd = Command::new(&program);
+        cmd.args(&options.program_args);
         cmd.args(process_args(options, process));
+        if let Some(text) = &options.text {
+            cmd.env(PIPELINE_TEXT, text);
+        }
         cmd.process_group(0);
         cmd.env(CLUSTER_TOKEN, token.to_string());
         cmd.env(LOCKS_HELD, "1");

@@ -95,7 +95,7 @@ use riffle_dataflow::DataflowError;
 pub use cluster::{ClusterSpec, Workers, CLUSTER_TOKEN};
 pub use error::RunError;
 pub use exit::TooManyDeadLetters;
-pub use launch::LOCKS_HELD;
+pub use launch::{LOCKS_HELD, PIPELINE_TEXT};
 pub use outcome::RunOutcome;
 pub use panics::quiet_network_panics;
 pub use process::ProcessRun;
@@ -123,6 +123,7 @@ pub struct RunOptions {
     stop_on_signals: bool,
     metrics: Option<Arc<Metrics>>,
     program: Option<PathBuf>,
+    program_args: Vec<OsString>,
     process_args: Option<ProcessArgs>,
     text: Option<String>,
     sink: Option<Arc<dyn SinkFactory>>,
@@ -156,6 +157,7 @@ impl RunOptions {
             stop_on_signals: true,
             metrics: None,
             program: None,
+            program_args: Vec::new(),
             process_args: None,
             text: None,
             sink: None,
@@ -163,8 +165,8 @@ impl RunOptions {
     }
 
     /// Runs the pipeline `text` (YAML or JSON) instead of reading `file`, which names it in
-    /// errors and whose folder its relative paths start from. One process only: a local
-    /// cluster's processes read the file.
+    /// errors and whose folder its relative paths start from. A local cluster's processes are
+    /// given the text in their environment ([`PIPELINE_TEXT`]).
     pub fn text(mut self, text: impl Into<String>) -> Self {
         self.text = Some(text.into());
         self
@@ -241,6 +243,13 @@ impl RunOptions {
         self
     }
 
+    /// Arguments the program gets before `run FILE …` (`-m riffle` when it is a Python
+    /// interpreter).
+    pub fn program_args(mut self, args: impl IntoIterator<Item = impl Into<OsString>>) -> Self {
+        self.program_args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// More arguments for process `i` of a local cluster, after the ones it always gets.
     pub fn process_args(
         mut self,
@@ -266,16 +275,6 @@ impl Run {
     /// process of a hand-started cluster does) and installs the stop signals.
     pub fn prepare(options: RunOptions) -> Result<Run, RunError> {
         let pipeline = Arc::new(load(&options)?);
-        if options.text.is_some() && options.cluster.launches_locally() {
-            return Err(RunError::Pipeline(crate::PipelineError {
-                file: options.file.clone(),
-                line: None,
-                field: "processes".into(),
-                message: "a pipeline given as text runs in one process: write it to a file to \
-                          start a cluster of processes"
-                    .into(),
-            }));
-        }
         // One run at a time per checkpoint directory and output: a supervisor takes the locks
         // for its cluster and passes them down, so its own processes do not take them again.
         let supervised = std::env::var_os(LOCKS_HELD).is_some();
@@ -347,7 +346,12 @@ pub fn execute(
 
 /// The pipeline of the run, with its `output` and `checkpoint_dir` or `checkpoint_url`.
 fn load(options: &RunOptions) -> Result<Pipeline, RunError> {
-    let mut pipeline = match &options.text {
+    // A process of a supervisor that was given the pipeline as text gets it from there.
+    let inherited = match (&options.text, std::env::var_os(LOCKS_HELD)) {
+        (None, Some(_)) => std::env::var(PIPELINE_TEXT).ok(),
+        _ => None,
+    };
+    let mut pipeline = match options.text.as_ref().or(inherited.as_ref()) {
         Some(text) => crate::load_text(&options.file, text, options.output.as_deref())?,
         None => crate::load(&options.file, options.output.as_deref())?,
     };

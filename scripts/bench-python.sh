@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Python in Riffle, measured (issue #32 item 5), in one run of interleaved rounds so machine noise
+# hits every side alike. Writes docs/benchmarks/python.md. Run it on a quiet machine.
+#
+#   1. A Python stage against the same logic in Rust: the peers' detect job with its
+#      post-processing (person boxes over 0.5, counted per frame) as Riffle's `detections` and
+#      `select` stages, and as a Python stage running the peers' NumPy code (examples/bench_job.rs
+#      detect / detect-py): items/s and the post-processing's p50 per batch.
+#   2. The same Python post-processing in both: Riffle's detect-py against Bytewax's detect
+#      (2 workers, ../shared/peers; skipped, and said so, without the peers' venv).
+#   3. The camera job (pipelines/camera-video.yaml, 4 videos) run by the CLI and by Python
+#      (`riffle.run`, the release wheel): each command's wall clock, start to exit.
+# Each row's outputs are checked equal across its sides (detect: person frames and boxes;
+# camera job: a digest of every result row), or the ratio reads "outputs differ".
+#
+#   ../shared/peers/setup.sh          # once, for the Bytewax rows: the peers' venv in /tmp/peers
+#   scripts/bench-python.sh           # REPS=3
+#
+# BENCH_NOTE="…" adds a line under the header.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib/bench-doc.sh
+PEERS_SRC=${PEERS_SRC:-$(cd .. && pwd)/shared/peers}
+PEERS_DIR=${PEERS_DIR:-/tmp/peers}
+REPS=${REPS:-3}
+[ -f models/ssdlite_person.onnx ] && [ -f data/videos/bikes-0.mp4 ] \
+  || { echo "bench-python: run scripts/setup.sh first" >&2; exit 1; }
+target="${CARGO_TARGET_DIR:-target}"
+cargo build --quiet --release --bin riffle --example bench_job
+# The release wheel, in a venv of its own with NumPy (for the Python stage's code).
+tools="$target/python-tools"
+[ -x "$tools/bin/maturin" ] || { python3 -m venv "$tools"; "$tools/bin/pip" install --quiet maturin==1.16.0; }
+rm -rf "$target/wheels-release"
+"$tools/bin/maturin" build --quiet --release --auditwheel skip \
+  --manifest-path python/Cargo.toml --out "$target/wheels-release"
+venv="$target/python-bench"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+wheel=$(ls "$target"/wheels-release/riffle-*.whl)
+PIP_ROOT_USER_ACTION=ignore "$venv/bin/pip" install --quiet "$wheel" numpy
+PIP_ROOT_USER_ACTION=ignore "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"
+export VIRTUAL_ENV="$PWD/$venv"
+bytewax=1
+[ -x "$PEERS_DIR/venv/bin/python" ] || { bytewax=0; echo "bench-python: no $PEERS_DIR/venv: no Bytewax rows (run $PEERS_SRC/setup.sh)" >&2; }
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+lines="$work/lines.txt"
+: >"$lines"
+# The camera job's outputs, as one digest: every row, sorted.
+digest() { sort "$1" | sha1sum | cut -c1-12; }
+for r in $(seq 1 "$REPS"); do
+  for job in detect detect-py; do
+    line=$("$target/release/examples/bench_job" "$job" 2>"$work/job.log" | grep '^PEER ' | tail -1) \
+      || line="FAILED riffle $job: $(tail -1 "$work/job.log")"
+    echo "round $r: $line" >&2
+    echo "$r $line" >>"$lines"
+  done
+  if [ "$bytewax" = 1 ]; then
+    line=$(PEERS_DIR="$PEERS_DIR" REPS=1 JOBS=detect CONFIGS=bytewax-w2 "$PEERS_SRC/bench.sh" 2>&1 \
+      | grep -E '^(PEER|FAILED) ' | tail -1) || line="FAILED bytewax-w2 detect: no PEER line"
+    echo "round $r: $line" >&2
+    echo "$r $line" >>"$lines"
+  fi
+  for side in cli python; do
+    out="$work/camera-$side.jsonl"
+    rm -f "$out"
+    start=$(date +%s.%N)
+    if [ "$side" = cli ]; then
+      "$target/release/riffle" run -q pipelines/camera-video.yaml --output "$out" 2>"$work/camera.log" || true
+    else
+      "$venv/bin/python" -c 'import sys, riffle; riffle.run(sys.argv[1], output=sys.argv[2])' \
+        pipelines/camera-video.yaml "$out" 2>"$work/camera.log" || true
+    fi
+    end=$(date +%s.%N)
+    rows=$( [ -f "$out" ] && wc -l <"$out" || echo 0)
+    check=$( [ -f "$out" ] && digest "$out" || echo none)
+    line="CAMERA $side seconds=$(python3 -c "print(f'{$end - $start:.3f}')") results=$rows check=$check"
+    echo "round $r: $line" >&2
+    echo "$r $line" >>"$lines"
+  done
+done
+table="$work/table.md"
+python3 scripts/lib/python_table.py "$lines" >"$table"
+description=$(cat <<TEXT
+$REPS round(s); in each, every side back to back. **Python stage vs Rust stage**: the peers'
+detect job (250 frames, SSD-Lite at batch 1, 2 workers × 1 ONNX Runtime thread, clock from the
+first record read to the last result written, as \`examples/bench_job.rs\` and the peers time it)
+with its post-processing as Riffle's \`detections\` + \`select\` stages, and as a \`python:\` stage
+running the peers' NumPy code on each batch (the GIL held only during the call); "post p50" is
+the post-processing's p50 per batch (the Rust side: both stages' p50s added). **Same Python
+post-processing**: that Riffle job against Bytewax's detect (\`bytewax-w2\`, 2 workers, the
+peers' code) from \`$PEERS_SRC\`. **From Python vs the CLI**: \`pipelines/camera-video.yaml\`
+(4 videos, person detection, 2 workers) as \`riffle run\` and as \`riffle.run(...)\` from the
+release wheel, each command timed from start to exit (Python's start-up and import included).
+Medians with (min–max) over the rounds; ratios are taken within each round, then their median.
+A ratio is printed only where the sides' checks are equal in every round.
+TEXT
+)
+bench_doc docs/benchmarks/python.md "Python in Riffle" "scripts/bench-python.sh (REPS=$REPS)" \
+  "$description" "$table"
+{ echo; echo "Raw lines:"; echo; echo '```'; cat "$lines"; echo '```'; } >>docs/benchmarks/python.md
+echo "bench-python: wrote docs/benchmarks/python.md"
+cat "$table"
