@@ -8,10 +8,12 @@
 #      detect / detect-py): items/s and the post-processing's p50 per batch.
 #   2. The same Python post-processing in both: Riffle's detect-py against Bytewax's detect
 #      (2 workers, ../shared/peers; skipped, and said so, without the peers' venv).
-#   3. The camera job (pipelines/camera-video.yaml, 4 videos) run by the CLI and by Python
-#      (`riffle.run`, the release wheel): each command's wall clock, start to exit.
+#   3. The camera job (pipelines/camera-video.yaml, its 4 videos looped to 750 frames each) run
+#      by the CLI and by Python (`riffle.run`, the release wheel): each command's wall clock,
+#      start to exit.
 # Each row's outputs are checked equal across its sides (detect: person frames and boxes;
-# camera job: a digest of every result row), or the ratio reads "outputs differ".
+# camera job: a digest of every result's camera, frame, count and boxes to the pixel), or the
+# ratio reads "outputs differ".
 #
 #   ../shared/peers/setup.sh          # once, for the Bytewax rows: the peers' venv in /tmp/peers
 #   scripts/bench-python.sh           # REPS=3
@@ -46,8 +48,24 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 lines="$work/lines.txt"
 : >"$lines"
-# The camera job's outputs, as one digest: every row, sorted.
-digest() { sort "$1" | sha1sum | cut -c1-12; }
+# The camera job: camera-video.yaml with its paths absolute, each video looped to 750 frames.
+sed -e "s#\.\./#$PWD/#g" \
+  -e 's#^\(    queue_size: 8\).*#\1\n    loop: true\n    max_frames: 750#' \
+  pipelines/camera-video.yaml >"$work/camera.yaml"
+grep -q "max_frames: 750" "$work/camera.yaml" || { echo "bench-python: camera-video.yaml changed shape" >&2; exit 1; }
+# Its outputs as one digest: each result's camera, frame, count and boxes to the pixel (a
+# batch's make-up moves a box's last float digits, not its pixels), sorted.
+digest() {
+  python3 - "$1" <<'PY'
+import hashlib, json, sys
+rows = []
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    boxes = [tuple(round(d[k]) for k in ("x1", "y1", "x2", "y2")) for d in r["detections"]]
+    rows.append(f'{r["camera_id"]}:{r["frame"]}:{r["detections_count"]}:{sorted(boxes)}')
+print(hashlib.sha1("\n".join(sorted(rows)).encode()).hexdigest()[:12])
+PY
+}
 for r in $(seq 1 "$REPS"); do
   for job in detect detect-py; do
     line=$("$target/release/examples/bench_job" "$job" 2>"$work/job.log" | grep '^PEER ' | tail -1) \
@@ -66,10 +84,10 @@ for r in $(seq 1 "$REPS"); do
     rm -f "$out"
     start=$(date +%s.%N)
     if [ "$side" = cli ]; then
-      "$target/release/riffle" run -q pipelines/camera-video.yaml --output "$out" 2>"$work/camera.log" || true
+      "$target/release/riffle" run -q "$work/camera.yaml" --output "$out" 2>"$work/camera.log" || true
     else
       "$venv/bin/python" -c 'import sys, riffle; riffle.run(sys.argv[1], output=sys.argv[2])' \
-        pipelines/camera-video.yaml "$out" 2>"$work/camera.log" || true
+        "$work/camera.yaml" "$out" 2>"$work/camera.log" || true
     fi
     end=$(date +%s.%N)
     rows=$( [ -f "$out" ] && wc -l <"$out" || echo 0)
@@ -90,8 +108,10 @@ running the peers' NumPy code on each batch (the GIL held only during the call);
 the post-processing's p50 per batch (the Rust side: both stages' p50s added). **Same Python
 post-processing**: that Riffle job against Bytewax's detect (\`bytewax-w2\`, 2 workers, the
 peers' code) from \`$PEERS_SRC\`. **From Python vs the CLI**: \`pipelines/camera-video.yaml\`
-(4 videos, person detection, 2 workers) as \`riffle run\` and as \`riffle.run(...)\` from the
-release wheel, each command timed from start to exit (Python's start-up and import included).
+(person detection, 2 workers) with its 4 videos looped to 750 frames each (3000 results) as
+\`riffle run\` and as \`riffle.run(...)\` from the release wheel, each command timed from start
+to exit (Python's start-up and import included); its check is a digest of every result's camera,
+frame, count and boxes to the pixel.
 Medians with (min–max) over the rounds; ratios are taken within each round, then their median.
 A ratio is printed only where the sides' checks are equal in every round.
 TEXT

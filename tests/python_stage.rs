@@ -88,16 +88,7 @@ fn a_python_stage_reshapes_batches_and_its_exceptions_become_dead_letters() {
         "{text}"
     );
 
-    let run = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q", p.to_str().unwrap()])
-        .env("UDF_RAISE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    riffle_ok_env(&["run", "-q", p.to_str().unwrap()], &[("UDF_RAISE", "1")]);
     let letters = read_jsonl(&tmp.path().join("out.dead-letters.jsonl"));
     assert!(!letters.is_empty(), "the exception landed");
     let mut lost = BTreeSet::new();
@@ -215,13 +206,8 @@ fn kill_9_under_a_python_stage_then_restart_is_exactly_once() {
         expected().len()
     );
 
-    let restart = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
-        .args(["run", "-q", p.to_str().unwrap()])
-        .env("RUST_LOG", "info")
-        .output()
-        .unwrap();
+    let restart = riffle_ok_env(&["run", "-q", p.to_str().unwrap()], &[("RUST_LOG", "info")]);
     let log = String::from_utf8_lossy(&restart.stderr);
-    assert!(restart.status.success(), "the restart: {log}");
     assert!(log.contains("resuming from checkpoint"), "{log}");
     let got = labels(&out);
     let unique: BTreeSet<String> = got.iter().cloned().collect();

@@ -71,16 +71,27 @@ pub fn write(tmp: &Path, name: &str, text: &str) -> PathBuf {
 }
 
 pub fn riffle(args: &[&str]) -> Output {
+    riffle_env(args, &[])
+}
+
+/// Runs `riffle` with `env` set (after `RUST_LOG=warn`, which it may replace).
+pub fn riffle_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_riffle"))
         .args(args)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .output()
         .expect("running the riffle binary")
 }
 
 /// Runs `riffle`, failing the test with its output when it fails.
 pub fn riffle_ok(args: &[&str]) -> Output {
-    let out = riffle(args);
+    riffle_ok_env(args, &[])
+}
+
+/// [`riffle_ok`] with `env` set, as [`riffle_env`].
+pub fn riffle_ok_env(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let out = riffle_env(args, env);
     assert!(
         out.status.success(),
         "riffle {args:?} failed\nstdout:\n{}\nstderr:\n{}",
