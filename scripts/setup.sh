@@ -16,7 +16,16 @@
 # - the Apache Kafka broker's jars (scripts/kafka.sh install, through Maven from Maven Central;
 #   Java 17 and Maven from Debian when missing) for the Kafka tests and demos.
 # Idempotent: each part does nothing when its files are already in place.
+#
+# `scripts/setup.sh --run` fetches only what building riffle and running the bundled camera
+# pipeline need (ONNX Runtime and the Debian packages for the build): scripts/run.sh's.
 set -euo pipefail
+mode=all
+case "${1:-}" in
+  --run) mode=run ;;
+  "") ;;
+  *) echo "setup: unknown argument $1 (expected --run or nothing)" >&2; exit 2 ;;
+esac
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 need_python() {
@@ -50,6 +59,53 @@ with zipfile.ZipFile(wheel) as z:
 PY
   mv "$lib.part" "$lib"
   echo "setup: ONNX Runtime $ORT_VERSION installed at $lib"
+fi
+
+# Debian packages: only those missing are installed (the machines run as root). To build and
+# run riffle: FFmpeg's libraries (the video source), pkg-config and clang for the bindings,
+# OpenSSL's headers (librdkafka's TLS and SASL), cmake and nasm for libjpeg-turbo (decode.jpeg)
+# with its SIMD code, and libpython where python3 lacks a linkable one (`python:` stages embed
+# it). For the tests: the ffmpeg command, GStreamer's RTSP server for the test cameras, and
+# g++'s sanitizers for the kernel emulator.
+BUILD_PACKAGES=(libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
+  libavfilter-dev pkg-config clang libclang-dev libssl-dev g++ cmake nasm)
+TEST_PACKAGES=(ffmpeg python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad libasan8 libubsan1)
+if ! python3 - <<'PY'
+import os, sysconfig
+lib = sysconfig.get_config_var("LDLIBRARY") or ""
+raise SystemExit(0 if lib.endswith(".so") and os.path.exists(os.path.join(sysconfig.get_config_var("LIBDIR") or "", lib)) else 1)
+PY
+then
+  BUILD_PACKAGES+=(python3-dev)
+fi
+DEB_PACKAGES=("${BUILD_PACKAGES[@]}")
+[ "$mode" = run ] || DEB_PACKAGES+=("${TEST_PACKAGES[@]}")
+# apt_install WHAT PACKAGE...: installs the packages (as root, or through sudo), saying what for.
+apt_install() {
+  local what="$1"
+  shift
+  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: $*" >&2; exit 1; }
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing Debian packages$what: $*"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: Debian packages present"
+else
+  apt_install "" "${missing[@]}"
+fi
+
+# `--run`: what the README's run command needs, no more; the tests' set-up goes on below.
+if [ "$mode" = run ]; then
+  exit 0
 fi
 
 RECBOLE_VERSION=1.2.1
@@ -203,34 +259,6 @@ else
   echo "setup: installing kafka-python==$KAFKA_PYTHON_VERSION into $kafka_venv"
   python3 -m venv "$kafka_venv"
   PIP_ROOT_USER_ACTION=ignore "$kafka_venv/bin/pip" install --quiet "kafka-python==$KAFKA_PYTHON_VERSION"
-fi
-
-# Debian packages: only those missing are installed (the machines run as root). cmake and nasm
-# build libjpeg-turbo (decode.jpeg: libjpeg-turbo) with its SIMD code.
-DEB_PACKAGES=(ffmpeg libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
-  libavfilter-dev pkg-config clang libclang-dev libssl-dev python3-gi gir1.2-gst-rtsp-server-1.0
-  gstreamer1.0-plugins-base gstreamer1.0-plugins-good gstreamer1.0-plugins-bad
-  g++ libasan8 libubsan1 cmake nasm)
-# apt_install WHAT PACKAGE...: installs the packages (as root, or through sudo), saying what for.
-apt_install() {
-  local what="$1"
-  shift
-  command -v apt-get >/dev/null || { echo "setup: apt-get is needed to install: $*" >&2; exit 1; }
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "setup: installing Debian packages$what: $*"
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-
-missing=()
-for p in "${DEB_PACKAGES[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: Debian packages for video, TLS and the kernel emulator present"
-else
-  apt_install "" "${missing[@]}"
 fi
 
 # Test and demo videos (idempotent itself).

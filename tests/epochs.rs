@@ -111,8 +111,8 @@ runtime: {{ workers: 1, epoch_records: 1000 }}
         let end = rest.find(" p99").unwrap_or(rest.len());
         seconds(rest[..end].trim())
     };
-    let committed = after("end-to-end latency p50 ");
-    let ready = after("before their epoch commits: p50 ");
+    let ready = after("results ready p50 ");
+    let committed = after("written p50 ");
     assert!(committed > 0.5, "{line}");
     assert!(ready < committed / 4.0, "{line}");
 }

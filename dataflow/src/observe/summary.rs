@@ -96,15 +96,16 @@ impl std::fmt::Display for Summary {
         }
         writeln!(
             f,
-            "results: {} in {:.2} s = {:.1} records/s; end-to-end latency p50 {} p99 {} \
-             (results ready, before their epoch commits: p50 {} p99 {})",
+            "results: {} in {:.2} s = {:.1} records/s; results ready p50 {} p99 {} after \
+             their read (what the live view and a live sink see); written p50 {} p99 {} (when \
+             their epoch commits)",
             self.results,
             self.elapsed.as_secs_f64(),
             self.throughput(),
-            fmt_duration(self.end_to_end_p50),
-            fmt_duration(self.end_to_end_p99),
             fmt_duration(self.ready_p50),
-            fmt_duration(self.ready_p99)
+            fmt_duration(self.ready_p99),
+            fmt_duration(self.end_to_end_p50),
+            fmt_duration(self.end_to_end_p99)
         )?;
         for (name, value) in &self.connectors {
             writeln!(f, "{name} {value}")?;
@@ -170,8 +171,9 @@ mod tests {
         );
         assert_eq!(
             lines[2],
-            "results: 9 in 2.00 s = 4.5 records/s; end-to-end latency p50 5.00 ms p99 2.00 s \
-             (results ready, before their epoch commits: p50 4.00 ms p99 8.00 ms)"
+            "results: 9 in 2.00 s = 4.5 records/s; results ready p50 4.00 ms p99 8.00 ms after \
+             their read (what the live view and a live sink see); written p50 5.00 ms p99 2.00 s \
+             (when their epoch commits)"
         );
         assert_eq!(lines[3], "riffle_thing_total{to=b} 3");
         assert_eq!(lines.len(), 4);
