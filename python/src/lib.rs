@@ -89,9 +89,6 @@ impl Given {
         if let Some(text) = &self.text {
             options = options.text(text.clone());
         }
-        if let Some(n) = self.workers {
-            options = options.workers(Workers::Count(n));
-        }
         match &self.checkpoint {
             Some(url) if url.contains("://") => options = options.checkpoint_url(url.clone()),
             Some(dir) => options = options.checkpoint_dir(dir),
@@ -102,7 +99,6 @@ impl Given {
         }
         if let Some(c) = &self.cluster {
             let mut spec = riffle_pipelines::run::ClusterSpec {
-                workers: self.workers.map(Workers::Count),
                 processes: c.processes,
                 process: c.process,
                 ..Default::default()
@@ -114,6 +110,10 @@ impl Given {
             if let Some(program) = &c.program {
                 options = options.program(program).program_args(["-m", "riffle"]);
             }
+        }
+        // After `cluster`, which replaces the whole spec.
+        if let Some(n) = self.workers {
+            options = options.workers(Workers::Count(n));
         }
         options
     }
