@@ -11,6 +11,10 @@
 # - mkv/bikes-0.mkv, ts/bikes-0.ts: bikes-0.mp4 remuxed (other containers, same frames).
 # - live/bikes-0.mp4 .. live/bikes-3.mp4: each split looped to 60 s, served by
 #   scripts/rtsp_server.py as live cameras (one keyframe a second so a client joins fast).
+# - hd/720p/bikes-K.mp4, hd/1080p/bikes-K.mp4: the same 4 splits upscaled (Lanczos) to
+#   1280x720 and 1920x1080 and encoded as an IP camera does (H.264 High, yuv420p, a keyframe a
+#   second, no B-frames): what real cameras send, for the HD rows of scripts/bench-cameras.sh
+#   (decoding and colour conversion cost there, not the model).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 frames="$root/data/frames/bikes"
@@ -19,7 +23,7 @@ command -v ffmpeg >/dev/null || {
   echo "media: the ffmpeg command is missing: apt-get install -y ffmpeg (or run scripts/setup.sh)" >&2
   exit 1
 }
-mkdir -p "$out/hevc" "$out/mkv" "$out/ts" "$out/live"
+mkdir -p "$out/hevc" "$out/mkv" "$out/ts" "$out/live" "$out/hd/720p" "$out/hd/1080p"
 total=$(ls "$frames"/*.jpg | wc -l)
 cameras=4
 ff() { ffmpeg -hide_banner -loglevel error -nostdin -y "$@"; }
@@ -49,6 +53,10 @@ for k in $(seq 0 $((cameras - 1))); do
   loops=$(( 60 * 25 / n ))
   make "$out/live/bikes-$k.mp4" ff -stream_loop "$loops" "${input[@]:0:6}" \
     -frames:v $(( (loops + 1) * n )) -c:v libx264 -preset veryfast -crf 20 -pix_fmt yuv420p -g 25 -bf 0
+  for size in 720:1280x720 1080:1920x1080; do
+    make "$out/hd/${size%%:*}p/bikes-$k.mp4" ff "${input[@]}" -vf "scale=${size#*:}:flags=lanczos" \
+      -c:v libx264 -preset veryfast -crf 20 -profile:v high -pix_fmt yuv420p -g 25 -bf 0
+  done
 done
 make "$out/mkv/bikes-0.mkv" ff -i "$out/bikes-0.mp4" -c copy
 make "$out/ts/bikes-0.ts" ff -i "$out/bikes-0.mp4" -c copy

@@ -185,14 +185,22 @@ fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
         video.keys().collect::<Vec<_>>(),
         "same cameras and frames"
     );
-    // JPEG and (lossless) H.264 frames differ by their YUV → RGB conversions, which moves scores
-    // by up to ~0.03: detections clear of the 0.5 threshold must match one to one; those near it
-    // may appear on one side only.
+    // JPEG and (lossless) H.264 frames differ by their YUV → RGB conversions (and the video
+    // source's one-pass scaling), which moves scores by up to ~0.03.
+    assert_same_detections(&images, &video);
+}
+
+type Keyed<'a> = BTreeMap<(String, i64), &'a Value>;
+
+/// Detections clear of the 0.5 threshold match one to one (score within 0.06, corners within a
+/// few percent of the 640-pixel width, in the picture's own coordinates); those near it may
+/// appear on one side only.
+fn assert_same_detections(a_rows: &Keyed, b_rows: &Keyed) {
     const CLEAR: f64 = 0.55;
     let score = |d: &Value| d["score"].as_f64().unwrap();
     let (mut persons_a, mut persons_b) = (0, 0);
-    for (k, a) in &images {
-        let b = video[k];
+    for (k, a) in a_rows {
+        let b = b_rows[k];
         assert_eq!(
             (b["width"].as_u64(), b["height"].as_u64()),
             (Some(640), Some(272))
@@ -216,7 +224,6 @@ fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
             assert!((score(x) - score(y)).abs() < 0.06, "{k:?}: {x} vs {y}");
             for c in ["x1", "y1", "x2", "y2"] {
                 let (p, q) = (x[c].as_f64().unwrap(), y[c].as_f64().unwrap());
-                // A few percent of the 640-pixel width.
                 assert!((p - q).abs() < 24.0, "{k:?} {c}: {p} vs {q} px");
             }
         }
@@ -225,6 +232,68 @@ fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
     assert!(
         persons_a.abs_diff(persons_b) <= 4,
         "frames with a person: {persons_a} vs {persons_b}"
+    );
+}
+
+#[test]
+fn the_video_source_scales_for_the_first_resize_in_one_pass_unless_told_not_to() {
+    require_onnx_runtime();
+    videos();
+    let tmp = tempfile::tempdir().unwrap();
+    let shipped = repo().join("pipelines/camera-video.yaml");
+    let plan = String::from_utf8_lossy(&riffle_ok(&["plan", shipped.to_str().unwrap()]).stdout)
+        .into_owned();
+    assert!(
+        plan.contains("to 300x300 RGB in one pass"),
+        "the plan says the decoder scales:\n{plan}"
+    );
+    // The same file with `scale: off`, its relative paths made absolute.
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    let root = format!("{}/", repo().display());
+    let off = text
+        .replace("../", &root)
+        .replace("    batch_size: 4\n", "    batch_size: 4\n    scale: off\n");
+    assert!(off.contains("scale: off"), "{off}");
+    let off_file = tmp.path().join("camera-video-off.yaml");
+    std::fs::write(&off_file, off).unwrap();
+    let plan = String::from_utf8_lossy(&riffle_ok(&["plan", off_file.to_str().unwrap()]).stdout)
+        .into_owned();
+    assert!(!plan.contains("in one pass"), "{plan}");
+
+    let run = |p: &Path, name: &str| -> Vec<Value> {
+        let out = tmp.path().join(format!("{name}.jsonl"));
+        riffle_ok(&[
+            "run",
+            "-q",
+            p.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        read_jsonl(&out)
+    };
+    let fused = run(&shipped, "fused");
+    let full = run(&off_file, "full");
+    assert_eq!(fused.len(), 250);
+    let key = |r: &Value| {
+        let camera = r["camera_id"].as_str().unwrap().to_string();
+        (camera, r["frame"].as_i64().unwrap())
+    };
+    let fused: Keyed = fused.iter().map(|r| (key(r), r)).collect();
+    let full: Keyed = full.iter().map(|r| (key(r), r)).collect();
+    assert_eq!(
+        fused.keys().collect::<Vec<_>>(),
+        full.keys().collect::<Vec<_>>()
+    );
+    // Scaled by swscale from YUV or by the stage from full-size RGB: the same people, boxes in
+    // the picture's 640x272 coordinates either way.
+    assert_same_detections(&full, &fused);
+    let differ = fused
+        .iter()
+        .filter(|(k, r)| r["detections"] != full[*k]["detections"])
+        .count();
+    assert!(
+        differ > 0,
+        "the two scalings should not give identical scores"
     );
 }
 

@@ -31,6 +31,7 @@ pub mod control;
 pub mod dead_letter;
 pub mod error;
 pub mod events;
+pub mod image;
 pub mod observe;
 pub mod operators;
 pub mod range;

@@ -198,6 +198,14 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
     out.push_str(&format!(
         "source: {total} records, partitioned across all workers\n"
     ));
+    if let riffle_connectors::SourceConfig::Video(video) = &pipeline.spec.source.value {
+        if let Some((w, h)) = video.scale_to {
+            out.push_str(&format!(
+                "  frames go from the decoder's YUV to {w}x{h} RGB in one pass (the first \
+                 stage's size; `scale: off` gives full-size frames)\n"
+            ));
+        }
+    }
     out.push_str(&format!(
         "epochs: {} records per source worker, at most {} in flight\n",
         runtime.epoch_records, runtime.max_epochs_in_flight

@@ -6,9 +6,12 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 use riffle_connectors::formats::excerpt_within;
-use riffle_connectors::{SinkConfig, SinkContext, SinkRole};
+use riffle_connectors::video::ScaleMode;
+use riffle_connectors::{SinkConfig, SinkContext, SinkRole, SourceConfig};
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
+use riffle_gpu::DeviceSpec;
+use riffle_operators::vision::resize::ResizeMode;
 use serde_saphyr::Spanned;
 
 use riffle_operators::{FileKind, StageContext};
@@ -217,6 +220,26 @@ fn line_of<T>(spanned: &Spanned<T>) -> Option<u64> {
     (line > 0).then_some(line)
 }
 
+/// The size a video source may scale its frames to while converting them (one swscale pass
+/// from the decoder's YUV, no full-size RGB frame): the first stage's, when it is a `resize`
+/// swscale does as well (a CPU stretch: swscale's bilinear filter widens with the ratio, so it
+/// antialiases like the stage's) and nothing after it reads the full-size pixels.
+fn decoder_scale(spec: &PipelineSpec) -> Option<(u32, u32)> {
+    let SourceConfig::Video(video) = &spec.source.value else {
+        return None;
+    };
+    let Some(StageSpec::Resize(resize)) = spec.stages.first().map(|s| &s.value) else {
+        return None;
+    };
+    let fits = video.scale == ScaleMode::Auto
+        && resize.input == riffle_connectors::video::PIXELS
+        && resize.mode == ResizeMode::Stretch
+        && resize.antialiased()
+        && resize.device == DeviceSpec::Cpu
+        && !resize.keep_input;
+    fits.then_some((resize.width, resize.height))
+}
+
 fn validate(
     file: &Path,
     text: &str,
@@ -289,6 +312,10 @@ fn validate(
                 ),
             ));
         }
+    }
+    let scale_to = decoder_scale(&spec);
+    if let SourceConfig::Video(video) = &mut spec.source.value {
+        video.scale_to = scale_to;
     }
     let source: Arc<dyn SourceFactory> = Arc::from(
         spec.source

@@ -81,6 +81,25 @@ pub struct VideoConfig {
     /// changes.
     #[serde(default)]
     pub api_token: Option<String>,
+    /// `auto` (the default): when the first stage is a `resize` the decoder can do itself (a
+    /// CPU stretch with antialiasing, its pixels not kept), each frame goes from the decoder's
+    /// YUV straight to that size in RGB in one pass, and no full-size RGB frame is made; `off`:
+    /// full-size RGB frames always (the `resize` stage scales them).
+    #[serde(default)]
+    pub scale: ScaleMode,
+    /// The size frames are scaled to while converted, when validation found the first stage
+    /// lets them be (`scale: auto`); `width` and `height` still give the camera's own size.
+    #[serde(skip)]
+    pub scale_to: Option<(u32, u32)>,
+}
+
+/// `scale`: whether the decoder may scale frames for the first stage.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ScaleMode {
+    #[default]
+    Auto,
+    Off,
 }
 
 /// One entry of `cameras:`; its keys override the source's for this camera.

@@ -53,6 +53,8 @@ pub(crate) struct OpenOptions {
     pub timeout_ms: u64,
     /// How much of a live stream FFmpeg reads to describe it before the first frame.
     pub probe_ms: u64,
+    /// Frames converted straight to this size (one swscale pass) instead of their own.
+    pub scale_to: Option<(u32, u32)>,
 }
 
 /// Something the stream produced.
@@ -88,29 +90,37 @@ pub(crate) enum Ended {
 pub(crate) struct Image<'a> {
     frame: &'a Video,
     scaler: &'a mut Option<scaling::Context>,
+    scale_to: Option<(u32, u32)>,
+}
+
+/// The conversion's filter: bilinear taps, widened over every source pixel when shrinking
+/// (swscale scales its filters with the ratio), with accurate rounding and full chroma.
+pub(crate) fn scaling_flags() -> scaling::Flags {
+    scaling::Flags::BILINEAR | scaling::Flags::ACCURATE_RND | scaling::Flags::FULL_CHR_H_INT
 }
 
 impl Image<'_> {
-    /// `(width, height, pixels)`: RGB8, interleaved, row-major, no padding.
+    /// `(width, height, pixels)`: the frame's own size, and its pixels in RGB8, interleaved,
+    /// row-major, no padding, at the frame's size or the stream's `scale_to`: YUV to RGB and
+    /// scaling in one swscale pass, from the decoder's planes.
     pub fn rgb(self) -> Result<(u32, u32, Vec<u8>), ffmpeg::Error> {
         let (format, width, height) =
             (self.frame.format(), self.frame.width(), self.frame.height());
+        let (out_w, out_h) = self.scale_to.unwrap_or((width, height));
         let fits = self.scaler.as_ref().is_some_and(|s| {
-            let i = s.input();
-            (i.format, i.width, i.height) == (format, width, height)
+            let (i, o) = (s.input(), s.output());
+            (i.format, i.width, i.height, o.width, o.height)
+                == (format, width, height, out_w, out_h)
         });
         if !fits {
-            // Same size out: only the pixel format changes (the resize stage scales).
             *self.scaler = Some(scaling::Context::get(
                 format,
                 width,
                 height,
                 Pixel::RGB24,
-                width,
-                height,
-                scaling::Flags::BILINEAR
-                    | scaling::Flags::ACCURATE_RND
-                    | scaling::Flags::FULL_CHR_H_INT,
+                out_w,
+                out_h,
+                scaling_flags(),
             )?);
         }
         let Some(scaler) = self.scaler.as_mut() else {
@@ -118,11 +128,11 @@ impl Image<'_> {
         };
         let mut out = Video::empty();
         scaler.run(self.frame, &mut out)?;
-        let row = width as usize * 3;
+        let row = out_w as usize * 3;
         let stride = out.stride(0);
         let data = out.data(0);
-        let mut pixels = Vec::with_capacity(row * height as usize);
-        for y in 0..height as usize {
+        let mut pixels = Vec::with_capacity(row * out_h as usize);
+        for y in 0..out_h as usize {
             let line = data
                 .get(y * stride..y * stride + row)
                 .ok_or(ffmpeg::Error::InvalidData)?;
@@ -141,6 +151,7 @@ pub(crate) struct Stream {
     start: Option<i64>,
     decoder: ffmpeg::decoder::Video,
     scaler: Option<scaling::Context>,
+    scale_to: Option<(u32, u32)>,
     /// Whether each packet read has `timeout_ms` (live streams but HLS and DASH).
     timed_reads: bool,
     /// A live stream's interrupt callback state. Declared after `input`, so dropped after it:
@@ -353,6 +364,7 @@ pub(crate) fn open(
         start,
         decoder,
         scaler: None,
+        scale_to: options.scale_to,
         timed_reads,
         watchdog,
     })
@@ -473,6 +485,7 @@ impl Stream {
                     image: Image {
                         frame: &frame,
                         scaler: &mut self.scaler,
+                        scale_to: self.scale_to,
                     },
                 })
             };

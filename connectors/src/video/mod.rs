@@ -28,7 +28,9 @@
 //! configuration still parses and validation says how to get the feature.
 
 mod config;
-pub use config::{Camera, CameraConfig, CameraUri, OnOverload, RtspTransport, VideoConfig};
+pub use config::{
+    Camera, CameraConfig, CameraUri, OnOverload, RtspTransport, ScaleMode, VideoConfig,
+};
 
 #[cfg(feature = "video")]
 mod camera;
@@ -69,8 +71,14 @@ pub const PIXELS: &str = "pixels";
 /// Schema of the video source: `camera_id` Utf8, `frame` Int64 (the camera's frame number from
 /// 0), `pts_ms` Int64 (presentation time from the stream's start), `ingest_ms` Int64 (wall
 /// clock when decoded, ms since the Unix epoch), `width` / `height` UInt32, `pixels` Binary
-/// (RGB8, interleaved, row-major).
-pub fn schema() -> SchemaRef {
+/// (RGB8, interleaved, row-major). With `scale_to` every frame's pixels are that size, said on
+/// the `pixels` field ([`riffle_dataflow::image`]), while `width` / `height` keep the camera's.
+pub fn schema(scale_to: Option<(u32, u32)>) -> SchemaRef {
+    let pixels = Field::new(PIXELS, DataType::Binary, false);
+    let pixels = match scale_to {
+        Some(size) => riffle_dataflow::image::with_pixels_size(pixels, size),
+        None => pixels,
+    };
     Arc::new(Schema::new(vec![
         Field::new(CAMERA_ID, DataType::Utf8, false),
         Field::new(FRAME, DataType::Int64, false),
@@ -78,7 +86,7 @@ pub fn schema() -> SchemaRef {
         Field::new(INGEST_MS, DataType::Int64, false),
         Field::new(WIDTH, DataType::UInt32, false),
         Field::new(HEIGHT, DataType::UInt32, false),
-        Field::new(PIXELS, DataType::Binary, false),
+        pixels,
     ]))
 }
 

@@ -77,6 +77,7 @@ impl VideoSource {
                 rtsp_tcp: config.rtsp_transport == RtspTransport::Tcp,
                 timeout_ms: config.timeout_ms,
                 probe_ms: config.probe_ms,
+                scale_to: config.scale_to,
             },
             retry: Retry {
                 attempts: config.connect_attempts,
@@ -95,7 +96,7 @@ impl VideoSource {
 
 impl SourceFactory for VideoSource {
     fn schema(&self) -> DataflowResult<SchemaRef> {
-        Ok(super::schema())
+        Ok(super::schema(self.open.scale_to))
     }
 
     fn partition(&self, index: usize, peers: usize) -> DataflowResult<Box<dyn Source>> {
@@ -354,7 +355,7 @@ impl Source for VideoPartition {
         }
         let cameras: Vec<&Camera> = running.cameras.iter().map(|l| &l.camera).collect();
         let positions = positions(&cameras, &frames);
-        let records = to_batch(&cameras, frames)?;
+        let records = to_batch(super::schema(self.source.open.scale_to), &cameras, frames)?;
         Ok(Some(SourceBatch {
             records,
             rejected,
@@ -389,7 +390,11 @@ fn positions(cameras: &[&Camera], frames: &[(usize, Frame)]) -> Vec<SourcePositi
     clippy::indexing_slicing,
     reason = "frames carry indices into `cameras`, the list they were read for"
 )]
-fn to_batch(cameras: &[&Camera], frames: Vec<(usize, Frame)>) -> DataflowResult<RecordBatch> {
+fn to_batch(
+    schema: SchemaRef,
+    cameras: &[&Camera],
+    frames: Vec<(usize, Frame)>,
+) -> DataflowResult<RecordBatch> {
     let columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(
             frames.iter().map(|(c, _)| cameras[*c].id.as_str()),
@@ -413,5 +418,5 @@ fn to_batch(cameras: &[&Camera], frames: Vec<(usize, Frame)>) -> DataflowResult<
             frames.iter().map(|(_, f)| f.pixels.as_slice()),
         )),
     ];
-    Ok(RecordBatch::try_new(super::schema(), columns)?)
+    Ok(RecordBatch::try_new(schema, columns)?)
 }

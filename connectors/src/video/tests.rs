@@ -288,6 +288,82 @@ fn h264_and_h265_in_mp4_mkv_and_ts_decode_every_frame_in_order() {
     }
 }
 
+/// Every frame's pixels as the source gives them, in order.
+fn pixels_of(source: &dyn SourceFactory) -> Vec<Vec<u8>> {
+    let mut part = source.partition(0, 1).unwrap();
+    let mut frames = Vec::new();
+    while let Some(batch) = part.next_batch().unwrap() {
+        let pixels = batch
+            .records
+            .column_by_name(PIXELS)
+            .unwrap()
+            .as_binary::<i32>();
+        frames.extend(pixels.iter().map(|p| p.unwrap().to_vec()));
+    }
+    frames
+}
+
+#[test]
+fn frames_scaled_while_converted_are_the_ffmpeg_commands_one_pass_and_keep_their_size() {
+    // One swscale pass from the decoder's YUV to 300x300 RGB, as the `ffmpeg` command does
+    // with the same flags: the same bytes, frame for frame, for full-range (bikes-0, JPEG
+    // colours) and limited-range (live/) H.264.
+    let dir = videos();
+    for file in ["bikes-0.mp4", "live/bikes-0.mp4"] {
+        let path = dir.join(file);
+        let mut c = config(&format!(
+            "{{ cameras: [{}], max_frames: 30 }}",
+            file_camera("cam", &path)
+        ));
+        c.scale_to = Some((300, 300));
+        let s = VideoSource::new(&c).unwrap();
+        let field = s.schema().unwrap().field_with_name(PIXELS).unwrap().clone();
+        assert_eq!(
+            riffle_dataflow::image::pixels_size(&field),
+            Some((300, 300))
+        );
+        let (rows, dead) = read_all(&s, 0, 1);
+        assert!(dead.is_empty(), "{file}: {dead:?}");
+        assert_eq!(rows.len(), 30);
+        assert!(
+            rows.iter()
+                .all(|r| (r.width, r.height, r.bytes) == (640, 272, 300 * 300 * 3)),
+            "{file}: width/height give the camera's size, the pixels the scaled one: {:?}",
+            rows[0]
+        );
+        let out = std::process::Command::new("ffmpeg")
+            .args([
+                "-hide_banner",
+                "-loglevel",
+                "error",
+                "-nostdin",
+                "-threads",
+                "1",
+                "-i",
+            ])
+            .arg(&path)
+            .args(["-frames:v", "30", "-s", "300x300", "-pix_fmt", "rgb24"])
+            .args(["-sws_flags", "bilinear+accurate_rnd+full_chroma_int"])
+            .args(["-f", "rawvideo", "-"])
+            .output()
+            .expect("the ffmpeg command (scripts/setup.sh installs it)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let expected: Vec<&[u8]> = out.stdout.chunks(300 * 300 * 3).collect();
+        let got = pixels_of(&s);
+        assert_eq!(got.len(), expected.len(), "{file}");
+        for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert!(
+                g.as_slice() == *e,
+                "{file}: frame {i} differs from ffmpeg's"
+            );
+        }
+    }
+}
+
 #[test]
 fn cameras_go_to_worker_index_mod_workers_each_in_order() {
     let dir = videos();

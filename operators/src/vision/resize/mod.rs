@@ -29,6 +29,7 @@ use fast_image_resize::images::Image;
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::error::{DataflowError, DataflowResult};
+use riffle_dataflow::image::pixels_size;
 use riffle_dataflow::stage::{Stage, StageOutput};
 use riffle_dataflow::tensor::{tensor_column, tensor_field};
 
@@ -512,6 +513,13 @@ impl Stage for Resize {
         };
         let widths = size_column(WIDTH_COLUMN)?;
         let heights = size_column(HEIGHT_COLUMN)?;
+        // Pixels a source already scaled (the video source's one-pass conversion) are that
+        // size; `width` / `height` still give the picture's own, which results map back to.
+        let prescaled = input_schema
+            .field_with_name(&self.config.input)
+            .ok()
+            .and_then(pixels_size);
+        let target = (self.config.width, self.config.height);
 
         let rows = batch.num_rows();
         let per_row = 3 * self.config.width as usize * self.config.height as usize;
@@ -528,10 +536,14 @@ impl Stage for Resize {
         let mut rejected = Vec::new();
         for row in 0..rows {
             let size = (widths.is_valid(row) && heights.is_valid(row))
-                .then(|| (widths.value(row), heights.value(row)));
+                .then(|| prescaled.unwrap_or((widths.value(row), heights.value(row))));
             let resized = match (pixels.get(row), size) {
                 (Some(p), Some((w, h))) => {
                     check_row(p, w, h).and_then(|()| match &mut self.engine {
+                        Engine::Cpu(_) if (w, h) == target && !letterboxed => {
+                            values.push(p, self.config.layout, &self.lut);
+                            Ok(())
+                        }
                         Engine::Cpu(cpu) if letterboxed => {
                             cpu.letterbox(p, w, h, self.config.pad_value).map(|fit| {
                                 fits.extend(fit);

@@ -485,3 +485,62 @@ fn auto_on_a_gpu_host_runs_what_the_kernels_cannot_do_on_the_cpu() {
         .unwrap_err();
     assert_eq!(key_of(&e), "device");
 }
+
+/// `batch` with its pixel column marked as scaled to `size` by the source.
+fn prescaled(batch: RecordBatch, size: (u32, u32)) -> RecordBatch {
+    let schema = batch.schema();
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.name().as_str() {
+            "pixels" => riffle_dataflow::image::with_pixels_size(f.as_ref().clone(), size),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), batch.columns().to_vec()).unwrap()
+}
+
+#[test]
+fn pixels_a_source_scaled_to_the_target_are_laid_out_as_they_are_and_keep_the_picture_size() {
+    // A 640x272 picture whose pixels the video source already scaled to 2x1.
+    let scaled = vec![10u8, 20, 30, 40, 50, 60];
+    let batch = prescaled(
+        batch_of(vec![(scaled.clone(), 640, 272), (vec![1u8; 9], 640, 272)]),
+        (2, 1),
+    );
+    let mut stage = Resize::new(ResizeConfig {
+        dtype: TensorDtype::U8,
+        ..config(2, 1)
+    })
+    .unwrap();
+    let out = stage.process_batch(&batch).unwrap();
+    assert_eq!(out.records.num_rows(), 1);
+    let tensor = out.records.column_by_name("tensor").unwrap();
+    // NCHW: the R plane, then G, then B; no resampling.
+    assert_eq!(
+        tensor_values::<UInt8Type>(tensor).unwrap(),
+        [10, 40, 20, 50, 30, 60]
+    );
+    let width = out.records.column_by_name("width").unwrap();
+    assert_eq!(width.as_primitive::<UInt32Type>().value(0), 640);
+    // The 9-byte row is not the 2x1 the field says: a dead letter naming that size.
+    assert_eq!(out.rejected.len(), 1);
+    assert!(
+        out.rejected[0].reason.contains("2x1"),
+        "{}",
+        out.rejected[0].reason
+    );
+
+    // Scaled to another size than the stage's: resized from that size, not the picture's.
+    let four_by_two = prescaled(batch_of(vec![(image_4x2(), 640, 272)]), (4, 2));
+    let out = stage.process_batch(&four_by_two).unwrap();
+    let direct = stage
+        .process_batch(&batch_of(vec![(image_4x2(), 4, 2)]))
+        .unwrap();
+    let values = |b: &RecordBatch| {
+        tensor_values::<UInt8Type>(b.column_by_name("tensor").unwrap())
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(values(&out.records), values(&direct.records));
+}
