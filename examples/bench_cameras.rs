@@ -6,12 +6,15 @@
 //! and writes the table to `docs/benchmarks/cameras.md`.
 //!
 //!     cargo run --release --example bench_cameras -- [--seconds 10] [--rounds 3] \
-//!         [--cameras 1,2,3,4,6,8] [--decode-rounds 3]
+//!         [--sizes bundled,720p,1080p] [--cameras 1,2,3,4] [--decode-rounds 3] [--peer PYTHON]
 //!
-//! Cameras are the 4 bundled MP4s (25 fps, 640×272) played as live cameras: `realtime: true`
-//! (each frame released at its presentation time), `loop: true`, `max_frames` = 25 × seconds,
-//! camera k reading `bikes-(k mod 4).mp4`. All cameras start together (the worst case for
-//! latency: every 40 ms all N frames are due at once).
+//! Cameras are the 4 bundled MP4s (25 fps, 640×272) or their 720p / 1080p encodings
+//! (`data/videos/hd/`, scripts/media.sh) played as live cameras: `realtime: true` (each frame
+//! released at its presentation time), `loop: true`, `max_frames` = 25 × seconds, camera k
+//! reading `bikes-(k mod 4).mp4`. All cameras start together (the worst case for latency: every
+//! 40 ms all N frames are due at once). The Python camera peer (`scripts/peers/camera_peer.py`:
+//! PyAV decoding threads, the same swscale conversion, ONNX Runtime, one process per core) runs
+//! the same job side by side, its outputs compared with ours.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -47,8 +50,15 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     rounds: usize,
     /// Camera counts to try.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,6,8")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,3,4")]
     cameras: Vec<usize>,
+    /// Camera resolutions: `bundled` (640×272), `720p`, `1080p`.
+    #[arg(long, value_delimiter = ',', default_value = "bundled,720p,1080p")]
+    sizes: Vec<String>,
+    /// The Python that runs the camera peer (scripts/peers/camera-setup.sh makes it); none:
+    /// `$RIFFLE_CACHE_DIR/camera-peer-venv/bin/python` when present, else the peer is skipped.
+    #[arg(long)]
+    peer: Option<PathBuf>,
     /// The pipeline's `runtime.epoch_records`: results are released when their epoch
     /// completes, so with paced cameras an epoch of E records waits for E frames to arrive.
     #[arg(long, default_value_t = 4)]
@@ -84,105 +94,159 @@ impl Run {
     }
 }
 
+/// One camera resolution: its label, files and frame size.
+struct Size {
+    label: &'static str,
+    dir: &'static str,
+    dims: &'static str,
+}
+
+fn size(name: &str) -> anyhow::Result<Size> {
+    Ok(match name {
+        "bundled" => Size {
+            label: "bundled",
+            dir: "data/videos",
+            dims: "640×272",
+        },
+        "720p" => Size {
+            label: "720p",
+            dir: "data/videos/hd/720p",
+            dims: "1280×720",
+        },
+        "1080p" => Size {
+            label: "1080p",
+            dir: "data/videos/hd/1080p",
+            dims: "1920×1080",
+        },
+        other => anyhow::bail!("--sizes: `{other}` is not bundled, 720p or 1080p"),
+    })
+}
+
+/// Each side's runs per camera count.
+type Runs = BTreeMap<usize, Vec<Run>>;
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let tick = clock_ticks()?;
+    let peer = peer::python(args.peer.clone());
     let mut serial = 0usize;
-    let mut pipeline_runs: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
-    let mut loop_runs: BTreeMap<usize, Vec<Run>> = BTreeMap::new();
-    for &n in &args.cameras {
-        for round in 0..args.rounds {
-            serial += 1;
-            let p = run_pipeline(&repo, n, &args, serial, tick)?;
-            eprintln!("N={n} round {round}: pipeline {p:?}");
-            pipeline_runs.entry(n).or_default().push(p);
-            serial += 1;
-            let l = run_loop(&repo, n, &args, serial, tick)?;
-            eprintln!("N={n} round {round}: straight loop {l:?}");
-            loop_runs.entry(n).or_default().push(l);
-        }
-    }
-
-    // Project rule: no comparison between runs that did not produce the same outputs. Where
-    // neither side dropped a frame, the pipeline and the loop saw the same frames and must
-    // give the same results; a count where they differ passes for neither.
-    let differ: BTreeMap<usize, bool> = pipeline_runs
-        .iter()
-        .map(|(n, ps)| {
-            let ls = loop_runs.get(n).map(Vec::as_slice).unwrap_or_default();
-            let differ = ps
-                .iter()
-                .zip(ls)
-                .any(|(p, l)| p.dropped == 0.0 && l.dropped == 0.0 && p.outputs != l.outputs);
-            if differ {
-                eprintln!("N={n}: the pipeline's and the straight loop's outputs differ");
-            }
-            (*n, differ)
-        })
-        .collect();
-    let passes = |n: &usize, rs: &[Run]| {
-        rs.iter().all(Run::passes) && !differ.get(n).copied().unwrap_or(true)
-    };
-    println!(
-        "### Live cameras ({FPS} fps, 640×272, {} s each, {} round(s); median (min–max))\n",
-        args.seconds, args.rounds
-    );
-    for (title, runs, e2e) in [
-        (
-            format!(
-                "Riffle pipeline (YAML, 2 workers × 1 ORT thread, epoch_records {})",
-                args.epoch_records
+    let mut summary = Vec::new();
+    for name in &args.sizes {
+        let size = size(name)?;
+        let mut sides: [(String, Runs); 3] = [
+            (
+                format!(
+                    "Riffle pipeline (YAML, 2 workers × 1 ORT thread, epoch_records {})",
+                    args.epoch_records
+                ),
+                Runs::new(),
             ),
-            &pipeline_runs,
-            "runtime e2e p50 / p99 ms",
-        ),
-        (
-            "Straight loop (2 threads × 1 ORT thread)".to_string(),
-            &loop_runs,
-            "read → result p50 / p99 ms",
-        ),
-    ] {
-        println!("**{title}**\n");
-        println!("| cameras | offered fps | frames in | dropped | delivered fps | capture → result p50 ms | capture → result p99 ms | {e2e} | CPU (cores) | passes |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
-        for (n, rs) in runs {
-            let col = |f: fn(&Run) -> f64, digits: usize| spread(rs.iter().map(f), digits);
-            println!(
-                "| {n} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
-                n * FPS,
-                col(|r| r.frames_in, 0),
-                col(|r| r.dropped, 0),
-                col(|r| r.delivered_fps, 1),
-                col(|r| r.capture_p50, 0),
-                col(|r| r.capture_p99, 0),
-                col(|r| r.e2e_p50, 0),
-                col(|r| r.e2e_p99, 0),
-                col(|r| r.cpu_cores, 2),
-                if differ.get(n).copied().unwrap_or(true) {
-                    "outputs differ"
-                } else if passes(n, rs) {
-                    "yes"
-                } else {
-                    "no"
-                },
-            );
+            (
+                "Straight loop (2 threads × 1 ORT thread)".to_string(),
+                Runs::new(),
+            ),
+            (
+                "Python camera peer (PyAV threads + ONNX Runtime, 2 processes × 1 ORT thread)"
+                    .to_string(),
+                Runs::new(),
+            ),
+        ];
+        for &n in &args.cameras {
+            for round in 0..args.rounds {
+                serial += 1;
+                let p = run_pipeline(&repo, &size, n, &args, serial, tick)?;
+                eprintln!("{} N={n} round {round}: pipeline {p:?}", size.label);
+                sides[0].1.entry(n).or_default().push(p);
+                serial += 1;
+                let l = run_loop(&repo, &size, n, &args, serial, tick)?;
+                eprintln!("{} N={n} round {round}: straight loop {l:?}", size.label);
+                sides[1].1.entry(n).or_default().push(l);
+                if let Some(python) = &peer {
+                    let r = peer::run(python, &repo, &videos(&repo, &size, n), args.seconds)?;
+                    eprintln!("{} N={n} round {round}: python peer {r:?}", size.label);
+                    sides[2].1.entry(n).or_default().push(r);
+                }
+            }
         }
-        println!();
+        let differ = differing(&sides);
+        let passes = |n: &usize, rs: &[Run]| {
+            rs.iter().all(Run::passes) && !differ.get(n).copied().unwrap_or(true)
+        };
+        println!(
+            "### {} cameras ({FPS} fps, {} H.264, {} s each, {} round(s); median (min–max))\n",
+            size.label, size.dims, args.seconds, args.rounds
+        );
+        for (title, runs) in &sides {
+            if runs.is_empty() {
+                println!("**{title}**: not run (no peer Python: scripts/peers/camera-setup.sh)\n");
+                continue;
+            }
+            println!("**{title}**\n");
+            println!("| cameras | offered fps | frames in | dropped | delivered fps | capture → result p50 ms | capture → result p99 ms | read → result p50 / p99 ms | CPU (cores) | passes |");
+            println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
+            for (n, rs) in runs {
+                let col = |f: fn(&Run) -> f64, digits: usize| spread(rs.iter().map(f), digits);
+                println!(
+                    "| {n} | {} | {} | {} | {} | {} | {} | {} / {} | {} | {} |",
+                    n * FPS,
+                    col(|r| r.frames_in, 0),
+                    col(|r| r.dropped, 0),
+                    col(|r| r.delivered_fps, 1),
+                    col(|r| r.capture_p50, 0),
+                    col(|r| r.capture_p99, 0),
+                    col(|r| r.e2e_p50, 0),
+                    col(|r| r.e2e_p99, 0),
+                    col(|r| r.cpu_cores, 2),
+                    if differ.get(n).copied().unwrap_or(true) {
+                        "outputs differ"
+                    } else if passes(n, rs) {
+                        "yes"
+                    } else {
+                        "no"
+                    },
+                );
+            }
+            println!();
+        }
+        let capacity = |runs: &Runs| {
+            runs.iter()
+                .filter(|(n, rs)| passes(n, rs))
+                .map(|(n, _)| *n)
+                .max()
+                .unwrap_or(0)
+        };
+        let ceiling = decode::ceiling(&repo.join(size.dir).join("bikes-0.mp4"))?;
+        summary.push((
+            size.label,
+            size.dims,
+            capacity(&sides[0].1),
+            capacity(&sides[1].1),
+            (!sides[2].1.is_empty()).then(|| capacity(&sides[2].1)),
+            ceiling,
+        ));
     }
-    let capacity = |runs: &BTreeMap<usize, Vec<Run>>| {
-        runs.iter()
-            .filter(|(n, rs)| passes(n, rs))
-            .map(|(n, _)| *n)
-            .max()
-            .unwrap_or(0)
-    };
     println!(
-        "**Capacity** (largest camera count tried with zero drops, p99 capture → result < {P99_LIMIT_MS:.0} ms and the two sides' outputs equal in every round): \
-         Riffle pipeline **{}**, straight loop **{}**.\n",
-        capacity(&pipeline_runs),
-        capacity(&loop_runs)
+        "### Capacity: cameras at {FPS} fps with zero drops and p99 capture → result < {P99_LIMIT_MS:.0} ms\n"
     );
+    println!("Largest camera count tried that passes in every round, with the sides' outputs equal \
+              wherever none dropped a frame. Ceiling: what decoding alone allows on {WORKERS} cores \
+              (`ffmpeg -threads 1` to 300×300 RGB with the same swscale flags, frames per \
+              CPU-second × {WORKERS} / {FPS}).\n");
+    println!("| cameras | Riffle pipeline | straight loop | Python peer | Riffle / peer | decode-only ceiling |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (label, dims, ours, straight, python, ceiling) in summary {
+        let (python, ratio) = match python {
+            Some(0) => ("0".to_string(), "—".to_string()),
+            Some(p) => (p.to_string(), format!("{:.2}", ours as f64 / p as f64)),
+            None => ("not run".to_string(), "—".to_string()),
+        };
+        println!(
+            "| {label} ({dims}) | {ours} | {straight} | {python} | {ratio} | {:.1} |",
+            ceiling * WORKERS as f64 / FPS as f64
+        );
+    }
+    println!();
 
     if args.decode_rounds > 0 {
         decode_table(&repo, args.decode_rounds, tick)?;
@@ -190,14 +254,58 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Per camera count, whether two sides that both dropped nothing in a round gave different
+/// outputs. Project rule: no comparison between runs that did not produce the same outputs;
+/// a count where they differ passes for no side.
+fn differing(sides: &[(String, Runs); 3]) -> BTreeMap<usize, bool> {
+    let counts: Vec<usize> = sides[0].1.keys().copied().collect();
+    counts
+        .into_iter()
+        .map(|n| {
+            let rounds: Vec<&[Run]> = sides
+                .iter()
+                .filter_map(|(_, runs)| runs.get(&n).map(Vec::as_slice))
+                .collect();
+            let differ = (0..rounds.iter().map(|r| r.len()).max().unwrap_or(0)).any(|round| {
+                let clean: Vec<u64> = rounds
+                    .iter()
+                    .filter_map(|r| r.get(round))
+                    .filter(|r| r.dropped == 0.0)
+                    .map(|r| r.outputs)
+                    .collect();
+                clean.windows(2).any(|w| w[0] != w[1])
+            });
+            if differ {
+                eprintln!("N={n}: the sides' outputs differ");
+            }
+            (n, differ)
+        })
+        .collect()
+}
+
+/// Camera k's file: `bikes-(k mod 4).mp4` of the size's folder.
+fn videos(repo: &Path, size: &Size, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|k| repo.join(size.dir).join(format!("bikes-{}.mp4", k % 4)))
+        .collect()
+}
+
 /// The detector + tracker job of `pipelines/camera-tracking.yaml` over `n` paced cameras.
-fn yaml(repo: &Path, n: usize, seconds: usize, epoch_records: usize, serial: usize) -> String {
-    let cameras: String = (0..n)
-        .map(|k| {
+fn yaml(
+    repo: &Path,
+    size: &Size,
+    n: usize,
+    seconds: usize,
+    epoch_records: usize,
+    serial: usize,
+) -> String {
+    let cameras: String = videos(repo, size, n)
+        .iter()
+        .enumerate()
+        .map(|(k, file)| {
             format!(
                 "      - {{ id: \"r{serial}-cam{k}\", uri: \"{}\" }}\n",
-                repo.join(format!("data/videos/bikes-{}.mp4", k % 4))
-                    .display()
+                file.display()
             )
         })
         .collect();
@@ -260,14 +368,20 @@ runtime:
     )
 }
 
-fn load(repo: &Path, n: usize, args: &Args, serial: usize) -> anyhow::Result<Pipeline> {
+fn load(
+    repo: &Path,
+    size: &Size,
+    n: usize,
+    args: &Args,
+    serial: usize,
+) -> anyhow::Result<Pipeline> {
     let file = std::env::temp_dir().join(format!(
         "bench-cameras-{}-{serial}.yaml",
         std::process::id()
     ));
     std::fs::write(
         &file,
-        yaml(repo, n, args.seconds, args.epoch_records, serial),
+        yaml(repo, size, n, args.seconds, args.epoch_records, serial),
     )?;
     let pipeline = riffle_pipelines::load(&file, None);
     let _ = std::fs::remove_file(&file);
@@ -280,6 +394,15 @@ struct Arrivals(Arc<Mutex<Vec<(i64, i64)>>>, Arc<Mutex<Vec<Output>>>);
 
 /// One result: camera index (the `k` of `r<serial>-cam<k>`), frame, detections kept.
 type Output = (u64, i64, i64);
+
+/// A hash of results in a fixed order: equal for equal results whatever their arrival order.
+fn digest(mut v: Vec<Output>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    v.sort_unstable();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    v.hash(&mut hasher);
+    hasher.finish()
+}
 
 impl Arrivals {
     /// Notes each row's (capture ms, now ms) and its result.
@@ -324,12 +447,7 @@ impl Arrivals {
 
     /// A hash of the results, in a fixed order.
     fn outputs(&self) -> u64 {
-        use std::hash::{Hash, Hasher};
-        let mut v = self.1.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        v.sort_unstable();
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        v.hash(&mut hasher);
-        hasher.finish()
+        digest(self.1.lock().unwrap_or_else(|p| p.into_inner()).clone())
     }
 
     /// (results, delivered fps, p50, p99 of capture → result ms).
@@ -366,12 +484,13 @@ impl Sink for Arrivals {
 
 fn run_pipeline(
     repo: &Path,
+    size: &Size,
     n: usize,
     args: &Args,
     serial: usize,
     tick: f64,
 ) -> anyhow::Result<Run> {
-    let mut pipeline = load(repo, n, args, serial)?;
+    let mut pipeline = load(repo, size, n, args, serial)?;
     let arrivals = Arrivals::default();
     pipeline.sink = Arc::new(arrivals.clone());
     let source = pipeline.source.clone();
@@ -402,8 +521,15 @@ fn run_pipeline(
 /// The same job without the dataflow: one thread per core reads its cameras (camera k on
 /// thread k mod 2) from the same video source partition (same decoder, pacing and queues),
 /// then runs the same stages on each batch it reads, the tracker's logic called per camera.
-fn run_loop(repo: &Path, n: usize, args: &Args, serial: usize, tick: f64) -> anyhow::Result<Run> {
-    let pipeline = load(repo, n, args, serial)?;
+fn run_loop(
+    repo: &Path,
+    size: &Size,
+    n: usize,
+    args: &Args,
+    serial: usize,
+    tick: f64,
+) -> anyhow::Result<Run> {
+    let pipeline = load(repo, size, n, args, serial)?;
     let arrivals = Arrivals::default();
     let read_to_result: Arc<Mutex<Vec<f64>>> = Arc::default();
     let (cpu0, t0) = (cpu_seconds(tick)?, Instant::now());
@@ -581,4 +707,6 @@ fn cpu_seconds(tick: f64) -> anyhow::Result<f64> {
 
 #[path = "bench_cameras/decode.rs"]
 mod decode;
+#[path = "bench_cameras/peer.rs"]
+mod peer;
 use decode::decode_table;

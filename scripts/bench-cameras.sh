@@ -3,18 +3,21 @@
 # runs it and writes its tables to docs/benchmarks/cameras.md with the machine's cores and the
 # date. Run it on a quiet machine; flags go to the example, e.g. a quick look:
 #
-#   scripts/bench-cameras.sh --seconds 3 --rounds 1 --cameras 1,2 --decode-rounds 1
+#   scripts/bench-cameras.sh --seconds 3 --rounds 1 --cameras 1,2 --sizes 1080p --decode-rounds 0
 #
 # BENCH_NOTE="…" adds a line under the header (e.g. that the machine was shared).
 # Needs ONNX Runtime (scripts/setup.sh), FFmpeg's libraries and the `ffmpeg` command, and the
-# test videos (scripts/media.sh).
+# test videos (scripts/media.sh, HD ones included); the Python camera peer's venv is made here
+# (scripts/peers/camera-setup.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for f in data/videos/bikes-0.mp4 data/videos/live/bikes-0.mp4 models/ssdlite_person.onnx; do
+for f in data/videos/bikes-0.mp4 data/videos/live/bikes-0.mp4 data/videos/hd/1080p/bikes-0.mp4 \
+  models/ssdlite_person.onnx; do
   [ -f "$f" ] || { echo "bench-cameras: $f is missing (scripts/media.sh makes the videos)" >&2; exit 1; }
 done
 command -v ffmpeg >/dev/null || { echo "bench-cameras: the ffmpeg command is missing" >&2; exit 1; }
 
+scripts/peers/camera-setup.sh >&2
 cargo build --quiet --release --example bench_cameras
 bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_cameras"
 out=docs/benchmarks/cameras.md
@@ -33,37 +36,48 @@ cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
   if [ -n "${BENCH_NOTE:-}" ]; then echo; echo "**Note:** $BENCH_NOTE"; fi
   echo
   cat <<'TEXT'
-How many live cameras at their native rate (25 fps, 640×272 H.264) the detector + tracker job
-of `pipelines/camera-tracking.yaml` (resize 300×300 u8 → `models/ssdlite_person.onnx` →
-detections → track) sustains with **no dropped frame and p99 capture → result latency under
-500 ms**, as a Riffle pipeline and as the same job written as a straight loop.
+How many live cameras at their native rate (25 fps H.264) the detector + tracker job of
+`pipelines/camera-tracking.yaml` (resize 300×300 u8 → `models/ssdlite_person.onnx` → detections
+→ track) sustains with **no dropped frame and p99 capture → result latency under 500 ms**, at
+the bundled size (640×272) and as 720p and 1080p cameras: as a Riffle pipeline, as the same job
+written as a straight Rust loop, and as the same job written in Python the way users write it.
 
-- Cameras: the 4 bundled MP4s (`data/videos/bikes-K.mp4`, camera k plays file k mod 4), each
-  a `video` source camera with `realtime: true` (frames released at their presentation time,
-  like `ffmpeg -re`; full queues of 8 frames drop the oldest, counted by
-  `riffle_video_frames_dropped_total`) and `loop: true`. All cameras start together: every
-  40 ms all N frames are due at once (the worst case for latency).
+- Cameras: the 4 bundled MP4s (`data/videos/bikes-K.mp4`, lossless) or their 720p / 1080p
+  encodings (`data/videos/hd/`, made by `scripts/media.sh`: Lanczos upscales encoded as an IP
+  camera does, H.264 High, a keyframe a second, no B-frames); camera k plays file k mod 4,
+  with `realtime: true` (frames released at their presentation time, like `ffmpeg -re`; full
+  queues of 8 frames drop the oldest, counted) and `loop: true`. All cameras start together:
+  every 40 ms all N frames are due at once (the worst case for latency).
 - Riffle pipeline: the YAML job through `riffle_pipelines::load` + `run`, 2 workers × 1 ONNX
-  Runtime thread, model batches of up to 4 (10 ms delay). Runtime e2e is the
-  `runtime.latency_column` measure (the worker's source read → sink).
+  Runtime thread, model batches of up to 4 (10 ms delay). The video source converts each kept
+  frame from the decoder's YUV straight to 300×300 RGB in one swscale pass (`scale: auto`: the
+  first stage is a stretch resize), so an HD frame is never made in full-size RGB.
 - Straight loop: 2 threads, thread t reading the cameras k ≡ t (mod 2) from the same video
-  source partition (same decoder threads, pacing and queues), then on each batch it reads
-  (≤ 4 frames) the same resize, model and detections stages (`build_stage`), the tracker's own
-  logic (`Tracker` via `KeyedLogic::process`, one camera's rows at a time) and `select`; no
-  dataflow runtime, epochs or exchange.
-- Capture → result: from a frame's due time (its `ingest_ms`: a frame decoded late keeps its
-  lateness) to its result reaching the sink (pipeline) or leaving the loop; it includes the
-  wait in the camera's queue. Delivered fps: results over the span from the first capture to
-  the last result. CPU: process CPU time over wall time (of 2 cores).
+  source partition (same decoder threads, conversion, pacing and queues), then on each batch it
+  reads (≤ 4 frames) the same resize, model and detections stages (`build_stage`), the
+  tracker's own logic (`Tracker` via `KeyedLogic::process`) and `select`; no dataflow runtime.
+- Python camera peer (`scripts/peers/camera_peer.py`, its venv from
+  `scripts/peers/camera-setup.sh`): 2 processes (one per core), camera k in process k mod 2;
+  in each, a PyAV decoding thread per camera paced to presentation time with the same
+  drop-oldest queue of 8, `frame.reformat(300, 300, "rgb24")` with the same swscale flags, and
+  an inference thread batching up to 4 ready frames into ONNX Runtime (1 thread), the same
+  post-processing in NumPy and supervision's ByteTrack per camera.
+- Capture → result: from a frame's due time (a frame decoded late keeps its lateness) to its
+  result reaching the sink (pipeline) or leaving the loop; it includes the wait in the camera's
+  queue. Read → result: from the worker (or inference thread) taking the frame to its result.
+  Delivered fps: results over the span from the first capture to the last result. CPU: CPU
+  time over wall time (of 2 cores; the peer's children included).
 - A camera count passes when every round has zero drops and p99 capture → result < 500 ms,
-  and, in every round where neither side dropped a frame, the pipeline's results (camera,
-  frame, detections kept) equal the straight loop's; where they do not, both tables say
-  "outputs differ" for that count. The capacity is the largest count tried that passes.
-- Decode throughput: frames per CPU-second of the video source's decoder (ffmpeg-next, its
-  decoding thread plus the reader building Arrow batches, RGB conversion included) vs the
-  `ffmpeg` command on one thread, both decoding `data/videos/live/bikes-0.mp4` to RGB; the
-  command's CPU time from its `-benchmark` report. Ratios are against the command with the
-  source's conversion flags, whose RGB frames are the same bytes; each decoder's frames are
+  and, in every round, the sides that dropped no frame gave the same results (camera, frame,
+  detections kept, hashed); where they do not, every table says "outputs differ" for that
+  count. The capacity is the largest count tried that passes.
+- Decode-only ceiling: frames per CPU-second of `ffmpeg -threads 1` decoding the size's
+  `bikes-0.mp4` to 300×300 RGB with the same swscale flags, times 2 cores over 25 fps: how
+  many cameras decoding alone would allow.
+- Decode throughput (last table): frames per CPU-second of the video source's decoder at full
+  size vs the `ffmpeg` command on one thread, both decoding `data/videos/live/bikes-0.mp4` to
+  RGB; the command's CPU time from its `-benchmark` report. Ratios are against the command with
+  the source's conversion flags, whose RGB frames are the same bytes; each decoder's frames are
   hashed (sha1, untimed), and a decoder whose frames differ gets "outputs differ" instead.
 
 TEXT

@@ -206,3 +206,20 @@ fn ffmpeg(file: &Path, extra: &[&str]) -> anyhow::Result<Decoded> {
     let cpu = field("utime=")? + field("stime=")?;
     Ok(Decoded { frames, wall, cpu })
 }
+
+/// Decoding's ceiling for `file`: frames per CPU-second of `ffmpeg -threads 1` decoding it and
+/// converting to 300×300 RGB in one pass with the source's swscale flags (median of 3).
+pub fn ceiling(file: &Path) -> anyhow::Result<f64> {
+    let flags = [
+        "-s",
+        "300x300",
+        "-sws_flags",
+        "bilinear+accurate_rnd+full_chroma_int",
+    ];
+    let mut rates = Vec::new();
+    for _ in 0..3 {
+        let d = ffmpeg(file, &flags)?;
+        rates.push(d.frames / d.cpu.max(1e-9));
+    }
+    Ok(super::quantile(&mut rates, 0.5))
+}
