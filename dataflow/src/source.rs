@@ -46,6 +46,16 @@ pub trait Source: Send {
         None
     }
 
+    /// Whether records come on the wall clock (live or paced cameras): the worker then numbers
+    /// epochs by when they close (ms since the workers started), so every worker's epochs
+    /// closed at the same moment share a number and one worker's results never wait for
+    /// another worker to count as many epochs (which a busy worker, reading several frames an
+    /// epoch, would only do later). Replayed files keep counted epochs: a replay after a
+    /// restart splits the same records into the same epochs.
+    fn clocked(&self) -> bool {
+        false
+    }
+
     /// Keys whose state downstream is finished with since the last call (cameras removed
     /// while running), as one column named as the key column (`camera_id`); sent on after
     /// the batch just read, so keyed stages drop them once their last rows are through.

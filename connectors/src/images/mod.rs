@@ -365,6 +365,10 @@ impl Source for ImagesPartition {
         self.due_at(self.next)
     }
 
+    fn clocked(&self) -> bool {
+        self.due.is_some()
+    }
+
     #[allow(
         clippy::indexing_slicing,
         reason = "`start..end` lies within `self.rows`, and entries are indexed modulo their length"

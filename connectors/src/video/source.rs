@@ -323,6 +323,13 @@ impl Running {
 }
 
 impl Source for VideoPartition {
+    /// Live and real-time cameras deliver on the wall clock; so may any camera of an open
+    /// source (added while running).
+    fn clocked(&self) -> bool {
+        let directory = &self.source.directory;
+        directory.is_open() || directory.cameras().iter().any(|c| c.live || c.realtime)
+    }
+
     fn retired(&mut self) -> Option<RecordBatch> {
         if self.retiring.is_empty() {
             return None;

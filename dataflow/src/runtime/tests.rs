@@ -19,8 +19,8 @@ use crate::operators::worker_for;
 use crate::state::SavedState;
 use crate::{Compression, DataflowResult};
 use doubles::{
-    key_of, Collect, CountPerKey, Failing, FailsAtTheEnd, KeyCount, Numbers, PauseOnce, Tag,
-    Transactional, KEYS,
+    key_of, Collect, CountPerKey, EpochLog, Failing, FailsAtTheEnd, KeyCount, Numbers, PauseOnce,
+    Tag, Transactional, KEYS,
 };
 
 /// A run that has not ended by then is hung: the test fails instead of blocking the suite.
@@ -209,6 +209,36 @@ fn transactional_job(source: Numbers, sink: &Transactional) -> Arc<Job> {
         c.interval = Duration::from_millis(2);
     }
     Arc::new(job)
+}
+
+#[test]
+fn a_live_sources_epochs_are_numbered_by_the_clock_a_replays_by_count() {
+    // Each worker reads 30 rows, one every 5 ms (≥ 150 ms of reading), in epochs of 4 rows.
+    // Live: each epoch is numbered by the ms it closed at since the start, so both workers'
+    // epochs of one moment share a number (neither waits for the other to count as many).
+    // Replayed: counted, ~8 a worker.
+    for (pace, clocked) in [(Some(Duration::from_millis(5)), true), (None, false)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut source = Numbers::new(2, 30);
+        source.batch_rows = 1;
+        source.pace = pace;
+        let epochs = EpochLog::default();
+        let (job, _) = job(source, vec![tag("read_by")], Some(dir.path()));
+        let mut job = Arc::try_unwrap(job).unwrap_or_else(|_| unreachable!());
+        job.sink = Arc::new(epochs.clone());
+        run_on(Arc::new(job), 2).expect("run");
+        let written = epochs.0.lock().unwrap().clone();
+        let last = written.iter().copied().max().unwrap_or(0);
+        assert!(
+            written.windows(2).all(|w| w[0] < w[1]),
+            "in order: {written:?}"
+        );
+        if clocked {
+            assert!(last >= 150, "clocked: ms since the start: {written:?}");
+        } else {
+            assert!(last < 60, "counted: {written:?}");
+        }
+    }
 }
 
 #[test]

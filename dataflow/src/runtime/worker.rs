@@ -2,7 +2,7 @@
 //! sink when too far ahead (flow control), write checkpoints (worker 0) and beat the heart.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -144,6 +144,16 @@ pub(crate) fn run_worker(
     let mut epoch: Epoch = start.first_epoch;
     input.advance_to(epoch);
     positions.input.advance_to(epoch);
+    // The epochs this worker opened, newest last (flow control counts epochs, whatever their
+    // numbers: clocked epochs are numbered in ms).
+    let mut opened: VecDeque<Epoch> = VecDeque::from([epoch]);
+    // ms since the workers started, after the first epoch: a clocked epoch's number.
+    let slot = |at: Instant| {
+        let ms = at.saturating_duration_since(released).as_millis();
+        start
+            .first_epoch
+            .saturating_add(Epoch::try_from(ms).unwrap_or(Epoch::MAX))
+    };
     let mut records_in_epoch = 0;
     let mut last_epoch = Instant::now();
     loop {
@@ -169,10 +179,10 @@ pub(crate) fn run_worker(
                 // so every worker's records due together share an epoch: counting epochs per
                 // worker would drift apart (a worker that fell behind reads two frames in one
                 // epoch), and each epoch completes only when every worker has passed it.
-                let slot = at.saturating_duration_since(released).as_millis();
-                epoch = (epoch + 1).max(start.first_epoch.saturating_add(slot as Epoch));
+                epoch = (epoch + 1).max(slot(at));
                 input.advance_to(epoch);
                 positions.input.advance_to(epoch);
+                opened.push_back(epoch);
             }
             worker.step_or_park(Some(wait));
             liveness.tick()?;
@@ -233,13 +243,27 @@ pub(crate) fn run_worker(
         {
             records_in_epoch = 0;
             last_epoch = Instant::now();
-            epoch += 1;
+            epoch = if source.clocked() {
+                (epoch + 1).max(slot(last_epoch))
+            } else {
+                epoch + 1
+            };
             input.advance_to(epoch);
             positions.input.advance_to(epoch);
-            // Flow control: wait while the sink is more than `in_flight` epochs behind.
+            opened.push_back(epoch);
+            // Flow control: wait while the sink is more than `in_flight` epochs behind, i.e.
+            // has not passed the epoch opened `in_flight` epochs before this one.
+            while opened.len()
+                > usize::try_from(in_flight)
+                    .unwrap_or(usize::MAX)
+                    .saturating_add(1)
+            {
+                opened.pop_front();
+            }
+            let behind = opened.front().copied();
             // Park rather than spin: on a small machine a spinning worker steals the core
             // another worker's model is running on. Messages and timers unpark it.
-            while probe.less_than(&epoch.saturating_sub(in_flight)) && healthy(errors) {
+            while behind.is_some_and(|b| probe.less_than(&b)) && healthy(errors) {
                 worker.step_or_park(Some(Duration::from_millis(1)));
                 checkpoint(&mut checkpointer, &positions, &probe, state.as_mut())?;
                 liveness.tick()?;

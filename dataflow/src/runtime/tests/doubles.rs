@@ -39,6 +39,8 @@ pub struct Numbers {
     pub start: Offsets,
     /// Every `resume` call's offsets, shared by the resumed copies.
     pub resumed: Arc<Mutex<Vec<Offsets>>>,
+    /// A live source: each batch comes this long after the last, on the wall clock.
+    pub pace: Option<std::time::Duration>,
 }
 
 impl Numbers {
@@ -49,6 +51,7 @@ impl Numbers {
             batch_rows: 3,
             start: Offsets::new(),
             resumed: Arc::default(),
+            pace: None,
         }
     }
 
@@ -90,6 +93,7 @@ impl SourceFactory for Numbers {
             partitions: self.partitions,
             end: self.end,
             batch_rows: self.batch_rows,
+            pace: self.pace,
         }))
     }
 
@@ -113,10 +117,18 @@ struct NumbersPart {
     partitions: i32,
     end: i64,
     batch_rows: i64,
+    pace: Option<std::time::Duration>,
 }
 
 impl Source for NumbersPart {
+    fn clocked(&self) -> bool {
+        self.pace.is_some()
+    }
+
     fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
+        if let Some(pace) = self.pace {
+            std::thread::sleep(pace);
+        }
         let Some((p, from)) = self.parts.pop_front().filter(|(_, next)| *next < self.end) else {
             return Ok(None);
         };
@@ -206,6 +218,30 @@ impl Sink for Collect {
 
     fn flush(&mut self) -> DataflowResult<()> {
         Ok(())
+    }
+}
+
+/// A sink that notes the epochs it is told to begin (with checkpoints on, each one written).
+#[derive(Clone, Default)]
+pub struct EpochLog(pub Arc<Mutex<Vec<Epoch>>>);
+
+impl SinkFactory for EpochLog {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Sink for EpochLog {
+    fn write_batch(&mut self, _: &RecordBatch) -> DataflowResult<()> {
+        Ok(())
+    }
+
+    fn flush(&mut self) -> DataflowResult<()> {
+        Ok(())
+    }
+
+    fn begin_epoch(&mut self, _generation: u64, epoch: Epoch) {
+        self.0.lock().unwrap().push(epoch);
     }
 }
 
