@@ -41,8 +41,8 @@ fn unknown_key_names_line_and_key() {
     let tmp = tempfile::tempdir().unwrap();
     let f = edited(
         tmp.path(),
-        "max_epochs_in_flight: 4",
-        "max_epochs_in_flihgt: 4",
+        "max_epochs_in_flight: 2",
+        "max_epochs_in_flihgt: 2",
     );
     let e = error_of(&f);
     let line = line_of(&f, "max_epochs_in_flihgt");
@@ -610,8 +610,8 @@ fn validate_catches_what_run_would_refuse() {
     // Checkpoints need a source that can resume from offsets.
     let f = edited(
         tmp.path(),
-        "max_epochs_in_flight: 4",
-        "max_epochs_in_flight: 4\n  checkpoint: { dir: ckpt }",
+        "max_epochs_in_flight: 2",
+        "max_epochs_in_flight: 2\n  checkpoint: { dir: ckpt }",
     );
     let e = error_of(&f);
     assert!(e.contains("runtime.checkpoint"), "{e}");
