@@ -391,11 +391,14 @@ impl Stream {
         stop: &AtomicBool,
         on: &mut dyn FnMut(Decoded<'_>) -> Flow,
     ) -> Result<Ended, VideoError> {
-        let mut packet = Packet::empty();
         loop {
             if stop.load(Ordering::Relaxed) {
                 return Ok(Ended::Stopped);
             }
+            // A packet a read: `av_read_frame` overwrites the packet it is given without
+            // releasing its buffer, so reusing one leaked every packet's data (a live camera's
+            // whole bitstream); dropping it each time releases it.
+            let mut packet = Packet::empty();
             if let Some(watchdog) = self.watchdog.as_ref().filter(|_| self.timed_reads) {
                 // An interrupted read can still return what FFmpeg held back (the parser's
                 // last frame, flushed): the stream stalled all the same.
