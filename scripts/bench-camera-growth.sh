@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # How cost grows with cameras (issue #31 item 3): the detector + tracker job over 1, 2, 4, 8 and
-# 16 live cameras at a low rate (each a bundled clip read in real time, looped, sampled at
-# SAMPLE_FPS, 2 by default: 32 frames/s at 16 cameras, under this job's capacity on 2 cores),
+# 16 live cameras at a low rate (each a 60 s camera-like clip of data/videos/live/, H.264 at
+# CRF 20 with a keyframe a second, read in real time, looped, sampled at SAMPLE_FPS, 2 by
+# default: 32 frames/s at 16 cameras, under this job's capacity on 2 cores),
 # REPS interleaved rounds. Per camera count: frames/s, peak RSS (GNU time), results-ready and
 # written p99 (the run's summary), and frames dropped by the source; then the memory each camera
 # adds (the slope of peak RSS over the counts). Writes docs/benchmarks/camera-growth.md. Run it
@@ -30,7 +31,7 @@ frames=$((SECONDS_PER_RUN * SAMPLE_FPS))
 pipeline() {
   local n=$1 list="" i
   for ((i = 0; i < n; i++)); do
-    list+="{ id: c$i, uri: \"$PWD/data/videos/bikes-$((i % 4)).mp4\" }, "
+    list+="{ id: c$i, uri: \"$PWD/data/videos/live/bikes-$((i % 4)).mp4\" }, "
   done
   sed -n '/^stages:/,/^  - select:/p' pipelines/camera-tracking.yaml \
     | sed -e '$d' -e '/^  - decode:/d' -e "s#\.\./models/#$PWD/models/#" >"$work/stages.yaml"
@@ -112,8 +113,9 @@ PY
 description=$(cat <<TEXT
 The detector + tracker stages of \`pipelines/camera-tracking.yaml\` (resize 300×300 u8 → SSD-Lite
 → detections → track; 2 workers × 1 ONNX Runtime thread, \`epoch_ms: 100\`) over N live cameras:
-each a bundled 640×272 H.264 clip (\`bikes-(i mod 4).mp4\`) read in real time at its 25 fps,
-looped, sampled at $SAMPLE_FPS fps, $frames frames per camera ($SECONDS_PER_RUN s). $REPS round(s),
+each a 60 s 640×272 H.264 clip encoded as a camera sends (\`live/bikes-(i mod 4).mp4\`: CRF 20,
+a keyframe a second) read in real time at its 25 fps (every frame decoded: H.264 cannot skip
+them), sampled at $SAMPLE_FPS fps, $frames frames per camera ($SECONDS_PER_RUN s). $REPS round(s),
 the camera counts interleaved within each; median (min–max). frames/s is results over the whole
 run (model loading included); latency is from a frame's read: *ready* when its result exists at
 the sink operator (what the live view sees), *written* when its epoch commits; peak RSS is GNU
