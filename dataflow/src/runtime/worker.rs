@@ -146,7 +146,7 @@ pub(crate) fn run_worker(
     positions.input.advance_to(epoch);
     // The epochs this worker opened, newest last (flow control counts epochs, whatever their
     // numbers: clocked epochs are numbered in ms).
-    let mut opened: VecDeque<Epoch> = VecDeque::from([epoch]);
+    let mut opened = Opened::new(epoch, in_flight);
     // ms since the workers started, after the first epoch: a clocked epoch's number.
     let slot = |at: Instant| {
         let ms = at.saturating_duration_since(released).as_millis();
@@ -182,7 +182,7 @@ pub(crate) fn run_worker(
                 epoch = (epoch + 1).max(slot(at));
                 input.advance_to(epoch);
                 positions.input.advance_to(epoch);
-                opened.push_back(epoch);
+                opened.open(epoch);
             }
             worker.step_or_park(Some(wait));
             liveness.tick()?;
@@ -250,17 +250,10 @@ pub(crate) fn run_worker(
             };
             input.advance_to(epoch);
             positions.input.advance_to(epoch);
-            opened.push_back(epoch);
+            opened.open(epoch);
             // Flow control: wait while the sink is more than `in_flight` epochs behind, i.e.
             // has not passed the epoch opened `in_flight` epochs before this one.
-            while opened.len()
-                > usize::try_from(in_flight)
-                    .unwrap_or(usize::MAX)
-                    .saturating_add(1)
-            {
-                opened.pop_front();
-            }
-            let behind = opened.front().copied();
+            let behind = opened.oldest();
             // Park rather than spin: on a small machine a spinning worker steals the core
             // another worker's model is running on. Messages and timers unpark it.
             while behind.is_some_and(|b| probe.less_than(&b)) && healthy(errors) {
@@ -313,6 +306,36 @@ pub(crate) fn run_worker(
     }
     liveness.close();
     Ok(())
+}
+
+/// The last `in_flight + 1` epochs a worker opened, oldest first.
+struct Opened {
+    epochs: VecDeque<Epoch>,
+    keep: usize,
+}
+
+impl Opened {
+    fn new(first: Epoch, in_flight: Epoch) -> Self {
+        let keep = usize::try_from(in_flight)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1);
+        Opened {
+            epochs: VecDeque::from([first]),
+            keep,
+        }
+    }
+
+    fn open(&mut self, epoch: Epoch) {
+        self.epochs.push_back(epoch);
+        while self.epochs.len() > self.keep {
+            self.epochs.pop_front();
+        }
+    }
+
+    /// The epoch opened `in_flight` epochs before the newest: the sink must have passed it.
+    fn oldest(&self) -> Option<Epoch> {
+        self.epochs.front().copied()
+    }
 }
 
 fn checkpoint(
