@@ -332,9 +332,13 @@ impl Opened {
         }
     }
 
-    /// The epoch opened `in_flight` epochs before the newest: the sink must have passed it.
+    /// The epoch opened `in_flight` epochs before the newest, which the sink must have passed;
+    /// none while fewer have been opened (the run's first epochs go ahead freely).
     fn oldest(&self) -> Option<Epoch> {
-        self.epochs.front().copied()
+        self.epochs
+            .front()
+            .copied()
+            .filter(|_| self.epochs.len() == self.keep)
     }
 }
 
