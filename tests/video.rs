@@ -252,7 +252,7 @@ fn the_video_source_scales_for_the_first_resize_in_one_pass_unless_told_not_to()
     let root = format!("{}/", repo().display());
     let off = text
         .replace("../", &root)
-        .replace("    batch_size: 4\n", "    batch_size: 4\n    scale: off\n");
+        .replace("\n  video:\n", "\n  video:\n    scale: off\n");
     assert!(off.contains("scale: off"), "{off}");
     let off_file = tmp.path().join("camera-video-off.yaml");
     std::fs::write(&off_file, off).unwrap();
