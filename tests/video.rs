@@ -147,16 +147,10 @@ fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
     videos();
     let tmp = tempfile::tempdir().unwrap();
     let run = |pipeline: &str| -> Vec<Value> {
-        let out = tmp.path().join(format!("{pipeline}.jsonl"));
-        let p = repo().join("pipelines").join(pipeline);
-        riffle_ok(&[
-            "run",
-            "-q",
-            p.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-        ]);
-        read_jsonl(&out)
+        run_to_jsonl(
+            &repo().join("pipelines").join(pipeline),
+            &tmp.path().join(format!("{pipeline}.jsonl")),
+        )
     };
     let images = run("camera-perception.yaml");
     let video = run("camera-video.yaml");
@@ -188,6 +182,18 @@ fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
     // JPEG and (lossless) H.264 frames differ by their YUV → RGB conversions (and the video
     // source's one-pass scaling), which moves scores by up to ~0.03.
     assert_same_detections(&images, &video);
+}
+
+/// Runs `pipeline` quietly with its results going to `out`, and reads them.
+fn run_to_jsonl(pipeline: &Path, out: &Path) -> Vec<Value> {
+    riffle_ok(&[
+        "run",
+        "-q",
+        pipeline.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    read_jsonl(out)
 }
 
 type Keyed<'a> = BTreeMap<(String, i64), &'a Value>;
@@ -260,17 +266,7 @@ fn the_video_source_scales_for_the_first_resize_in_one_pass_unless_told_not_to()
         .into_owned();
     assert!(!plan.contains("in one pass"), "{plan}");
 
-    let run = |p: &Path, name: &str| -> Vec<Value> {
-        let out = tmp.path().join(format!("{name}.jsonl"));
-        riffle_ok(&[
-            "run",
-            "-q",
-            p.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-        ]);
-        read_jsonl(&out)
-    };
+    let run = |p: &Path, name: &str| run_to_jsonl(p, &tmp.path().join(format!("{name}.jsonl")));
     let fused = run(&shipped, "fused");
     let full = run(&off_file, "full");
     assert_eq!(fused.len(), 250);
