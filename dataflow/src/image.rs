@@ -1,9 +1,9 @@
-//! Images in Arrow columns.
+//! Pictures in Arrow columns.
 //!
 //! A frame travels as a Binary column of RGB8 pixels with `width` and `height` columns giving
 //! the picture's size: the size results (boxes, crops) are mapped back to. A source that has
-//! already scaled the pixels for the first stage (the video source converting and scaling in
-//! one pass from the decoder's YUV) says so on the pixel column's field, under
+//! already scaled the pixels for the first stage (a decoder converting and scaling in one
+//! pass from its YUV) says so on the pixel column's field, under
 //! [`PIXELS_SIZE_KEY`]: every row's pixels are then that size, and `width` / `height` still
 //! give the picture's own.
 //!
