@@ -1,8 +1,13 @@
 use std::collections::HashMap;
 
+use timely::container::CapacityContainerBuilder;
 use timely::dataflow::channels::pact::{Exchange, Pipeline};
+use timely::dataflow::operators::generic::builder_rc::OperatorBuilder;
+use timely::dataflow::operators::generic::OutputBuilder;
 use timely::dataflow::operators::Operator;
 use timely::dataflow::StreamVec;
+use timely::progress::operate::FrontierInterest;
+use timely::progress::Antichain;
 
 use super::exchange_by_key::{give_parts, route_by};
 use super::BatchStream;
@@ -178,8 +183,22 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
         let mut least = LeastDelay::new(targets, me);
         // With `ordered_by`: this epoch's key → worker.
         let mut sticky: (Option<Epoch>, HashMap<u64, usize>) = (None, HashMap::new());
-        self.binary(reports, Pipeline, Pipeline, "Balance", move |_, _| {
-            move |input, delays, output| {
+        // The reports only steer routing: the reports input is connected to no output, so
+        // a batch's epoch never waits on the load loop. Connected (as `binary` would make
+        // it), each epoch could close only once every worker had reported the one before,
+        // through a broadcast and the feedback: a progress round trip per epoch that, on a
+        // busy host, held committed results back for hundreds of ms.
+        let mut builder = OperatorBuilder::new("Balance".to_owned(), self.scope());
+        let mut input = builder.new_input_connection(self, Pipeline, []);
+        let mut delays = builder.new_input_connection(reports, Pipeline, []);
+        let (output, balanced) =
+            builder.new_output_connection([(0, Antichain::from_elem(Default::default()))]);
+        let mut output = OutputBuilder::<_, CapacityContainerBuilder<Vec<Batch>>>::from(output);
+        builder.set_notify_for(0, FrontierInterest::Never);
+        builder.set_notify_for(1, FrontierInterest::Never);
+        builder.build(move |_initial| {
+            move |_frontiers| {
+                let mut output = output.activate();
                 delays.for_each(|_, data| {
                     for (worker, ns_per_row, backlog) in data.drain(..) {
                         least.report(worker, ns_per_row, backlog);
@@ -213,8 +232,8 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
                     }
                 });
             }
-        })
-        .unary(
+        });
+        balanced.unary(
             Exchange::new(|b: &Batch| b.route),
             "Balanced",
             move |_, _| {
@@ -262,6 +281,47 @@ fn record_rows(batches: &[Batch]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::LeastDelay;
+
+    #[test]
+    fn an_epoch_closes_without_waiting_for_load_reports() {
+        use super::{Balance, ServiceCell};
+        use crate::{Batch, Epoch};
+        use arrow_array::{Int64Array, RecordBatch};
+        use std::sync::Arc;
+        use timely::container::CapacityContainerBuilder;
+        use timely::dataflow::operators::{Input, Probe};
+        use timely::dataflow::InputHandle;
+
+        timely::execute_directly(|worker| {
+            let mut data: InputHandle<Epoch, CapacityContainerBuilder<Vec<Batch>>> =
+                InputHandle::new();
+            // Reports stay at epoch 0 for the whole test: a stalled load loop.
+            let mut reports: InputHandle<Epoch, CapacityContainerBuilder<Vec<(usize, f64, u64)>>> =
+                InputHandle::new();
+            let probe = worker.dataflow::<Epoch, _, _>(|scope| {
+                let stream = scope.input_from(&mut data).container::<Vec<Batch>>();
+                let reports = scope.input_from(&mut reports).container::<Vec<_>>();
+                stream
+                    .balance(&[], None, reports, ServiceCell::default())
+                    .probe()
+                    .0
+            });
+            for epoch in 0..5 {
+                let rows = Int64Array::from(vec![epoch as i64]);
+                let batch = RecordBatch::try_from_iter([("x", Arc::new(rows) as _)]).unwrap();
+                data.send(Batch::records(batch, epoch));
+                data.advance_to(epoch + 1);
+            }
+            for _ in 0..50 {
+                worker.step();
+            }
+            assert!(
+                !probe.less_than(&5),
+                "epochs 0..5 stayed open, waiting on load reports"
+            );
+            assert!(reports.time() == &0);
+        });
+    }
 
     #[test]
     fn a_slow_worker_gets_a_smaller_share() {
