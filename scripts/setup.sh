@@ -63,12 +63,12 @@ fi
 
 # Debian packages: only those missing are installed (the machines run as root). To build and
 # run riffle: FFmpeg's libraries (the video source), pkg-config and clang for the bindings,
-# OpenSSL's headers (librdkafka's TLS and SASL), cmake and nasm for libjpeg-turbo (decode.jpeg)
-# with its SIMD code, and libpython where python3 lacks a linkable one (`python:` stages embed
+# OpenSSL's headers (librdkafka's TLS and SASL), libzstd (linked, not compiled: .cargo/config.toml),
+# cmake and nasm for libjpeg-turbo (decode.jpeg) with its SIMD code, and libpython where python3 lacks a linkable one (`python:` stages embed
 # it). For the tests: the ffmpeg command, GStreamer's RTSP server for the test cameras, and
 # g++'s sanitizers for the kernel emulator.
 BUILD_PACKAGES=(libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
-  libavfilter-dev pkg-config clang libclang-dev libssl-dev g++ cmake nasm)
+  libavfilter-dev pkg-config clang libclang-dev libssl-dev libzstd-dev g++ cmake nasm)
 TEST_PACKAGES=(ffmpeg python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base
   gstreamer1.0-plugins-good gstreamer1.0-plugins-bad libasan8 libubsan1)
 if ! python3 - <<'PY'

@@ -388,6 +388,9 @@ fn in_memory(name: &str) -> Arc<dyn ObjectStore> {
 
 /// An S3 client for `bucket`: `options` first, then the usual AWS variables.
 fn s3(bucket: &str, options: &StoreOptions) -> object_store::Result<object_store::aws::AmazonS3> {
+    // reqwest is built without a TLS provider of its own (see the workspace's object_store);
+    // an error only means one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .with_conditional_put(S3ConditionalPut::ETagMatch);

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
-use rustls::crypto::{aws_lc_rs, CryptoProvider};
+use rustls::crypto::{ring, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
@@ -34,7 +34,7 @@ pub(super) struct RustlsConnect {
 impl RustlsConnect {
     /// Reads the files `tls` names (a missing or unreadable one is an error naming it).
     pub fn new(verify: Verify, tls: &TlsConfig) -> Result<Self, TlsSettingError> {
-        let provider = Arc::new(aws_lc_rs::default_provider());
+        let provider = Arc::new(ring::default_provider());
         let (roots, trust) = roots(tls, verify)?;
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()

@@ -1400,7 +1400,7 @@ Xlw0xulRVh6RPqatnP+snyaTUK+hRANCAAS4k8926bjy8BRkr+qzFK54cl457pF2
     fn https_with_the_ca_file_verifies_the_registry() {
         use rustls::pki_types::pem::PemObject;
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
         let tls = Arc::new(
             rustls::ServerConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
