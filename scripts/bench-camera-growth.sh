@@ -68,12 +68,13 @@ log, n, out = open(sys.argv[1]).read(), int(sys.argv[2]), sys.argv[3]
 def ms(text):
     value, unit = text.split()
     return float(value) * {"µs": 1e-3, "ms": 1.0, "s": 1000.0}[unit]
-m = re.search(r"results: (\d+) in ([\d.]+) s = ([\d.]+) records/s; results ready p50 (\S+ \S+) p99 (\S+ \S+) .*written p50 (\S+ \S+) p99 (\S+ \S+)", log)
+lat = re.search(r"results ready p50 (\S+ \S+) p99 (\S+ \S+) .*written p50 (\S+ \S+) p99 (\S+ \S+)", log)
+m = re.search(r"results: (\d+) in ([\d.]+) s = ([\d.]+) records/s", log)
 rss = re.search(r"RSS_KB (\d+)", log)
 dropped = sum(float(v) for v in re.findall(r"riffle_video_frames_dropped_total\{[^}]*\} ([\d.]+)", log))
 results = sum(1 for _ in open(out))
-print(f"cameras={n} results={results} fps={m.group(3)} ready_p99_ms={ms(m.group(5)):.1f} "
-      f"written_p99_ms={ms(m.group(7)):.1f} rss_mb={int(rss.group(1)) / 1024:.0f} dropped={dropped:.0f}")
+print(f"cameras={n} results={results} fps={m.group(3)} ready_p99_ms={ms(lat.group(2)):.1f} "
+      f"written_p99_ms={ms(lat.group(4)):.1f} rss_mb={int(rss.group(1)) / 1024:.0f} dropped={dropped:.0f}")
 PY
 )
     echo "round $r: $line" >&2

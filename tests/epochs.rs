@@ -104,8 +104,8 @@ runtime: {{ workers: 1, epoch_records: 1000 }}
         String::from_utf8_lossy(&run.stdout).into_owned() + &String::from_utf8_lossy(&run.stderr);
     let line = report
         .lines()
-        .find(|l| l.starts_with("results: "))
-        .unwrap_or_else(|| panic!("no results line:\n{report}"));
+        .find(|l| l.starts_with("latency: "))
+        .unwrap_or_else(|| panic!("no latency line:\n{report}"));
     let after = |key: &str| {
         let rest = &line[line.find(key).unwrap_or_else(|| panic!("{key}: {line}")) + key.len()..];
         let end = rest.find(" p99").unwrap_or(rest.len());

@@ -74,6 +74,16 @@ impl Summary {
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The latency a user sees comes first; the per-stage table explains it.
+        writeln!(
+            f,
+            "latency: results ready p50 {} p99 {} after their read (what the live view and a \
+             live sink see); written p50 {} p99 {} (when their epoch commits)",
+            fmt_duration(self.ready_p50),
+            fmt_duration(self.ready_p99),
+            fmt_duration(self.end_to_end_p50),
+            fmt_duration(self.end_to_end_p99)
+        )?;
         writeln!(
             f,
             "{:<20} {:>10} {:>10} {:>6} {:>6} {:>8} {:>10} {:>10} {:>10}",
@@ -96,16 +106,10 @@ impl std::fmt::Display for Summary {
         }
         writeln!(
             f,
-            "results: {} in {:.2} s = {:.1} records/s; results ready p50 {} p99 {} after \
-             their read (what the live view and a live sink see); written p50 {} p99 {} (when \
-             their epoch commits)",
+            "results: {} in {:.2} s = {:.1} records/s",
             self.results,
             self.elapsed.as_secs_f64(),
             self.throughput(),
-            fmt_duration(self.ready_p50),
-            fmt_duration(self.ready_p99),
-            fmt_duration(self.end_to_end_p50),
-            fmt_duration(self.end_to_end_p99)
         )?;
         for (name, value) in &self.connectors {
             writeln!(f, "{name} {value}")?;
@@ -137,7 +141,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prints_stages_results_and_registered_metrics() {
+    fn prints_latency_first_then_stages_results_and_registered_metrics() {
         let summary = Summary {
             elapsed: Duration::from_secs(2),
             stages: vec![StageSummary {
@@ -165,17 +169,18 @@ mod tests {
         let text = summary.to_string();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
-            lines[1],
+            lines[0],
+            "latency: results ready p50 4.00 ms p99 8.00 ms after their read (what the live view \
+             and a live sink see); written p50 5.00 ms p99 2.00 s (when their epoch commits)"
+        );
+        assert!(lines[1].starts_with("stage "), "{}", lines[1]);
+        assert_eq!(
+            lines[2],
             "model                        10          9      1      0        2        5.0     \
              900 µs    3.00 ms"
         );
-        assert_eq!(
-            lines[2],
-            "results: 9 in 2.00 s = 4.5 records/s; results ready p50 4.00 ms p99 8.00 ms after \
-             their read (what the live view and a live sink see); written p50 5.00 ms p99 2.00 s \
-             (when their epoch commits)"
-        );
-        assert_eq!(lines[3], "riffle_thing_total{to=b} 3");
-        assert_eq!(lines.len(), 4);
+        assert_eq!(lines[3], "results: 9 in 2.00 s = 4.5 records/s");
+        assert_eq!(lines[4], "riffle_thing_total{to=b} 3");
+        assert_eq!(lines.len(), 5);
     }
 }
