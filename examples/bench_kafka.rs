@@ -80,180 +80,182 @@ fn main() -> anyhow::Result<()> {
         )
     })?;
 
-    // 1. Ingest: 2,000 clicks replayed 100 times as JSON, as Avro and as Protobuf, and the
-    // frames ×48 as raw bytes.
-    let clicks = format!("bench-clicks-{run_id}");
-    ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&clicks, 4))?;
-    let csv = SourceConfig::Csv(CsvSourceConfig {
-        path: repo.join("data/clickstream/obd-random-all-2000.csv"),
-        has_header: true,
-        batch_size: 2000,
-        delimiter: None,
-        max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
-        schema: None,
-    })
-    .build()?;
-    for _ in 0..CLICK_REPLAYS {
-        replay(
-            &brokers,
-            &Default::default(),
-            &clicks,
-            csv.as_ref(),
-            Some("user_feature_0"),
-            Pace {
-                messages_per_second: None,
-            },
-        )?;
-    }
-    // The same clicks as Avro and as Protobuf in the registry's framing, their schemas derived
-    // from the CSV's columns and registered by the sink that writes them.
-    let schemas = tempfile::tempdir()?;
-    let click_columns = csv.schema()?;
-    let avsc = schemas.path().join("click.avsc");
-    let avro_text = AvroEncoder::new(&click_columns, None, "bench.Click")?
-        .schema_text()
-        .to_string();
-    std::fs::write(&avsc, &avro_text)?;
-    let proto = schemas.path().join("click.proto");
-    std::fs::write(&proto, proto_text(&click_columns)?)?;
-    let avro_topic = format!("bench-clicks-avro-{run_id}");
-    let proto_topic = format!("bench-clicks-protobuf-{run_id}");
-    let avro_block = format!("avro: {{ schema: \"{}\" }}", avsc.display());
-    let proto_block = format!(
-        "protobuf: {{ proto: \"{}\", message: bench.Click }}",
-        proto.display()
-    );
-    let registry_block = format!("schema_registry: {{ url: \"{registry}\" }}");
-    for (topic, format, block) in [
-        (&avro_topic, "avro", &avro_block),
-        (&proto_topic, "protobuf", &proto_block),
-    ] {
-        ensure_topic(&brokers, &Default::default(), &TopicSpec::new(topic, 4))?;
-        // Keyed as the JSON clicks are.
-        let sink: KafkaSinkConfig = serde_saphyr::from_str(&format!(
-            "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, key: user_feature_0, {block}, {registry_block} }}"
-        ))?;
+    // BENCH_KAFKA_ONLY=e2e skips the ingest rows, =ingest the end-to-end ones.
+    if std::env::var("BENCH_KAFKA_ONLY").as_deref() != Ok("e2e") {
+        // 1. Ingest: 2,000 clicks replayed 100 times as JSON, as Avro and as Protobuf, and the
+        // frames ×48 as raw bytes.
+        let clicks = format!("bench-clicks-{run_id}");
+        ensure_topic(&brokers, &Default::default(), &TopicSpec::new(&clicks, 4))?;
+        let csv = SourceConfig::Csv(CsvSourceConfig {
+            path: repo.join("data/clickstream/obd-random-all-2000.csv"),
+            has_header: true,
+            batch_size: 2000,
+            delimiter: None,
+            max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
+            schema: None,
+        })
+        .build()?;
         for _ in 0..CLICK_REPLAYS {
-            replay_schemaful(
-                &sink,
+            replay(
+                &brokers,
+                &Default::default(),
+                &clicks,
                 csv.as_ref(),
+                Some("user_feature_0"),
                 Pace {
                     messages_per_second: None,
                 },
             )?;
         }
-    }
-    // The plain consumers' schemas, had before timing as a user would: the writer schema from
-    // the registry by subject, the .proto compiled with protox.
-    let avro_work = {
-        let (id, writer) = latest_schema(&registry, &format!("{avro_topic}-value"))?;
-        Work::Avro {
-            id,
-            writer,
-            reader: avro_text.clone(),
-        }
-    };
-    let proto_work = {
-        let mut compiler = protox::Compiler::new([schemas.path()])?;
-        compiler.open_file("click.proto")?;
-        let message = compiler
-            .descriptor_pool()
-            .get_message_by_name("bench.Click")
-            .context("bench.Click not in the compiled click.proto")?;
-        Work::Protobuf(message)
-    };
-
-    let frames_topic = format!("bench-frames-{run_id}");
-    ensure_topic(
-        &brokers,
-        &Default::default(),
-        &TopicSpec::new(&frames_topic, 4),
-    )?;
-    let frames = images(&repo, FRAME_REPLAYS);
-    replay(
-        &brokers,
-        &Default::default(),
-        &frames_topic,
-        frames.as_ref(),
-        None,
-        Pace {
-            messages_per_second: None,
-        },
-    )?;
-
-    println!("| ingest ({brokers}), median (range) of {rounds} rounds | messages | bare poll msg/s | plain consumer msg/s | riffle Kafka source rows/s | ratio to plain consumer | ratio to bare poll |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    let avro_source = format!("{avro_block}, {registry_block}");
-    let proto_source = format!("{proto_block}, {registry_block}");
-    let rows: [(&str, &str, &str, Work, &str); 4] = [
-        (
-            &clicks,
-            "json",
-            "",
-            Work::Json,
-            "clicks as JSON → Arrow columns",
-        ),
-        (
-            &avro_topic,
-            "avro",
-            &avro_source,
-            avro_work,
-            "clicks as Avro (registry framing) → Arrow columns",
-        ),
-        (
-            &proto_topic,
-            "protobuf",
-            &proto_source,
-            proto_work,
-            "clicks as Protobuf (registry framing) → Arrow columns",
-        ),
-        (
-            &frames_topic,
-            "raw",
-            "",
-            Work::Keep,
-            "frames as raw bytes → Arrow",
-        ),
-    ];
-    for (topic, format, settings, work, label) in &rows {
-        // Interleaved, so all three see the same broker and page-cache state.
-        let (mut bare, mut plain, mut ours) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut to_plain, mut to_bare, mut n) = (Vec::new(), Vec::new(), 0);
-        let mut differ = false;
-        for _ in 0..rounds {
-            let (count, t_bare, _) = plain_consumer(&brokers, topic, &Work::Length)?;
-            let (kept, t_plain, plain_output) = plain_consumer(&brokers, topic, work)?;
-            let (rows, t_ours, our_output) = riffle_source(&brokers, topic, format, settings)?;
-            anyhow::ensure!(
-                rows == count && kept == count,
-                "source read {rows} rows, consumers {count} and {kept} messages"
-            );
-            // Every round is compared; a reader that kept nothing to compare counts as differing.
-            if plain_output.is_none() || plain_output != our_output {
-                eprintln!("{label}: outputs differ\n  plain consumer: {plain_output:?}\n  riffle: {our_output:?}");
-                differ = true;
-            }
-            n = count;
-            bare.push(count as f64 / t_bare.as_secs_f64());
-            plain.push(count as f64 / t_plain.as_secs_f64());
-            ours.push(rows as f64 / t_ours.as_secs_f64());
-            to_plain.push(t_plain.as_secs_f64() / t_ours.as_secs_f64());
-            to_bare.push(t_bare.as_secs_f64() / t_ours.as_secs_f64());
-        }
-        // Project rule: no ratio between outputs that are not the same.
-        let (ratio_plain, ratio_bare) = if differ {
-            ("outputs differ".to_string(), "outputs differ".to_string())
-        } else {
-            (spread(&to_plain, 2), spread(&to_bare, 2))
-        };
-        println!(
-            "| {label} | {n} | {} | {} | {} | {ratio_plain} | {ratio_bare} |",
-            spread(&bare, 0),
-            spread(&plain, 0),
-            spread(&ours, 0),
+        // The same clicks as Avro and as Protobuf in the registry's framing, their schemas derived
+        // from the CSV's columns and registered by the sink that writes them.
+        let schemas = tempfile::tempdir()?;
+        let click_columns = csv.schema()?;
+        let avsc = schemas.path().join("click.avsc");
+        let avro_text = AvroEncoder::new(&click_columns, None, "bench.Click")?
+            .schema_text()
+            .to_string();
+        std::fs::write(&avsc, &avro_text)?;
+        let proto = schemas.path().join("click.proto");
+        std::fs::write(&proto, proto_text(&click_columns)?)?;
+        let avro_topic = format!("bench-clicks-avro-{run_id}");
+        let proto_topic = format!("bench-clicks-protobuf-{run_id}");
+        let avro_block = format!("avro: {{ schema: \"{}\" }}", avsc.display());
+        let proto_block = format!(
+            "protobuf: {{ proto: \"{}\", message: bench.Click }}",
+            proto.display()
         );
-    }
+        let registry_block = format!("schema_registry: {{ url: \"{registry}\" }}");
+        for (topic, format, block) in [
+            (&avro_topic, "avro", &avro_block),
+            (&proto_topic, "protobuf", &proto_block),
+        ] {
+            ensure_topic(&brokers, &Default::default(), &TopicSpec::new(topic, 4))?;
+            // Keyed as the JSON clicks are.
+            let sink: KafkaSinkConfig = serde_saphyr::from_str(&format!(
+            "{{ brokers: \"{brokers}\", topic: {topic}, format: {format}, key: user_feature_0, {block}, {registry_block} }}"
+        ))?;
+            for _ in 0..CLICK_REPLAYS {
+                replay_schemaful(
+                    &sink,
+                    csv.as_ref(),
+                    Pace {
+                        messages_per_second: None,
+                    },
+                )?;
+            }
+        }
+        // The plain consumers' schemas, had before timing as a user would: the writer schema from
+        // the registry by subject, the .proto compiled with protox.
+        let avro_work = {
+            let (id, writer) = latest_schema(&registry, &format!("{avro_topic}-value"))?;
+            Work::Avro {
+                id,
+                writer,
+                reader: avro_text.clone(),
+            }
+        };
+        let proto_work = {
+            let mut compiler = protox::Compiler::new([schemas.path()])?;
+            compiler.open_file("click.proto")?;
+            let message = compiler
+                .descriptor_pool()
+                .get_message_by_name("bench.Click")
+                .context("bench.Click not in the compiled click.proto")?;
+            Work::Protobuf(message)
+        };
 
+        let frames_topic = format!("bench-frames-{run_id}");
+        ensure_topic(
+            &brokers,
+            &Default::default(),
+            &TopicSpec::new(&frames_topic, 4),
+        )?;
+        let frames = images(&repo, FRAME_REPLAYS);
+        replay(
+            &brokers,
+            &Default::default(),
+            &frames_topic,
+            frames.as_ref(),
+            None,
+            Pace {
+                messages_per_second: None,
+            },
+        )?;
+
+        println!("| ingest ({brokers}), median (range) of {rounds} rounds | messages | bare poll msg/s | plain consumer msg/s | riffle Kafka source rows/s | ratio to plain consumer | ratio to bare poll |");
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+        let avro_source = format!("{avro_block}, {registry_block}");
+        let proto_source = format!("{proto_block}, {registry_block}");
+        let rows: [(&str, &str, &str, Work, &str); 4] = [
+            (
+                &clicks,
+                "json",
+                "",
+                Work::Json,
+                "clicks as JSON → Arrow columns",
+            ),
+            (
+                &avro_topic,
+                "avro",
+                &avro_source,
+                avro_work,
+                "clicks as Avro (registry framing) → Arrow columns",
+            ),
+            (
+                &proto_topic,
+                "protobuf",
+                &proto_source,
+                proto_work,
+                "clicks as Protobuf (registry framing) → Arrow columns",
+            ),
+            (
+                &frames_topic,
+                "raw",
+                "",
+                Work::Keep,
+                "frames as raw bytes → Arrow",
+            ),
+        ];
+        for (topic, format, settings, work, label) in &rows {
+            // Interleaved, so all three see the same broker and page-cache state.
+            let (mut bare, mut plain, mut ours) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut to_plain, mut to_bare, mut n) = (Vec::new(), Vec::new(), 0);
+            let mut differ = false;
+            for _ in 0..rounds {
+                let (count, t_bare, _) = plain_consumer(&brokers, topic, &Work::Length)?;
+                let (kept, t_plain, plain_output) = plain_consumer(&brokers, topic, work)?;
+                let (rows, t_ours, our_output) = riffle_source(&brokers, topic, format, settings)?;
+                anyhow::ensure!(
+                    rows == count && kept == count,
+                    "source read {rows} rows, consumers {count} and {kept} messages"
+                );
+                // Every round is compared; a reader that kept nothing to compare counts as differing.
+                if plain_output.is_none() || plain_output != our_output {
+                    eprintln!("{label}: outputs differ\n  plain consumer: {plain_output:?}\n  riffle: {our_output:?}");
+                    differ = true;
+                }
+                n = count;
+                bare.push(count as f64 / t_bare.as_secs_f64());
+                plain.push(count as f64 / t_plain.as_secs_f64());
+                ours.push(rows as f64 / t_ours.as_secs_f64());
+                to_plain.push(t_plain.as_secs_f64() / t_ours.as_secs_f64());
+                to_bare.push(t_bare.as_secs_f64() / t_ours.as_secs_f64());
+            }
+            // Project rule: no ratio between outputs that are not the same.
+            let (ratio_plain, ratio_bare) = if differ {
+                ("outputs differ".to_string(), "outputs differ".to_string())
+            } else {
+                (spread(&to_plain, 2), spread(&to_bare, 2))
+            };
+            println!(
+                "| {label} | {n} | {} | {} | {} | {ratio_plain} | {ratio_bare} |",
+                spread(&bare, 0),
+                spread(&plain, 0),
+                spread(&ours, 0),
+            );
+        }
+    }
     if std::env::var("BENCH_KAFKA_ONLY").as_deref() == Ok("ingest") {
         return Ok(());
     }
@@ -272,22 +274,25 @@ fn main() -> anyhow::Result<()> {
             messages_per_second: None,
         },
     )?;
-    let kafka_yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception-kafka.yaml"))?
-        .replace("127.0.0.1:9092", &brokers)
-        .replace("topic: cameras", &format!("topic: {cameras}"))
-        .replace(
-            "topic: detections",
-            &format!("topic: bench-detections-{run_id}"),
-        );
-    let files_yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception.yaml"))?
-        .replace(
-            "    batch_size: 4\n",
-            &format!("    batch_size: 4\n    repeat: {REPEAT}\n"),
-        );
-    anyhow::ensure!(
-        files_yaml.contains("repeat:"),
-        "no images batch_size to extend"
-    );
+    // Equal work: the Kafka runs are the files pipeline (its stages, model batching, epochs
+    // and flow control) with the shipped Kafka pipeline's source and sink swapped in.
+    let files_yaml = std::fs::read_to_string(repo.join("pipelines/camera-perception.yaml"))?;
+    let shipped_kafka =
+        std::fs::read_to_string(repo.join("pipelines/camera-perception-kafka.yaml"))?
+            .replace("127.0.0.1:9092", &brokers)
+            .replace("topic: cameras", &format!("topic: {cameras}"))
+            .replace(
+                "topic: detections",
+                &format!("topic: bench-detections-{run_id}"),
+            );
+    let kafka_yaml = swap_block(
+        &swap_block(&files_yaml, &shipped_kafka, "source")?,
+        &shipped_kafka,
+        "sink",
+    )?;
+    let files_yaml =
+        files_yaml.replace("  images:\n", &format!("  images:\n    repeat: {REPEAT}\n"));
+    anyhow::ensure!(files_yaml.contains("repeat:"), "no images source to extend");
     let files_file = beside_pipelines(&repo, &format!(".bench-files-{run_id}.yaml"), &files_yaml)?;
     let out = std::env::temp_dir().join(format!("bench-e2e-{run_id}.jsonl"));
     let (mut files, mut kafka, mut exactly_once) = (Vec::new(), Vec::new(), Vec::new());
@@ -324,15 +329,15 @@ fn main() -> anyhow::Result<()> {
                 &format!("topic: {eo_topic}"),
             )
             .replace(
-                "epoch_records: 16",
+                "\nruntime:\n",
                 &format!(
-                    "epoch_records: 16\n  checkpoint: {{ dir: \"{}\", interval_ms: 1000 }}",
+                    "\nruntime:\n  checkpoint: {{ dir: \"{}\", interval_ms: 1000 }}\n",
                     checkpoints.path().display()
                 ),
             );
         anyhow::ensure!(
             eo_yaml.contains("checkpoint:"),
-            "no runtime.epoch_records to extend"
+            "no runtime block to extend"
         );
         let eo_file = beside_pipelines(&repo, &format!(".bench-kafka-eo-{run_id}.yaml"), &eo_yaml)?;
         let e = run_pipeline(&eo_file, None);
@@ -372,6 +377,29 @@ fn main() -> anyhow::Result<()> {
         ratio(eo_differ, &eo_ratio)
     );
     Ok(())
+}
+
+/// `yaml` with its top-level `key:` block (that line and the indented and comment lines
+/// under it) replaced by the block of the same key in `from`.
+fn swap_block(yaml: &str, from: &str, key: &str) -> anyhow::Result<String> {
+    fn span(text: &str, key: &str) -> Option<(usize, usize)> {
+        let head = format!("{key}:");
+        let mut offset = 0;
+        let mut start = None;
+        for line in text.split_inclusive('\n') {
+            let top = !line.starts_with([' ', '#', '\n']);
+            match start {
+                None if top && line.starts_with(&head) => start = Some(offset),
+                Some(s) if top => return Some((s, offset)),
+                _ => {}
+            }
+            offset += line.len();
+        }
+        start.map(|s| (s, text.len()))
+    }
+    let (a, b) = span(yaml, key).with_context(|| format!("no top-level `{key}:` to swap"))?;
+    let (c, d) = span(from, key).with_context(|| format!("no top-level `{key}:` to take"))?;
+    Ok(format!("{}{}{}", &yaml[..a], &from[c..d], &yaml[b..]))
 }
 
 /// Writes a pipeline file into `pipelines/`, beside the shipped ones, so that their relative

@@ -66,8 +66,10 @@ registry=$(sed -n 's/^APICURIO_VERSION=//p' scripts/registry.sh)
   last fetch whatever it did with the messages. The target
   (≥ 0.9) is against the plain consumer; the gap to the bare poll is the decoding and the
   copy, which run on the worker's thread while librdkafka fetches on its own.
-- End to end: `pipelines/camera-perception.yaml` (files) and `pipelines/camera-perception-kafka.yaml`
-  (the same frames as a topic of 4 partitions, results to a topic): the bundled 250 frames
+- End to end: `pipelines/camera-perception.yaml` (files), and the same pipeline (its stages,
+  model batching, epochs and flow control: equal work) with the source and sink of
+  `pipelines/camera-perception-kafka.yaml` swapped in (the same frames as a topic of 4
+  partitions, results to a topic): the bundled 250 frames
   replayed 4 times (1,000 frames), 2 workers, timed from `load` to the end of `run` (start-up
   included: about 0.5 s more from Kafka, for metadata, topic creation and the last
   deliveries); the exactly-once row adds
