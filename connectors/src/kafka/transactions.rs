@@ -271,8 +271,19 @@ impl Transaction {
             .send(record)
             .map_err(|(e, _)| self.failed("writing the commit record", e))?;
         let offsets = self.group_offsets()?;
+        let started = std::time::Instant::now();
         self.drain()?;
-        if let Err(e) = self.producer.commit_transaction(self.timeout) {
+        let drained = started.elapsed();
+        let committed = self.producer.commit_transaction(self.timeout);
+        tracing::debug!(
+            "kafka transaction `{}` through epoch {}: deliveries drained in {:.1} ms, \
+             committed in {:.1} ms",
+            self.id,
+            commit.epoch,
+            drained.as_secs_f64() * 1e3,
+            (started.elapsed() - drained).as_secs_f64() * 1e3
+        );
+        if let Err(e) = committed {
             // An abortable failure leaves the producer usable for the restart's sake; the run
             // still fails, and resumes from the previous commit.
             if let KafkaError::Transaction(t) = &e {
