@@ -296,8 +296,8 @@ mod tests {
             let mut data: InputHandle<Epoch, CapacityContainerBuilder<Vec<Batch>>> =
                 InputHandle::new();
             // Reports stay at epoch 0 for the whole test: a stalled load loop.
-            let mut reports: InputHandle<Epoch, CapacityContainerBuilder<Vec<(usize, f64, u64)>>> =
-                InputHandle::new();
+            type Reports = CapacityContainerBuilder<Vec<(usize, f64, u64)>>;
+            let mut reports: InputHandle<Epoch, Reports> = InputHandle::new();
             let probe = worker.dataflow::<Epoch, _, _>(|scope| {
                 let stream = scope.input_from(&mut data).container::<Vec<Batch>>();
                 let reports = scope.input_from(&mut reports).container::<Vec<_>>();
