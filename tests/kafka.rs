@@ -154,13 +154,7 @@ fn frames_through_kafka_equal_the_file_run() {
         .replace("cameras: 4", "cameras: 2")
         .replace("../", &format!("{}/", repo().display()));
     let p = write(tmp.path(), "files.yaml", &text);
-    riffle_ok(&[
-        "run",
-        "-q",
-        p.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    run_quietly(&p, &out);
     let from_files = detections_by_frame(read_jsonl(&out));
     assert_eq!(from_kafka, from_files);
     assert!(
@@ -192,13 +186,7 @@ fn clickstream_json_from_kafka_keeps_the_clicks() {
         .replace("127.0.0.1:9092", &brokers)
         .replace("topic: clicks", &format!("topic: {input}"));
     let p = write(tmp.path(), "clicks.yaml", &text);
-    riffle_ok(&[
-        "run",
-        "-q",
-        p.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    run_quietly(&p, &out);
 
     // Expected straight from the CSV: the rows with click = 1.
     let text = std::fs::read_to_string(&csv).unwrap();

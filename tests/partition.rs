@@ -273,13 +273,7 @@ fn parts_on_two_processes_give_the_whole_models_top1_with_every_compression() {
         )
         .replace("../models", &repo().join("models").display().to_string());
     let whole_file = write(tmp.path(), "whole.yaml", &whole_yaml);
-    riffle_ok(&[
-        "run",
-        "-q",
-        whole_file.to_str().unwrap(),
-        "--output",
-        whole_out.to_str().unwrap(),
-    ]);
+    run_quietly(&whole_file, &whole_out);
     let whole = top1(&whole_out);
     assert_eq!(whole.len(), 25);
     for compression in ["none", "fp16", "sparse"] {

@@ -223,13 +223,7 @@ fn the_tracks_alerts_example_raises_alerts_only_for_tracked_people_near_the_came
     let out = tmp.path().join("alerts.jsonl");
     let p = repo().join("pipelines/camera-tracks-alerts.yaml");
     riffle_ok(&["validate", p.to_str().unwrap()]);
-    riffle_ok(&[
-        "run",
-        "-q",
-        p.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    run_quietly(&p, &out);
     let alerts = read_jsonl(&out);
     assert!(
         !alerts.is_empty(),

@@ -125,13 +125,7 @@ fn camera_pipeline_finds_the_cyclist_and_the_known_number_of_person_frames() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("detections.jsonl");
     let pipeline = repo().join("pipelines/camera-perception.yaml");
-    riffle_ok(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    run_quietly(&pipeline, &out);
     let rows = read_jsonl(&out);
     assert_eq!(rows.len(), 250, "one result per bundled frame");
     let cameras: std::collections::BTreeSet<_> = rows

@@ -85,23 +85,13 @@ fn shipped(name: &str) -> String {
         .replace("../data/", &format!("{}/data/", repo().display()))
 }
 
-fn run_to(pipeline: &Path, out: &Path) {
-    riffle_ok(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-}
-
 #[test]
 fn the_obd_pipeline_scores_like_numpy_from_the_model_weights() {
     require_onnx_runtime();
     let tmp = tempfile::tempdir().unwrap();
     let pipeline = write(tmp.path(), "obd.yaml", &shipped("clicks-obd.yaml"));
     let out = tmp.path().join("scored.jsonl");
-    run_to(&pipeline, &out);
+    run_quietly(&pipeline, &out);
     let expected = reference(&events());
     assert_eq!(expected.len(), 300);
     assert_close(&scored(&out), &expected);
@@ -145,7 +135,7 @@ fn records_that_do_not_fit_the_declared_schema_are_dead_letters() {
     );
     let pipeline = write(tmp.path(), "obd.yaml", &yaml);
     let out = tmp.path().join("scored.jsonl");
-    run_to(&pipeline, &out);
+    run_quietly(&pipeline, &out);
 
     let expected = reference(&write(tmp.path(), "good.jsonl", &good.join("\n")));
     assert_close(&scored(&out), &expected);
@@ -217,7 +207,7 @@ sink:
     );
     let pipeline = write(tmp.path(), "wide.yaml", &yaml);
     let out = tmp.path().join("scored.jsonl");
-    run_to(&pipeline, &out);
+    run_quietly(&pipeline, &out);
     let expected: BTreeMap<i64, f64> = reference(&events())
         .into_iter()
         .filter(|(id, _)| *id < 100)
@@ -246,6 +236,6 @@ fn obd_events_through_kafka_score_like_numpy() {
         .replace("topic: obd-events", &format!("topic: {topic}"));
     let pipeline = write(tmp.path(), "obd-kafka.yaml", &yaml);
     let out = tmp.path().join("scored.jsonl");
-    run_to(&pipeline, &out);
+    run_quietly(&pipeline, &out);
     assert_close(&scored(&out), &reference(&events()));
 }

@@ -186,13 +186,7 @@ fn mp4_cameras_give_the_detections_of_the_jpeg_frames() {
 
 /// Runs `pipeline` quietly with its results going to `out`, and reads them.
 fn run_to_jsonl(pipeline: &Path, out: &Path) -> Vec<Value> {
-    riffle_ok(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    run_quietly(pipeline, out);
     read_jsonl(out)
 }
 

@@ -101,6 +101,17 @@ pub fn riffle_ok_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     out
 }
 
+/// `riffle run -q PIPELINE --output OUT`, failing the test when the run fails.
+pub fn run_quietly(pipeline: &Path, out: &Path) -> Output {
+    riffle_ok(&[
+        "run",
+        "-q",
+        &pipeline.to_string_lossy(),
+        "--output",
+        &out.to_string_lossy(),
+    ])
+}
+
 pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
