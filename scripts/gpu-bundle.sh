@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu-check.sh needs on a GPU host without a Rust toolchain into one folder
-# (default: gpu-bundle/, git-ignored): the release binary, the ONNX Runtime library, the CTR
-# model, 64 frames and the script. Prints its size (a device run carries at most 64 MiB).
-# The binary is built without the `video` feature, so it needs no FFmpeg libraries.
+# (default: gpu-bundle/, git-ignored): the release binary, the ONNX Runtime library, the
+# libpython the binary links (for `python:` stages; GPU hosts often have another Python), the
+# CTR model, 64 frames and the script, and the same as one archive, gpu-bundle.tar.xz (~21 MB:
+# the folder is ~75 MB). The binary is built without the `video` feature, so it needs no
+# FFmpeg libraries.
 #   scripts/gpu-bundle.sh && (cd gpu-bundle && ./scripts/gpu-check.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +22,11 @@ cp "$lib" "$out/"
 cp models/ml100k_ncf_ctr.onnx "$out/models/"
 ls data/frames/bikes/*.jpg | head -64 | xargs -I{} cp {} "$out/data/frames/bikes/"
 cp scripts/gpu-check.sh "$out/scripts/"
-du -sh "$out"
+# The binary links libpython dynamically; a host without that version could not start it.
+py=$(ldd "$out/riffle" | awk '/libpython/ { print $3 }')
+if [ -n "$py" ]; then
+  cp -L "$py" "$out/"
+  strip "$out/$(basename "$py")" 2>/dev/null || true
+fi
+tar -C "$out" -cf - . | xz -9 -T0 > "$out.tar.xz"
+du -sh "$out" "$out.tar.xz"

@@ -17,6 +17,10 @@ bin="${RIFFLE_BIN:-$here/target/release/riffle}"
 if [ -z "${RIFFLE_ORT_LIB:-}" ] && [ -f "$here/libonnxruntime.so.1.31.1" ]; then
   export RIFFLE_ORT_LIB="$here/libonnxruntime.so.1.31.1"
 fi
+# A bundle carries the libpython its binary links (scripts/gpu-bundle.sh).
+if ls "$here"/libpython*.so* >/dev/null 2>&1; then
+  export LD_LIBRARY_PATH="$here${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 model="${RIFFLE_GPU_CHECK_MODEL:-$here/models/ml100k_ncf_ctr.onnx}"
 frames="${RIFFLE_GPU_CHECK_FRAMES:-$here/data/frames/bikes}"
 
