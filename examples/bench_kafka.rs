@@ -62,6 +62,13 @@ const REPEAT: usize = 4;
 const FRAMES: f64 = 250.0 * REPEAT as f64;
 
 fn main() -> anyhow::Result<()> {
+    // RUST_LOG=riffle_connectors::kafka=debug shows where a run's start-up and commits wait.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let brokers = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:9092".into());

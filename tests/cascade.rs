@@ -31,16 +31,38 @@ fn the_cascade_classifies_each_track_every_tenth_frame_and_counts_line_crossings
     );
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("cascade.jsonl");
+    // The shipped file, with its tap's video and its dead letters written here rather than
+    // into the checkout's out/.
+    let shipped = std::fs::read_to_string(repo().join("pipelines/camera-cascade.yaml")).unwrap();
+    let here = format!("{}/", tmp.path().display());
+    let yaml = shipped
+        .replace("../out/", &here)
+        .replace("../", &format!("{}/", repo().display()));
+    let pipeline = tmp.path().join("camera-cascade.yaml");
+    std::fs::write(&pipeline, yaml).unwrap();
     riffle_ok(&[
         "run",
         "-q",
-        repo()
-            .join("pipelines/camera-cascade.yaml")
-            .to_str()
-            .unwrap(),
+        pipeline.to_str().unwrap(),
         "--output",
         out.to_str().unwrap(),
     ]);
+    // The tap wrote each camera's annotated video.
+    let videos = tmp.path().join("video");
+    for camera in ["bikes-0", "bikes-1", "bikes-2", "bikes-3"] {
+        let mp4s = std::fs::read_dir(videos.join(camera))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "mp4"))
+                    .count()
+            })
+            .unwrap_or(0);
+        assert!(
+            mp4s > 0,
+            "no tapped video for {camera} in {}",
+            videos.display()
+        );
+    }
     let rows = read_jsonl(&out);
     assert!(!rows.is_empty(), "no object was classified");
     // Per camera and track: the frames its crop was classified at.

@@ -1163,7 +1163,13 @@ fn a_second_cluster_joining_the_group_takes_partitions_without_loss_or_duplicate
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         };
-        assert!(status.success());
+        assert!(
+            status.success(),
+            "cluster {} failed ({status}):\nA: {}\nB: {}",
+            ["A", "B"][i],
+            std::fs::read_to_string(&a_log).unwrap_or_default(),
+            std::fs::read_to_string(&b_log).unwrap_or_default()
+        );
     }
     let (a_log, b_log) = (
         std::fs::read_to_string(&a_log).unwrap(),

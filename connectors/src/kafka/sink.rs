@@ -22,7 +22,7 @@ use super::markers::MarkerWriter;
 use super::metrics;
 use super::topics::{ensure_topic, TopicSpec};
 use super::transactions::{
-    brokers_support_transactions, commit_log_topic, last_commit, recovery, InitError, Transaction,
+    brokers_support_transactions, commit_log_topic, recovery, CommitLog, InitError, Transaction,
     TransactionCommitter,
 };
 use super::writer::KafkaSink;
@@ -149,9 +149,19 @@ impl KafkaSinkFactory {
     fn initialise(&self, id: &str) -> Result<Arc<Transaction>, InitError> {
         let log = commit_log_topic(&self.config.topic);
         let compact = BTreeMap::from([("cleanup.policy".to_string(), "compact".to_string())]);
-        self.ensure_topic(&log, 1, &compact)?;
         let (context, _) = delivery_context(&self.config)?;
-        Transaction::init(&self.config, id, context).map(Arc::new)
+        // Creating the log (~150 ms for a new topic) and initialising the producer don't
+        // depend on each other: the log is first written at the first commit.
+        std::thread::scope(|scope| {
+            let created = scope.spawn(|| self.ensure_topic(&log, 1, &compact));
+            let transaction = Transaction::init(&self.config, id, context).map(Arc::new);
+            let created = created.join().map_err(|_| {
+                self.config
+                    .config_error(format!("creating `{log}` panicked"))
+            })?;
+            created?;
+            transaction
+        })
     }
 
     fn mode(&self) -> Mode {
@@ -224,10 +234,33 @@ impl SinkFactory for KafkaSinkFactory {
     }
 
     fn recover(&self, leader: bool) -> DataflowResult<Recovery> {
+        let id = self.transactional_id();
         let started = std::time::Instant::now();
+        // First, so that wrong credentials or TLS fail here, naming the cause, and no
+        // client below is left waiting out its timeout against brokers that refuse it.
         self.check_connection()?;
         let connected = started.elapsed();
-        let id = self.transactional_id();
+        std::thread::scope(|scope| {
+            // Connecting the commit log's reader needs no settled transactions and no log:
+            // beside `init_transactions` and the log's creation.
+            let log = matches!(
+                self.config.exactly_once,
+                ExactlyOnce::Transactions | ExactlyOnce::Auto
+            )
+            .then(|| scope.spawn(|| CommitLog::connect(&self.config, &id)));
+            self.recover_with(leader, &id, log, (started, connected))
+        })
+    }
+}
+
+impl KafkaSinkFactory {
+    fn recover_with(
+        &self,
+        leader: bool,
+        id: &str,
+        log: Option<std::thread::ScopedJoinHandle<'_, DataflowResult<CommitLog<'_>>>>,
+        (started, connected): (std::time::Instant, Duration),
+    ) -> DataflowResult<Recovery> {
         // The leader's own initialisation tells whether the brokers have transactions; other
         // processes ask with a throw-away id (the real one would fence the leader).
         let mut initialised = None;
@@ -235,7 +268,7 @@ impl SinkFactory for KafkaSinkFactory {
             ExactlyOnce::Transactions => true,
             ExactlyOnce::Auto => {
                 let supported = if leader {
-                    match self.initialise(&id) {
+                    match self.initialise(id) {
                         Ok(t) => {
                             initialised = Some(t);
                             true
@@ -244,7 +277,7 @@ impl SinkFactory for KafkaSinkFactory {
                         Err(e) => return Err(e.error),
                     }
                 } else {
-                    brokers_support_transactions(&self.config, &id)?
+                    brokers_support_transactions(&self.config, id)?
                 };
                 if !supported {
                     tracing::warn!(
@@ -273,11 +306,18 @@ impl SinkFactory for KafkaSinkFactory {
         }
         let transaction = match (leader, initialised) {
             (true, Some(t)) => Some(t),
-            (true, None) => Some(self.initialise(&id).map_err(|e| e.error)?),
+            (true, None) => Some(self.initialise(id).map_err(|e| e.error)?),
             (false, _) => None,
         };
         let initialised_at = started.elapsed();
-        let last = last_commit(&self.config, &id, PENDING_WAIT)?;
+        let log = match log {
+            Some(handle) => handle.join().map_err(|_| {
+                self.config
+                    .config_error("connecting to the commit log panicked")
+            })??,
+            None => CommitLog::connect(&self.config, id)?,
+        };
+        let last = log.last_commit(PENDING_WAIT)?;
         tracing::debug!(
             "kafka sink recovery: connection checked at {:.0} ms, transactions initialised at \
              {:.0} ms, last commit read at {:.0} ms",

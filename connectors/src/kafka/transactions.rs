@@ -87,13 +87,28 @@ impl Transaction {
         context: DeliveryContext,
     ) -> Result<Transaction, InitError> {
         let timeout = Duration::from_millis(config.delivery_timeout_ms);
+        let started = Instant::now();
         let producer: BaseProducer<DeliveryContext> = transactional_config(config, id)
             .create_with_context(context)
             .map_err(|e| error(config, format!("creating a transactional producer: {e}")))?;
+        // librdkafka looks for the transaction coordinator as soon as the producer exists; with
+        // no broker connected yet that query fails and is retried only 500 ms later. A metadata
+        // request first brings a connection up, so the first query finds the coordinator.
+        let connected = producer
+            .client()
+            .fetch_metadata(Some(&config.topic), timeout)
+            .is_ok();
+        let ready = started.elapsed();
         producer.init_transactions(timeout).map_err(|e| InitError {
             unsupported: unsupported(e.rdkafka_error_code()),
             error: error(config, format!("initialising transactions of `{id}`: {e}")),
         })?;
+        tracing::debug!(
+            "kafka transactions of `{id}`: producer connected ({connected}) at {:.0} ms, \
+             initialised at {:.0} ms",
+            ready.as_secs_f64() * 1e3,
+            started.elapsed().as_secs_f64() * 1e3
+        );
         let group = match &config.source_group {
             Some(g) => Some(GroupOffsets {
                 topic: g.topic.clone(),
@@ -547,103 +562,137 @@ fn watermark_reader(
         .map_err(|e| error(config, format!("creating a client: {e}")))
 }
 
-/// The last commit recorded for `id` in the commit log, once no transaction on it is pending
-/// (the leader's `init_transactions` resolves one a crash left behind; other processes wait for
-/// that, so every process resumes from the same checkpoint).
-pub fn last_commit(
-    config: &KafkaSinkConfig,
-    id: &str,
-    wait: Duration,
-) -> DataflowResult<Option<Commit>> {
-    let topic = commit_log_topic(&config.topic);
-    let reader = |isolation: &str| -> DataflowResult<BaseConsumer<Diagnosed>> {
-        let mut c = client_config(&config.brokers, &config.options, Role::Admin);
-        c.set("group.id", format!("riffle-commits-{id}"))
-            .set("enable.auto.commit", "false")
-            .set("enable.partition.eof", "true")
-            // The log is small and read once: don't let the broker hold fetches for more.
-            .set("fetch.wait.max.ms", "10")
-            .set("isolation.level", isolation);
-        c.create_with_context(Diagnosed::default())
-            .map_err(|e| error(config, format!("reading the commit log: {e}")))
-    };
-    let committed = reader("read_committed")?;
-    let timeout = Duration::from_millis(config.delivery_timeout_ms);
-    let metadata = committed
-        .fetch_metadata(Some(&topic), timeout)
-        .map_err(|e| error(config, format!("reading `{topic}`'s metadata: {e}")))?;
-    let exists = metadata
-        .topics()
-        .iter()
-        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
-    if !exists {
-        return Ok(None);
+/// A reader of a sink's commit log, connected. Connecting needs neither settled transactions
+/// nor the log itself, so it runs beside `init_transactions` and the log's creation;
+/// [`CommitLog::last_commit`] must come after both: it reads the last commit once no
+/// transaction is pending (the leader's `init_transactions` resolves one a crash left behind;
+/// other processes wait for that, so every process resumes from the same checkpoint).
+pub struct CommitLog<'a> {
+    config: &'a KafkaSinkConfig,
+    id: &'a str,
+    committed: BaseConsumer<Diagnosed>,
+}
+
+impl<'a> CommitLog<'a> {
+    pub fn connect(config: &'a KafkaSinkConfig, id: &'a str) -> DataflowResult<Self> {
+        let committed = commit_log_reader(config, id, "read_committed")?;
+        // A first request brings the connection up now, so the reads later don't wait for
+        // it; its answer (the log may not exist yet) is not used.
+        let _ = committed.fetch_metadata(
+            Some(&commit_log_topic(&config.topic)),
+            Duration::from_millis(config.delivery_timeout_ms),
+        );
+        Ok(Self {
+            config,
+            id,
+            committed,
+        })
     }
-    let uncommitted = reader("read_uncommitted")?;
-    let started = Instant::now();
-    // With read_committed, the end offset is the last stable offset: it equals the high
-    // watermark once no transaction on the log is pending.
-    let end = loop {
-        let (_, stable) = committed
-            .fetch_watermarks(&topic, 0, timeout)
-            .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
-        let (_, high) = uncommitted
-            .fetch_watermarks(&topic, 0, timeout)
-            .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
-        if stable >= high {
-            break high;
+
+    /// The last commit recorded for the sink's transactional id (`None`: no log, or nothing
+    /// of this id in it), once no transaction on the log is pending (or an error after `wait`).
+    pub fn last_commit(self, wait: Duration) -> DataflowResult<Option<Commit>> {
+        let Self {
+            config,
+            id,
+            committed,
+        } = self;
+        let topic = commit_log_topic(&config.topic);
+        let timeout = Duration::from_millis(config.delivery_timeout_ms);
+        let metadata = committed
+            .fetch_metadata(Some(&topic), timeout)
+            .map_err(|e| error(config, format!("reading `{topic}`'s metadata: {e}")))?;
+        let exists = metadata
+            .topics()
+            .iter()
+            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+        if !exists {
+            return Ok(None);
         }
-        if started.elapsed() > wait {
-            return Err(error(
-                config,
-                format!(
+        let uncommitted = commit_log_reader(config, id, "read_uncommitted")?;
+        let started = Instant::now();
+        // With read_committed, the end offset is the last stable offset: it equals the high
+        // watermark once no transaction on the log is pending.
+        let end = loop {
+            let (_, stable) = committed
+                .fetch_watermarks(&topic, 0, timeout)
+                .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
+            let (_, high) = uncommitted
+                .fetch_watermarks(&topic, 0, timeout)
+                .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
+            if stable >= high {
+                break high;
+            }
+            if started.elapsed() > wait {
+                return Err(error(
+                    config,
+                    format!(
                     "a transaction on `{topic}` is still pending after {} s (is another run of \
                      this pipeline writing?)",
                     wait.as_secs()
                 ),
-            ));
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let (low, _) = committed
+            .fetch_watermarks(&topic, 0, timeout)
+            .map_err(|e| error(config, format!("reading `{topic}`'s start: {e}")))?;
+        if low >= end {
+            return Ok(None);
         }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    let (low, _) = committed
-        .fetch_watermarks(&topic, 0, timeout)
-        .map_err(|e| error(config, format!("reading `{topic}`'s start: {e}")))?;
-    if low >= end {
-        return Ok(None);
-    }
-    let mut assignment = TopicPartitionList::new();
-    assignment
-        .add_partition_offset(&topic, 0, Offset::Beginning)
-        .map_err(|e| error(config, e))?;
-    committed
-        .assign(&assignment)
-        .map_err(|e| error(config, format!("reading `{topic}`: {e}")))?;
-    let mut last = None;
-    let deadline = Instant::now() + timeout;
-    loop {
-        match committed.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                if m.key() == Some(id.as_bytes()) {
-                    if let Some(commit) = m.payload().and_then(|p| serde_json::from_slice(p).ok()) {
-                        last = Some(commit);
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(&topic, 0, Offset::Beginning)
+            .map_err(|e| error(config, e))?;
+        committed
+            .assign(&assignment)
+            .map_err(|e| error(config, format!("reading `{topic}`: {e}")))?;
+        let mut last = None;
+        let deadline = Instant::now() + timeout;
+        loop {
+            match committed.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    if m.key() == Some(id.as_bytes()) {
+                        if let Some(commit) =
+                            m.payload().and_then(|p| serde_json::from_slice(p).ok())
+                        {
+                            last = Some(commit);
+                        }
+                    }
+                    if m.offset() + 1 >= end {
+                        break;
                     }
                 }
-                if m.offset() + 1 >= end {
-                    break;
+                Some(Err(KafkaError::PartitionEOF(_))) => break,
+                Some(Err(e)) => return Err(error(config, format!("reading `{topic}`: {e}"))),
+                None if Instant::now() > deadline => {
+                    return Err(error(
+                        config,
+                        format!("reading `{topic}` timed out before its end ({end})"),
+                    ))
                 }
+                None => {}
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => break,
-            Some(Err(e)) => return Err(error(config, format!("reading `{topic}`: {e}"))),
-            None if Instant::now() > deadline => {
-                return Err(error(
-                    config,
-                    format!("reading `{topic}` timed out before its end ({end})"),
-                ))
-            }
-            None => {}
         }
+        Ok(last)
     }
-    Ok(last)
+}
+
+fn commit_log_reader(
+    config: &KafkaSinkConfig,
+    id: &str,
+    isolation: &str,
+) -> DataflowResult<BaseConsumer<Diagnosed>> {
+    let mut c = client_config(&config.brokers, &config.options, Role::Admin);
+    c.set("group.id", format!("riffle-commits-{id}"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        // The log is small and read once: don't let the broker hold fetches for more.
+        .set("fetch.wait.max.ms", "10")
+        .set("isolation.level", isolation);
+    c.create_with_context(Diagnosed::default())
+        .map_err(|e| error(config, format!("reading the commit log: {e}")))
 }
 
 /// The recovery a transactional sink reports.

@@ -20,6 +20,7 @@
 mod chain;
 pub mod checkpointing;
 mod liveness;
+mod pending;
 pub mod step;
 #[cfg(test)]
 mod tests;
@@ -349,8 +350,12 @@ pub fn run(
     job.source.attach_metrics(metrics)?;
     job.sink.attach_metrics(metrics)?;
     job.dead_letter.attach_metrics(metrics)?;
-    // Worker 0, which opens the sink, lives in process 0.
-    let start = Arc::new(checkpointing::start(&job, cluster.process == 0)?);
+    // Worker 0, which opens the sink, lives in process 0. Made beside the workers' model
+    // loading; they wait for it before building their dataflows.
+    let start = Arc::new(pending::PendingStart::spawn(
+        job.clone(),
+        cluster.process == 0,
+    )?);
     let (builders, communication) = cluster.build().map_err(DataflowError::Cluster)?;
     let errors: Arc<Mutex<Vec<DataflowError>>> = Arc::default();
     let worker_errors = errors.clone();

@@ -20,7 +20,7 @@ use crate::state::SavedState;
 use crate::{Compression, DataflowResult};
 use doubles::{
     key_of, Collect, CountPerKey, EpochLog, Failing, FailsAtTheEnd, KeyCount, Numbers, PauseOnce,
-    Tag, Transactional, KEYS,
+    RecoversWhileStagesLoad, Tag, Transactional, KEYS,
 };
 
 /// A run that has not ended by then is hung: the test fails instead of blocking the suite.
@@ -239,6 +239,45 @@ fn a_live_sources_epochs_are_numbered_by_the_clock_a_replays_by_count() {
             assert!(last < 60, "counted: {written:?}");
         }
     }
+}
+
+#[test]
+fn the_sinks_recovery_runs_while_the_workers_build_their_stages() {
+    // The sink's recovery (a transactional sink's init_transactions and commit log) waits until
+    // a stage has been built; building a stage waits for nothing. Had the run recovered before
+    // building its stages, recovery would give up and the run fail.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sink = RecoversWhileStagesLoad {
+        results: Collect::default(),
+        built: Arc::default(),
+        patience: Duration::from_secs(20),
+    };
+    let signal = sink.clone();
+    let loads = stage("model", move |worker, _| {
+        signal.stage_built();
+        Ok(Step::Apply(Box::new(Tag {
+            column: "read_by",
+            worker,
+        })))
+    });
+    let (job, _) = job(Numbers::new(2, 50), vec![loads], Some(dir.path()));
+    let mut job = Arc::try_unwrap(job).unwrap_or_else(|_| unreachable!());
+    job.sink = Arc::new(sink.clone());
+    run_on(Arc::new(job), 2).expect("run");
+    assert_eq!(sink.results.rows(), 100);
+}
+
+#[test]
+fn a_failed_start_is_the_runs_one_error() {
+    // Checkpoints into a path that is a file: every worker waits on the failed start, one
+    // of them returns its error and the run reports that error.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").expect("write");
+    let (job, out) = job(Numbers::new(2, 10), vec![tag("read_by")], Some(&file));
+    let err = run_on(job, 2).expect_err("checkpoints into a file");
+    assert!(err.to_string().contains("not-a-dir"), "{err}");
+    assert_eq!(out.results.rows(), 0);
 }
 
 #[test]

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use timely::dataflow::InputHandle;
 
 use super::chain::{build_chain, worker_steps};
-use super::checkpointing::{Checkpointer, OperatorState, Positions, SinkCommit, Start};
+use super::checkpointing::{Checkpointer, OperatorState, Positions, SinkCommit};
 use super::liveness::Liveness;
+use super::pending::PendingStart;
 use super::Job;
 use crate::batch::now_ns;
 use crate::dead_letter;
@@ -25,7 +26,7 @@ const IDLE_EPOCH: Duration = Duration::from_millis(100);
 pub(crate) fn run_worker(
     worker: &mut timely::worker::Worker,
     job: &Job,
-    start: &Start,
+    start: &PendingStart,
     context: &RunContext,
     errors: &Arc<Mutex<Vec<DataflowError>>>,
     gate: &super::StartGate,
@@ -36,6 +37,11 @@ pub(crate) fn run_worker(
     // Built first, and by every worker, so the dataflows match across the cluster.
     let mut liveness = Liveness::build(worker, job.peer_timeout, gate.workers, gate.pulses.clone());
     let steps = worker_steps(&job.steps, index, peers, job.slow_worker.as_ref())?;
+    // Stages (models) are loaded: now the restored state and first epoch are needed.
+    let Some(start) = start.get()? else {
+        return Ok(());
+    };
+    let start = &*start;
     // Only worker 0 writes: the sink operator routes every batch there. After a restart the
     // results sink continues from the checkpointed position.
     let (results, dead) = if index == 0 {

@@ -682,3 +682,43 @@ impl crate::Committer for Transactional {
         Ok(())
     }
 }
+
+/// A sink whose recovery finishes only once a stage has been built in the same run (or
+/// fails after `patience`): recovery and model loading must overlap.
+#[derive(Clone)]
+pub struct RecoversWhileStagesLoad {
+    pub results: Collect,
+    pub built: Arc<(Mutex<bool>, std::sync::Condvar)>,
+    pub patience: std::time::Duration,
+}
+
+impl SinkFactory for RecoversWhileStagesLoad {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        self.results.open()
+    }
+
+    fn recover(&self, _leader: bool) -> DataflowResult<crate::sink::Recovery> {
+        let (lock, signal) = &*self.built;
+        let built = lock.lock().unwrap();
+        let (built, _) = signal
+            .wait_timeout_while(built, self.patience, |built| !*built)
+            .unwrap();
+        if *built {
+            Ok(crate::sink::Recovery::Latest)
+        } else {
+            Err(crate::DataflowError::stage(
+                "sink",
+                "recovery waited for the stages, which were not being built",
+            ))
+        }
+    }
+}
+
+impl RecoversWhileStagesLoad {
+    /// Marks a stage built (its build would load a model).
+    pub fn stage_built(&self) {
+        let (lock, signal) = &*self.built;
+        *lock.lock().unwrap() = true;
+        signal.notify_all();
+    }
+}
