@@ -23,7 +23,9 @@ out=docs/benchmarks/kafka.md
 mkdir -p "$(dirname "$out")"
 tables=$(mktemp)
 trap 'rm -f "$tables"' EXIT
-RUST_LOG=error "$bin" "$brokers" "$rounds" >"$tables"
+# Without RUST_LOG the bench logs nothing; run the binary itself with RUST_LOG (e.g.
+# riffle_connectors::kafka=debug) to see where a run waits.
+env -u RUST_LOG "$bin" "$brokers" "$rounds" >"$tables"
 
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 version=$(sed -n 's/^KAFKA_VERSION=//p' scripts/kafka.sh)
