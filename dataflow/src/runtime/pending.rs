@@ -31,6 +31,14 @@ impl PendingStart {
         Ok(Self(Mutex::new(State::Pending(handle))))
     }
 
+    /// Whether the start is made (or failed): [`PendingStart::get`] then returns at once.
+    pub(crate) fn settled(&self) -> bool {
+        self.0.lock().map_or(
+            true,
+            |s| !matches!(&*s, State::Pending(h) if !h.is_finished()),
+        )
+    }
+
     /// Waits for the start. `Ok(None)`: it failed, and another worker of this process has
     /// its error (one error for the run, not one per worker).
     pub(crate) fn get(&self) -> DataflowResult<Option<Arc<Start>>> {

@@ -37,7 +37,12 @@ pub(crate) fn run_worker(
     // Built first, and by every worker, so the dataflows match across the cluster.
     let mut liveness = Liveness::build(worker, job.peer_timeout, gate.workers, gate.pulses.clone());
     let steps = worker_steps(&job.steps, index, peers, job.slow_worker.as_ref())?;
-    // Stages (models) are loaded: now the restored state and first epoch are needed.
+    // Stages (models) are loaded: now the restored state and first epoch are needed. Heartbeats
+    // go on meanwhile, so that peers don't take a slow recovery here for a dead process.
+    while !start.settled() {
+        worker.step_or_park(Some(Duration::from_millis(1)));
+        liveness.tick()?;
+    }
     let Some(start) = start.get()? else {
         return Ok(());
     };
