@@ -2,8 +2,8 @@
 # Packs what scripts/gpu-check.sh needs on a GPU host without a Rust toolchain into one folder
 # (default: gpu-bundle/, git-ignored): the release binary, the ONNX Runtime library, the
 # libpython the binary links (for `python:` stages; GPU hosts often have another Python), the
-# CTR model, 64 frames and the script, and the same as one archive, gpu-bundle.tar.xz (~21 MB:
-# the folder is ~75 MB). The binary is built without the `video` feature, so it needs no
+# CTR model, 64 frames and the script, and the same as one archive, gpu-bundle.tar.xz (~22 MB:
+# the folder is ~86 MB). The binary is built without the `video` feature, so it needs no
 # FFmpeg libraries.
 #   scripts/gpu-bundle.sh && (cd gpu-bundle && ./scripts/gpu-check.sh)
 set -euo pipefail
