@@ -40,13 +40,7 @@ fn the_cascade_classifies_each_track_every_tenth_frame_and_counts_line_crossings
         .replace("../", &format!("{}/", repo().display()));
     let pipeline = tmp.path().join("camera-cascade.yaml");
     std::fs::write(&pipeline, yaml).unwrap();
-    riffle_ok(&[
-        "run",
-        "-q",
-        pipeline.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-    ]);
+    run_quietly(&pipeline, &out);
     // The tap wrote each camera's annotated video.
     let videos = tmp.path().join("video");
     for camera in ["bikes-0", "bikes-1", "bikes-2", "bikes-3"] {
