@@ -240,3 +240,88 @@ fn the_tracks_alerts_example_raises_alerts_only_for_tracked_people_near_the_came
     // Several cameras' frames, not one batch repeated.
     assert!(frames.len() > 10, "{frames:?}");
 }
+
+/// Imported by the CLI's validation on the main thread at once; by each worker (another
+/// thread) only after noting it in `UDF_LOADING` and sleeping 60 s: a stage that takes
+/// minutes to build, as a large model does.
+const SLOW_IMPORT: &str = r##"
+import os
+import threading
+import time
+
+if threading.current_thread() is not threading.main_thread():
+    open(os.environ["UDF_LOADING"], "a").close()
+    time.sleep(60)
+
+
+def same(batch):
+    return batch
+"##;
+
+#[test]
+#[ignore = "needs python: an interpreter with pyarrow in VIRTUAL_ENV (scripts/test.sh makes one)"]
+fn sigterm_while_the_workers_load_their_stages_ends_the_run_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), "slow.py", SLOW_IMPORT);
+    let p = write(
+        tmp.path(),
+        "p.yaml",
+        &format!(
+            r#"
+source: {{ video: {{ glob: "{videos}/*.mp4", batch_size: 4, max_frames: 8 }} }}
+stages:
+  - select: {{ columns: [camera_id, frame] }}
+  - python: {{ path: slow.py, function: same }}
+sink: {{ jsonl: {{ path: out.jsonl }} }}
+runtime: {{ workers: 2 }}
+"#,
+            videos = repo().join("data/videos").display()
+        ),
+    );
+    let loading = tmp.path().join("loading");
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_riffle"))
+        .args(["run", "-q", p.to_str().unwrap()])
+        .env("UDF_LOADING", &loading)
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !loading.exists() {
+        assert!(
+            run.try_wait().unwrap().is_none(),
+            "the run ended before its workers loaded the stage"
+        );
+        assert!(Instant::now() < deadline, "no worker loading in 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) on our own child, not yet waited for.
+    assert_eq!(
+        unsafe { libc::kill(run.id() as libc::pid_t, libc::SIGTERM) },
+        0
+    );
+    let signalled = Instant::now();
+    let status = loop {
+        if let Some(s) = run.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(40),
+            "exits within 40 s of SIGTERM (the import sleeps 60 s)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut run.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        status.success(),
+        "a stop before reading exits 0, not {status}: {stderr}"
+    );
+    // The stop landed while a worker was in the import, not after it.
+    assert!(
+        stderr.contains("stopped on request before reading anything"),
+        "{stderr}"
+    );
+    let written = std::fs::read_to_string(tmp.path().join("out.jsonl")).unwrap_or_default();
+    assert_eq!(written, "", "nothing was read, so nothing is written");
+}

@@ -291,6 +291,10 @@ enum Verdict {
     /// A stop was requested, and worker `worker` (its index in the cluster) has not been back
     /// in its loop for `away`, [`STOP_STALL`] of it since the request.
     Stuck { worker: usize, away: Duration },
+    /// As `Stuck`, but before any worker of this process went on to read (worker `worker` was
+    /// still loading its stages or opening its source): nothing was read, so the run ends as
+    /// cleanly as a finished one would.
+    NotStarted { worker: usize, away: Duration },
 }
 
 /// What the thread that waits for the workers has seen: when a failure, and a stop request,
@@ -303,12 +307,14 @@ struct Watch {
 
 impl Watch {
     /// Whether to stop waiting at `now`. `unfinished`: each worker of this process still
-    /// running, as its index in the cluster and when it was last in its loop.
+    /// running, as its index in the cluster and when it was last in its loop. `started`: a
+    /// worker of this process has gone on to read.
     fn check(
         &mut self,
         now: Instant,
         failed: bool,
         stop: bool,
+        started: bool,
         unfinished: impl IntoIterator<Item = (usize, Instant)>,
     ) -> Option<Verdict> {
         if failed {
@@ -320,9 +326,11 @@ impl Watch {
         }
         let at = *self.stop_at.get_or_insert(now);
         unfinished.into_iter().find_map(|(worker, last)| {
-            (now.saturating_duration_since(last.max(at)) >= STOP_STALL).then(|| Verdict::Stuck {
-                worker,
-                away: now.saturating_duration_since(last),
+            let away = now.saturating_duration_since(last);
+            (now.saturating_duration_since(last.max(at)) >= STOP_STALL).then_some(if started {
+                Verdict::Stuck { worker, away }
+            } else {
+                Verdict::NotStarted { worker, away }
             })
         })
     }
@@ -367,6 +375,7 @@ pub fn run(
         released: Arc::default(),
         pulses: pulses.clone(),
     };
+    let released = gate.released.clone();
     let guards = timely::execute::execute_from(
         builders,
         communication,
@@ -413,8 +422,22 @@ pub fn run(
             Instant::now(),
             !worker::healthy(&errors),
             stop_requested(),
+            released.get().is_some(),
             unfinished,
         );
+        if let Some(Verdict::NotStarted { worker, away }) = verdict {
+            // A model that takes minutes to load should not turn Ctrl-C into a failed run.
+            tracing::warn!(
+                "stopped on request before reading anything: worker {worker} has been starting \
+                 (loading its stages or opening its source) for {:.1} s; the run ends without it",
+                away.as_secs_f64()
+            );
+            std::mem::forget(guards);
+            return Ok(RunReport {
+                summary: context.summary(started.elapsed()),
+                workers: cluster.total_workers(),
+            });
+        }
         if let Some(verdict) = verdict {
             let first = errors.lock().ok().and_then(|mut e| e.drain(..).next());
             std::mem::forget(guards);
@@ -458,5 +481,9 @@ fn abandoned(verdict: &Verdict) -> DataflowError {
         ),
         // The failure's own error was taken already (or its lock poisoned by a panic).
         Verdict::Failed => DataflowError::Cluster("a worker failed".into()),
+        // Never an error: `run` returns before asking.
+        Verdict::NotStarted { worker, .. } => {
+            DataflowError::Cluster(format!("stopped while worker {worker} was starting"))
+        }
     }
 }

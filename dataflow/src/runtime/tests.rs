@@ -478,30 +478,42 @@ fn the_watch_ends_a_failed_run_after_a_grace_and_a_stopped_one_when_a_worker_is_
 
     // A failure: the others get a grace to wind down, however busy they are.
     let mut watch = Watch::default();
-    assert_eq!(watch.check(at(1000), true, false, [(1, at(1000))]), None);
     assert_eq!(
-        watch.check(at(1000 + grace), true, false, [(1, at(1000 + grace))]),
+        watch.check(at(1000), true, false, true, [(1, at(1000))]),
+        None
+    );
+    assert_eq!(
+        watch.check(at(1000 + grace), true, false, true, [(1, at(1000 + grace))]),
         Some(Verdict::Failed)
     );
 
     // Neither failed nor asked to stop: a quiet worker is waited for.
     let mut watch = Watch::default();
-    assert_eq!(watch.check(at(100_000), false, false, [(0, t0)]), None);
+    assert_eq!(
+        watch.check(at(100_000), false, false, true, [(0, t0)]),
+        None
+    );
 
     // Asked to stop at 1 s: worker 3, in one call since 0.5 s, is left after STOP_STALL from
     // the request; worker 2, back in its loop all along, is waited for.
     let mut watch = Watch::default();
     assert_eq!(
-        watch.check(at(1000), false, true, [(2, at(1000)), (3, at(500))]),
+        watch.check(at(1000), false, true, true, [(2, at(1000)), (3, at(500))]),
         None
     );
     let late = at(1000 + stall);
     assert_eq!(
-        watch.check(late - Duration::from_millis(1), false, true, [(3, at(500))]),
+        watch.check(
+            late - Duration::from_millis(1),
+            false,
+            true,
+            true,
+            [(3, at(500))]
+        ),
         None
     );
     assert_eq!(
-        watch.check(late, false, true, [(2, late), (3, at(500))]),
+        watch.check(late, false, true, true, [(2, late), (3, at(500))]),
         Some(Verdict::Stuck {
             worker: 3,
             away: Duration::from_millis(500 + stall)
@@ -515,5 +527,20 @@ fn the_watch_ends_a_failed_run_after_a_grace_and_a_stopped_one_when_a_worker_is_
     assert!(
         message.starts_with("runtime: stopped on request, but worker 3 has been in one call"),
         "{message}"
+    );
+
+    // The same, but no worker had gone on to read (worker 3 still loading a model): the run
+    // ends without it and without an error, after the same wait.
+    let mut watch = Watch::default();
+    assert_eq!(
+        watch.check(at(1000), false, true, false, [(3, at(500))]),
+        None
+    );
+    assert_eq!(
+        watch.check(late, false, true, false, [(2, late), (3, at(500))]),
+        Some(Verdict::NotStarted {
+            worker: 3,
+            away: Duration::from_millis(500 + stall)
+        })
     );
 }
