@@ -33,13 +33,8 @@ fn the_cascade_classifies_each_track_every_tenth_frame_and_counts_line_crossings
     let out = tmp.path().join("cascade.jsonl");
     // The shipped file, with its tap's video and its dead letters written here rather than
     // into the checkout's out/.
-    let shipped = std::fs::read_to_string(repo().join("pipelines/camera-cascade.yaml")).unwrap();
-    let here = format!("{}/", tmp.path().display());
-    let yaml = shipped
-        .replace("../out/", &here)
-        .replace("../", &format!("{}/", repo().display()));
-    let pipeline = tmp.path().join("camera-cascade.yaml");
-    std::fs::write(&pipeline, yaml).unwrap();
+    let yaml = shipped("camera-cascade.yaml", tmp.path());
+    let pipeline = write(tmp.path(), "camera-cascade.yaml", &yaml);
     run_quietly(&pipeline, &out);
     // The tap wrote each camera's annotated video.
     let videos = tmp.path().join("video");

@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::Command;
 
 use common::kafka::{brokers, consume_all, consume_committed, detection_from_kafka, topic};
@@ -94,10 +95,8 @@ fn detections_by_frame(
         .collect()
 }
 
-fn kafka_camera_pipeline(brokers: &str, input: &str, output: &str) -> String {
-    std::fs::read_to_string(repo().join("pipelines/camera-perception-kafka.yaml"))
-        .unwrap()
-        .replace("../", &format!("{}/", repo().display()))
+fn kafka_camera_pipeline(dir: &Path, brokers: &str, input: &str, output: &str) -> String {
+    shipped("camera-perception-kafka.yaml", dir)
         .replace("127.0.0.1:9092", brokers)
         .replace("topic: cameras", &format!("topic: {input}"))
         .replace("topic: detections", &format!("topic: {output}"))
@@ -127,7 +126,7 @@ fn frames_through_kafka_equal_the_file_run() {
     let p = write(
         tmp.path(),
         "kafka.yaml",
-        &kafka_camera_pipeline(&brokers, &input, &output),
+        &kafka_camera_pipeline(tmp.path(), &brokers, &input, &output),
     );
     riffle_ok(&["run", "-q", p.to_str().unwrap()]);
     let received = consume_all(&brokers, &output);
@@ -148,11 +147,12 @@ fn frames_through_kafka_equal_the_file_run() {
 
     // The same frames from files, through the same stages.
     let out = tmp.path().join("files.jsonl");
-    let text = std::fs::read_to_string(repo().join("pipelines/camera-perception.yaml"))
-        .unwrap()
-        .replace("../data/frames", frames.to_str().unwrap())
-        .replace("cameras: 4", "cameras: 2")
-        .replace("../", &format!("{}/", repo().display()));
+    let text = shipped("camera-perception.yaml", tmp.path())
+        .replace(
+            &repo().join("data/frames").display().to_string(),
+            frames.to_str().unwrap(),
+        )
+        .replace("cameras: 4", "cameras: 2");
     let p = write(tmp.path(), "files.yaml", &text);
     run_quietly(&p, &out);
     let from_files = detections_by_frame(read_jsonl(&out));
@@ -546,7 +546,7 @@ fn truncated_jpeg_from_kafka_goes_to_the_dead_letter_topic_and_the_rest_runs() {
     let p = write(
         tmp.path(),
         "p.yaml",
-        &kafka_camera_pipeline(&brokers, &input, &output),
+        &kafka_camera_pipeline(tmp.path(), &brokers, &input, &output),
     );
     riffle_ok(&["run", "-q", p.to_str().unwrap()]);
     let results = consume_all(&brokers, &output);
@@ -1333,13 +1333,10 @@ fn the_shipped_kafka_recommendation_pipeline_answers_every_click_once() {
         "--key",
         "user_id",
     ]);
-    let yaml = std::fs::read_to_string(repo().join("pipelines/clickstream-recs-kafka.yaml"))
-        .unwrap()
+    let yaml = shipped("clickstream-recs-kafka.yaml", tmp.path())
         .replace("127.0.0.1:9092", &brokers)
         .replace("topic: ratings", &format!("topic: {input}"))
-        .replace("topic: recs", &format!("topic: {output}"))
-        .replace("../models", &repo().join("models").display().to_string())
-        .replace("../out/", "");
+        .replace("topic: recs", &format!("topic: {output}"));
     let file = write(tmp.path(), "recs-kafka.yaml", &yaml);
     let port = free_port_pair().to_string();
     riffle_ok(&[

@@ -149,13 +149,11 @@ fn validate_survives_mutated_pipeline_files() {
     let mut rng = Rng::seeded("RIFFLE_MUTATION_SEED");
     let seed = rng.seed;
     let tmp = tempfile::tempdir().unwrap();
-    let repo = repo();
     let (mut ok, mut refused, mut slowest) = (0, 0, Duration::ZERO);
     for name in FILES {
-        // Absolute paths, so the copies find the models and frames from the temporary dir.
-        let text = std::fs::read_to_string(repo.join("pipelines").join(name))
-            .unwrap()
-            .replace("../", &format!("{}/", repo.display()));
+        // Absolute paths, so the copies find the models and frames from the temporary dir
+        // (and write their outputs there).
+        let text = shipped(name, tmp.path());
         for variant in 0..VARIANTS_PER_FILE {
             let file = tmp.path().join(format!("{variant}-{name}"));
             std::fs::write(&file, mutate(&text, &mut rng)).unwrap();

@@ -213,19 +213,14 @@ fn parts_take_any_batch_size() {
 /// `camera-classify-split.yaml` as a 2-process cluster (backbone in one process, head in the
 /// other) with `compression`, on `frames`, writing to `out`.
 fn split_run(frames: &std::path::Path, out: &std::path::Path, compression: &str) -> String {
-    let text = std::fs::read_to_string(repo().join("pipelines/camera-classify-split.yaml"))
-        .unwrap()
+    let dir = out.parent().unwrap();
+    let text = shipped("camera-classify-split.yaml", dir)
         .replace(
-            "path: ../data/frames",
+            &format!("path: {}/data/frames", repo().display()),
             &format!("path: \"{}\"", frames.display()),
         )
-        .replace("compression: fp16", &format!("compression: {compression}"))
-        .replace("../models", &repo().join("models").display().to_string());
-    let file = write(
-        out.parent().unwrap(),
-        &format!("split-{compression}.yaml"),
-        &text,
-    );
+        .replace("compression: fp16", &format!("compression: {compression}"));
+    let file = write(dir, &format!("split-{compression}.yaml"), &text);
     let port = free_port_pair().to_string();
     let run = riffle_ok(&[
         "run",
@@ -265,13 +260,10 @@ fn parts_on_two_processes_give_the_whole_models_top1_with_every_compression() {
     let frames = frames_subset(tmp.path(), "cam", (0..250).step_by(10));
     // The whole model, one process.
     let whole_out = tmp.path().join("whole.jsonl");
-    let whole_yaml = std::fs::read_to_string(repo().join("pipelines/camera-classify.yaml"))
-        .unwrap()
-        .replace(
-            "path: ../data/frames, cameras: 2",
-            &format!("path: \"{}\"", frames.display()),
-        )
-        .replace("../models", &repo().join("models").display().to_string());
+    let whole_yaml = shipped("camera-classify.yaml", tmp.path()).replace(
+        &format!("path: {}/data/frames, cameras: 2", repo().display()),
+        &format!("path: \"{}\"", frames.display()),
+    );
     let whole_file = write(tmp.path(), "whole.yaml", &whole_yaml);
     run_quietly(&whole_file, &whole_out);
     let whole = top1(&whole_out);

@@ -64,6 +64,15 @@ pub fn frames_subset(tmp: &Path, camera: &str, frames: impl IntoIterator<Item = 
     root
 }
 
+/// The shipped pipeline `pipelines/<name>` to run from `dir`: its outputs (`../out/…`) go
+/// into `dir`, its other paths (`../models`, `../data`) point into the checkout.
+pub fn shipped(name: &str, dir: &Path) -> String {
+    std::fs::read_to_string(repo().join("pipelines").join(name))
+        .unwrap_or_else(|e| panic!("reading pipelines/{name}: {e}"))
+        .replace("../out/", &format!("{}/", dir.display()))
+        .replace("../", &format!("{}/", repo().display()))
+}
+
 pub fn write(tmp: &Path, name: &str, text: &str) -> PathBuf {
     let path = tmp.join(name);
     std::fs::write(&path, text).unwrap();
