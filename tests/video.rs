@@ -733,6 +733,8 @@ fn a_stalled_live_camera_is_noticed_after_its_timeout_not_twice_that() {
 
 /// Runs `pipeline` to its end: the run's own peak RSS in MiB (wait4's, so other tests'
 /// children running meanwhile do not count).
+// wait4 below reaps the child (Child::wait would not give its rusage).
+#[allow(clippy::zombie_processes)]
 fn peak_rss_mib(pipeline: &Path) -> f64 {
     let child = Command::new(env!("CARGO_BIN_EXE_riffle"))
         .args(["run", "-q", pipeline.to_str().unwrap()])
