@@ -163,8 +163,9 @@ static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 /// the epochs already read complete, are written and checkpointed, and [`run`] returns as at
 /// the end of the input. A worker stuck in one call (a sink waiting for its brokers, a source
 /// blocked in a read) for [`STOP_STALL`] after the request does not hold the run: [`run`] then
-/// returns an error naming it, and a restart resumes from the last checkpoint. Safe to call
-/// from a signal handler's thread.
+/// returns an error naming it, and a restart resumes from the last checkpoint; if no worker
+/// had read anything yet (one still loading a model), [`run`] returns as at the end of the
+/// input instead. Safe to call from a signal handler's thread.
 pub fn request_stop() {
     STOP.store(true, std::sync::atomic::Ordering::SeqCst);
 }
