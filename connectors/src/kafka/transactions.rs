@@ -627,10 +627,10 @@ impl<'a> CommitLog<'a> {
                 return Err(error(
                     config,
                     format!(
-                    "a transaction on `{topic}` is still pending after {} s (is another run of \
-                     this pipeline writing?)",
-                    wait.as_secs()
-                ),
+                        "a transaction on `{topic}` is still pending after {} s (is another run \
+                         of this pipeline writing?)",
+                        wait.as_secs()
+                    ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(100));
