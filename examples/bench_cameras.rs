@@ -86,6 +86,8 @@ struct Run {
     /// A hash of every result's (camera index, frame, detections kept), sorted: the pipeline's
     /// and the loop's must be equal when neither dropped a frame.
     outputs: u64,
+    /// Where the pipeline's results' time went, mean ms per part (none for the other sides).
+    breakdown: Option<[f64; 6]>,
 }
 
 impl Run {
@@ -209,6 +211,7 @@ fn main() -> anyhow::Result<()> {
             }
             println!();
         }
+        breakdown_table(&sides[0].1);
         let capacity = |runs: &Runs| {
             runs.iter()
                 .filter(|(n, rs)| passes(n, rs))
@@ -515,7 +518,40 @@ fn run_pipeline(
         capture_p99,
         cpu_cores: cpu,
         outputs: arrivals.outputs(),
+        breakdown: report
+            .summary
+            .breakdown
+            .map(|b| b.parts().map(|(_, d)| d.as_secs_f64() * 1000.0)),
     })
+}
+
+/// The pipeline's latency breakdown (the run summary's), per camera count: where a result's
+/// capture → written time went, mean ms per result, median (min–max) over the rounds.
+fn breakdown_table(runs: &Runs) {
+    if runs.values().flatten().all(|r| r.breakdown.is_none()) {
+        return;
+    }
+    println!("**Riffle pipeline: where a result's time goes** (mean ms per result: capture → read in the camera's queue, then the runtime's own parts; they add up to capture → written)\n");
+    println!("| cameras | source queue | batching | stages | dataflow | epoch | sink | sum |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (n, rs) in runs {
+        let part = |i: usize| spread(rs.iter().filter_map(|r| r.breakdown.map(|b| b[i])), 1);
+        let sum = spread(
+            rs.iter()
+                .filter_map(|r| r.breakdown.map(|b| b.iter().sum())),
+            1,
+        );
+        println!(
+            "| {n} | {} | {} | {} | {} | {} | {} | {sum} |",
+            part(0),
+            part(1),
+            part(2),
+            part(3),
+            part(4),
+            part(5)
+        );
+    }
+    println!();
 }
 
 /// The same job without the dataflow: one thread per core reads its cameras (camera k on
@@ -565,6 +601,7 @@ fn run_loop(
         capture_p99,
         cpu_cores: cpu,
         outputs: arrivals.outputs(),
+        breakdown: None,
     })
 }
 

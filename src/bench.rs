@@ -79,6 +79,8 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
             model_only: line.model_only,
             other: line.other,
             sessions,
+            latency: (report.summary.end_to_end_p50, report.summary.end_to_end_p99),
+            breakdown: report.summary.breakdown,
         });
     }
     let per_s = |d: Duration| records as f64 / d.as_secs_f64().max(f64::MIN_POSITIVE);
@@ -129,6 +131,16 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
         format!("(e) sum of the parts: stages other than the model on one core each, (d) for the model, over {cores} cores"),
         column(&limit),
     );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!();
+    println!(
+        "pipeline latency, read → written: p50 {} ms, p99 {} ms",
+        spread(&column(&|r| ms(r.latency.0)), 1),
+        spread(&column(&|r| ms(r.latency.1)), 1)
+    );
+    if let Some(b) = rounds.last().and_then(|r| r.breakdown) {
+        println!("{b} (last round)");
+    }
     let _ = std::fs::remove_dir_all(&out_dir);
     Ok(())
 }
@@ -143,6 +155,9 @@ struct Round {
     /// The straight loop's time outside its model calls (source, pre- and post-processing).
     other: Duration,
     sessions: Duration,
+    /// The pipeline's read → written p50 and p99.
+    latency: (Duration, Duration),
+    breakdown: Option<riffle_dataflow::observe::summary::Breakdown>,
 }
 
 /// `median (min–max)` with `digits` decimals.

@@ -44,6 +44,23 @@ pub struct Batch {
     pub route: u64,
     /// How FP32 columns are encoded when the batch crosses a process boundary.
     pub compression: Compression,
+    /// Where the batch's time went so far (the run summary's latency breakdown).
+    pub trace: Trace,
+}
+
+/// Time a batch spent, by cause, from its source's queue to the sink operator: what the
+/// runtime measures anyway (stage timers, batcher queues), carried along with the rows so the
+/// sink can split each result's latency. The rest of a result's time (channels, scheduling,
+/// the wait for its epoch) is what the sink finds left over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trace {
+    /// The oldest row's wait in the source's own queue before the worker read it (a camera's
+    /// frame queue: capture → read), when the source knows it.
+    pub queued_ns: u64,
+    /// Waiting in a batcher for a model batch to form.
+    pub batching_ns: u64,
+    /// Inside stages' `process_batch`, summed over the stages passed.
+    pub stages_ns: u64,
 }
 
 impl Batch {
@@ -54,6 +71,7 @@ impl Batch {
             ingest_ns,
             route: 0,
             compression: Compression::None,
+            trace: Trace::default(),
         }
     }
 
@@ -64,6 +82,7 @@ impl Batch {
             ingest_ns,
             route: 0,
             compression: Compression::None,
+            trace: Trace::default(),
         }
     }
 
@@ -74,6 +93,7 @@ impl Batch {
             ingest_ns,
             route: 0,
             compression: Compression::None,
+            trace: Trace::default(),
         }
     }
 
@@ -89,6 +109,7 @@ impl Batch {
             ingest_ns: self.ingest_ns,
             route: self.route,
             compression: self.compression,
+            trace: self.trace,
         }
     }
 }
@@ -136,6 +157,7 @@ pub fn exchange_bytes_received() -> u64 {
 struct WireBatch {
     kind: BatchKind,
     ingest_ns: u64,
+    trace: Trace,
     route: u64,
     compression: Compression,
     #[serde(with = "serde_bytes_compat")]
@@ -159,6 +181,7 @@ mod serde_bytes_compat {
 struct WireBatchRef<'a> {
     kind: BatchKind,
     ingest_ns: u64,
+    trace: Trace,
     route: u64,
     compression: Compression,
     #[serde(serialize_with = "serialize_slice")]
@@ -221,6 +244,7 @@ impl Serialize for Batch {
         WireBatchRef {
             kind: self.kind,
             ingest_ns: self.ingest_ns,
+            trace: self.trace,
             route: self.route,
             compression: self.compression,
             ipc: ipc.as_slice(),
@@ -241,6 +265,7 @@ impl<'de> Deserialize<'de> for Batch {
             ingest_ns: wire.ingest_ns,
             route: wire.route,
             compression: wire.compression,
+            trace: wire.trace,
         })
     }
 }

@@ -28,6 +28,7 @@ pub mod checkpoint;
 pub mod cluster;
 pub mod compression;
 pub mod control;
+pub mod credit;
 pub mod dead_letter;
 pub mod error;
 pub mod events;
@@ -42,7 +43,7 @@ pub mod stage;
 pub mod state;
 pub mod tensor;
 
-pub use batch::{Batch, BatchKind};
+pub use batch::{Batch, BatchKind, Trace};
 pub use compression::Compression;
 pub use error::{DataflowError, DataflowResult};
 pub use sink::{Committer, Recovery, Sink};

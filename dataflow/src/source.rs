@@ -14,6 +14,10 @@ pub struct SourceBatch {
     pub rejected: Vec<DeadLetter>,
     /// The input positions this batch covers (a partitioned log's offsets), for checkpoints.
     pub positions: Vec<SourcePosition>,
+    /// When the oldest record became ready to read (ns since the Unix epoch: a camera frame's
+    /// capture), if the source knows: its wait in the source's queue starts the latency
+    /// breakdown.
+    pub ready_ns: Option<u64>,
 }
 
 impl SourceBatch {
@@ -23,6 +27,7 @@ impl SourceBatch {
             records,
             rejected,
             positions: Vec::new(),
+            ready_ns: None,
         }
     }
 }
@@ -33,6 +38,21 @@ pub struct SourcePosition {
     pub partition: i32,
     pub first_offset: i64,
     pub last_offset: i64,
+}
+
+/// Wakes a parked worker: its source has records again.
+#[derive(Clone, Debug)]
+pub struct Wake(std::thread::Thread);
+
+impl Wake {
+    /// Wakes the calling thread when woken.
+    pub fn current() -> Self {
+        Wake(std::thread::current())
+    }
+
+    pub fn wake(&self) {
+        self.0.unpark();
+    }
 }
 
 /// The part of a source that one worker reads.
@@ -53,6 +73,14 @@ pub trait Source: Send {
     /// epoch, would only do later). Replayed files keep counted epochs: a replay after a
     /// restart splits the same records into the same epochs.
     fn clocked(&self) -> bool {
+        false
+    }
+
+    /// Asks the source to call `wake` whenever records arrive after a read that found none, and
+    /// says whether it will: the worker then parks between reads (its stages still run) instead
+    /// of polling. A source that returns `false` (the default) may block briefly in
+    /// [`Source::next_batch`] instead.
+    fn wake_with(&mut self, _wake: Wake) -> bool {
         false
     }
 

@@ -75,6 +75,7 @@ pub fn run(python: &Path, repo: &Path, files: &[PathBuf], seconds: usize) -> any
         capture_p99: figure("capture_p99")?,
         cpu_cores: figure("cpu_cores")?,
         outputs: outputs?,
+        breakdown: None,
     })
 }
 

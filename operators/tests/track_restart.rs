@@ -176,6 +176,7 @@ impl Source for CameraPart {
                 first_offset: from,
                 last_offset: to - 1,
             }],
+            ready_ns: None,
         }))
     }
 }

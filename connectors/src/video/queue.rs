@@ -6,6 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use riffle_dataflow::dead_letter::DeadLetter;
+use riffle_dataflow::source::Wake;
 
 use super::config::OnOverload;
 
@@ -37,12 +38,26 @@ pub(crate) enum Pushed {
 pub(crate) struct Bell {
     rings: Mutex<u64>,
     rung: Condvar,
+    /// The worker parked between reads, woken on every ring.
+    worker: Mutex<Option<Wake>>,
 }
 
 impl Bell {
     pub fn ring(&self) {
         *lock(&self.rings) += 1;
         self.rung.notify_all();
+        if let Some(w) = lock(&self.worker).as_ref() {
+            w.wake();
+        }
+    }
+
+    /// Wakes `worker` on every ring from now on.
+    pub fn wake_with(&self, worker: Wake) {
+        *lock(&self.worker) = Some(worker);
+    }
+
+    pub fn wakes_worker(&self) -> bool {
+        lock(&self.worker).is_some()
     }
 
     /// The number of rings so far, to wait on with [`Bell::wait`].

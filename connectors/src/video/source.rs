@@ -9,7 +9,7 @@ use std::time::Duration;
 use arrow_array::{ArrayRef, BinaryArray, Int64Array, RecordBatch, StringArray, UInt32Array};
 use arrow_schema::SchemaRef;
 use riffle_dataflow::observe::registry::Metrics;
-use riffle_dataflow::source::{SourceBatch, SourcePosition};
+use riffle_dataflow::source::{SourceBatch, SourcePosition, Wake};
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 
 use super::camera::{CameraTask, Retry};
@@ -330,6 +330,11 @@ impl Source for VideoPartition {
         directory.is_open() || directory.cameras().iter().any(|c| c.live || c.realtime)
     }
 
+    fn wake_with(&mut self, wake: Wake) -> bool {
+        self.running.bell.wake_with(wake);
+        true
+    }
+
     fn retired(&mut self) -> Option<RecordBatch> {
         if self.retiring.is_empty() {
             return None;
@@ -357,9 +362,23 @@ impl Source for VideoPartition {
             if running.done() && !open {
                 return Ok(None);
             }
+            // A worker that parks between reads is woken by the bell: it runs its stages
+            // meanwhile rather than waiting here.
+            if running.bell.wakes_worker() {
+                return Ok(Some(SourceBatch::new(
+                    RecordBatch::new_empty(super::schema(self.source.open.scale_to)),
+                    Vec::new(),
+                )));
+            }
             running.bell.wait(seen, IDLE_WAIT);
             (frames, rejected) = running.take(batch_size);
         }
+        let ready_ns = frames
+            .iter()
+            .map(|(_, f)| f.ingest_ms)
+            .min()
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(|ms| ms.saturating_mul(1_000_000));
         let cameras: Vec<&Camera> = running.cameras.iter().map(|l| &l.camera).collect();
         let positions = positions(&cameras, &frames);
         let records = to_batch(super::schema(self.source.open.scale_to), &cameras, frames)?;
@@ -367,6 +386,7 @@ impl Source for VideoPartition {
             records,
             rejected,
             positions,
+            ready_ns,
         }))
     }
 }

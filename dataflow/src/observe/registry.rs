@@ -17,7 +17,8 @@ use prometheus::{
 };
 
 use super::lock;
-use super::summary::{StageSummary, Summary};
+use super::summary::{Breakdown, StageSummary, Summary};
+use crate::batch::Trace;
 use crate::error::{DataflowError, DataflowResult};
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -47,6 +48,8 @@ pub struct Metrics {
     results_span: Mutex<Option<(u64, u64)>>,
     stages: Mutex<BTreeMap<String, Arc<StageMetrics>>>,
     end_to_end_hdr: Mutex<Histogram<u64>>,
+    /// Where written results' time went, summed over rows (the summary's breakdown).
+    breakdown: Mutex<BreakdownSums>,
     /// Names (without the prefix) of the families added with [`Metrics::register`].
     registered: Mutex<BTreeSet<String>>,
 }
@@ -168,6 +171,7 @@ impl Metrics {
             end_to_end,
             stages: Mutex::new(BTreeMap::new()),
             end_to_end_hdr,
+            breakdown: Mutex::new(BreakdownSums::default()),
             ready,
             ready_hdr,
             results_span: Mutex::new(None),
@@ -233,6 +237,23 @@ impl Metrics {
             *first = (*first).min(ingest_ns);
             *last = (*last).max(now_ns);
         }
+    }
+
+    /// Records where the time of `rows` written results went: `trace` as carried from the
+    /// source, `ready_ns` when they reached the sink operator, `written_ns` when their epoch
+    /// was complete and the sink took them, `write` the sink's own call.
+    pub fn record_breakdown(&self, trace: &Trace, at: Milestones, rows: usize) {
+        let rows = rows as u128;
+        let mut b = lock(&self.breakdown);
+        let in_dataflow = at.ready_ns.saturating_sub(at.ingest_ns);
+        let traced = trace.batching_ns.saturating_add(trace.stages_ns);
+        b.rows += rows;
+        b.queued += u128::from(trace.queued_ns) * rows;
+        b.batching += u128::from(trace.batching_ns) * rows;
+        b.stages += u128::from(trace.stages_ns) * rows;
+        b.dataflow += u128::from(in_dataflow.saturating_sub(traced)) * rows;
+        b.epoch += u128::from(at.written_ns.saturating_sub(at.ready_ns)) * rows;
+        b.sink += at.write.as_nanos() * rows;
     }
 
     /// Adds a source's or sink's own metrics (a collector whose names carry no prefix: the
@@ -311,7 +332,49 @@ impl Metrics {
                 Duration::from_nanos(last.saturating_sub(first))
             }),
             exchange_bytes_in: crate::batch::exchange_bytes_received(),
+            breakdown: lock(&self.breakdown).means(),
         }
+    }
+}
+
+/// The moments a written result passed, for [`Metrics::record_breakdown`].
+#[derive(Clone, Copy, Debug)]
+pub struct Milestones {
+    /// The source read it (ns since the Unix epoch).
+    pub ingest_ns: u64,
+    /// It reached the sink operator.
+    pub ready_ns: u64,
+    /// Its epoch was complete and the sink took it.
+    pub written_ns: u64,
+    /// The sink's write call.
+    pub write: Duration,
+}
+
+#[derive(Debug, Default)]
+struct BreakdownSums {
+    rows: u128,
+    queued: u128,
+    batching: u128,
+    stages: u128,
+    dataflow: u128,
+    epoch: u128,
+    sink: u128,
+}
+
+impl BreakdownSums {
+    fn means(&self) -> Option<Breakdown> {
+        if self.rows == 0 {
+            return None;
+        }
+        let mean = |sum: u128| Duration::from_nanos((sum / self.rows) as u64);
+        Some(Breakdown {
+            queued: mean(self.queued),
+            batching: mean(self.batching),
+            stages: mean(self.stages),
+            dataflow: mean(self.dataflow),
+            epoch: mean(self.epoch),
+            sink: mean(self.sink),
+        })
     }
 }
 

@@ -42,6 +42,63 @@ pub struct Summary {
     pub exchange_bytes_in: u64,
     /// Dead letters written by this process, by `stage: reason`, commonest first.
     pub dead_letter_reasons: Vec<(String, u64)>,
+    /// Where a written result's time went, on average; none when nothing was written here.
+    pub breakdown: Option<Breakdown>,
+}
+
+/// The mean time a written result spent in each part of the run, from the camera's (or
+/// other source's) own queue to the sink's write: the parts add up to its capture → written
+/// latency.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Breakdown {
+    /// In the source's own queue before the worker read it (capture → read).
+    pub queued: Duration,
+    /// In a batcher, waiting for a model batch to form.
+    pub batching: Duration,
+    /// Inside stages (their `process_batch`), all stages together.
+    pub stages: Duration,
+    /// Between them: channels, exchanges, a worker busy with other rows.
+    pub dataflow: Duration,
+    /// At the sink, waiting for the result's epoch to complete (every worker past it).
+    pub epoch: Duration,
+    /// The sink's own write.
+    pub sink: Duration,
+}
+
+impl Breakdown {
+    /// Read → written: everything after the source's queue.
+    pub fn after_read(&self) -> Duration {
+        self.batching + self.stages + self.dataflow + self.epoch + self.sink
+    }
+
+    /// The parts by name, in the order a result passes them.
+    pub fn parts(&self) -> [(&'static str, Duration); 6] {
+        [
+            ("source queue", self.queued),
+            ("batching", self.batching),
+            ("stages", self.stages),
+            ("dataflow", self.dataflow),
+            ("epoch", self.epoch),
+            ("sink", self.sink),
+        ]
+    }
+}
+
+impl std::fmt::Display for Breakdown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let parts: Vec<String> = self
+            .parts()
+            .iter()
+            .map(|(name, d)| format!("{name} {:.1}", ms(*d)))
+            .collect();
+        write!(
+            f,
+            "where the time goes (mean ms per result): {} = {:.1} after the read",
+            parts.join(" + "),
+            ms(self.after_read())
+        )
+    }
 }
 
 impl Summary {
@@ -84,6 +141,9 @@ impl std::fmt::Display for Summary {
             fmt_duration(self.end_to_end_p50),
             fmt_duration(self.end_to_end_p99)
         )?;
+        if let Some(breakdown) = &self.breakdown {
+            writeln!(f, "{breakdown}")?;
+        }
         writeln!(
             f,
             "{:<20} {:>10} {:>10} {:>6} {:>6} {:>8} {:>10} {:>10} {:>10}",
@@ -165,6 +225,7 @@ mod tests {
             connectors: vec![("riffle_thing_total{to=b}".into(), 3.0)],
             exchange_bytes_in: 0,
             dead_letter_reasons: Vec::new(),
+            breakdown: None,
         };
         let text = summary.to_string();
         let lines: Vec<&str> = text.lines().collect();
@@ -182,5 +243,42 @@ mod tests {
         assert_eq!(lines[3], "results: 9 in 2.00 s = 4.5 records/s");
         assert_eq!(lines[4], "riffle_thing_total{to=b} 3");
         assert_eq!(lines.len(), 5);
+    }
+
+    #[test]
+    fn the_breakdown_is_one_line_after_the_latency_and_its_parts_add_up() {
+        let ms = Duration::from_millis;
+        let breakdown = Breakdown {
+            queued: ms(3),
+            batching: ms(2),
+            stages: ms(15),
+            dataflow: ms(1),
+            epoch: ms(4),
+            sink: Duration::from_micros(500),
+        };
+        assert_eq!(breakdown.after_read(), Duration::from_micros(22_500));
+        let summary = Summary {
+            elapsed: Duration::from_secs(1),
+            stages: Vec::new(),
+            end_to_end_p50: ms(22),
+            end_to_end_p99: ms(30),
+            ready_p50: ms(18),
+            ready_p99: ms(25),
+            results: 1,
+            busy: Duration::from_secs(1),
+            connectors: Vec::new(),
+            exchange_bytes_in: 0,
+            dead_letter_reasons: Vec::new(),
+            breakdown: Some(breakdown),
+        };
+        let text = summary.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("latency: "), "{}", lines[0]);
+        assert_eq!(
+            lines[1],
+            "where the time goes (mean ms per result): source queue 3.0 + batching 2.0 + \
+             stages 15.0 + dataflow 1.0 + epoch 4.0 + sink 0.5 = 22.5 after the read"
+        );
+        assert!(lines[2].starts_with("stage "), "{}", lines[2]);
     }
 }

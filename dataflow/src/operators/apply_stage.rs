@@ -70,8 +70,25 @@ impl<'scope> ApplyStage<'scope> for BatchStream<'scope> {
 }
 
 /// One batch through one stage: its results and, if any, a batch of dead letters.
-/// Dead letters and retired keys pass through untouched.
+/// Dead letters and retired keys pass through untouched. The results' trace counts the
+/// stage's time.
 pub fn run_stage(stage: &mut dyn Stage, metrics: &StageMetrics, batch: &Batch) -> Vec<Batch> {
+    let started = Instant::now();
+    let mut out = run_stage_untraced(stage, metrics, batch);
+    let took = started.elapsed().as_nanos() as u64;
+    for b in out.iter_mut().filter(|b| b.kind == BatchKind::Records) {
+        b.trace.stages_ns = b.trace.stages_ns.saturating_add(took);
+    }
+    out
+}
+
+/// [`run_stage`] without adding its time to the results' trace (a batcher adds the time of
+/// the whole merged batch once).
+pub(crate) fn run_stage_untraced(
+    stage: &mut dyn Stage,
+    metrics: &StageMetrics,
+    batch: &Batch,
+) -> Vec<Batch> {
     if batch.kind != BatchKind::Records {
         return vec![batch.clone()];
     }
@@ -81,9 +98,10 @@ pub fn run_stage(stage: &mut dyn Stage, metrics: &StageMetrics, batch: &Batch) -
     if matches!(result, Err(DataflowError::BatchTooLarge { .. })) && rows_in > 1 {
         // Halves until each fits: a single row that is still too large fails alone.
         let half = rows_in / 2;
-        let mut out = run_stage(stage, metrics, &batch.with_data(batch.data.slice(0, half)));
+        let first = batch.with_data(batch.data.slice(0, half));
+        let mut out = run_stage_untraced(stage, metrics, &first);
         let rest = batch.with_data(batch.data.slice(half, rows_in - half));
-        out.extend(run_stage(stage, metrics, &rest));
+        out.extend(run_stage_untraced(stage, metrics, &rest));
         return out;
     }
     let (records, rejected) = match result {

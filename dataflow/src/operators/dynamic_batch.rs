@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::batch::now_ns;
+use crate::credit::Credit;
 use crate::observe::registry::StageMetrics;
-use crate::operators::{run_stage, BatchStream};
+use crate::operators::apply_stage::run_stage_untraced;
+use crate::operators::BatchStream;
 use crate::{Batch, BatchKind, Epoch, Stage};
 use arrow_select::concat::concat_batches;
 use timely::dataflow::channels::pact::Pipeline;
@@ -74,6 +76,18 @@ pub trait DynamicBatch<'scope> {
         policy: BatchPolicy,
         metrics: Arc<StageMetrics>,
     ) -> Self;
+
+    /// [`DynamicBatch::dynamic_batch`] fed by this worker's own source through `credit`: a
+    /// partial batch runs as soon as the source has no more rows ready (the worker will not
+    /// read again before the model runs), so `max_delay` only delays rows while more are known
+    /// to be coming; each row run (or dropped) returns its credit to the source.
+    fn dynamic_batch_fed(
+        self,
+        stage: Box<dyn Stage>,
+        policy: BatchPolicy,
+        metrics: Arc<StageMetrics>,
+        credit: Credit,
+    ) -> Self;
 }
 
 struct Waiting {
@@ -85,73 +99,148 @@ struct Waiting {
 impl<'scope> DynamicBatch<'scope> for BatchStream<'scope> {
     fn dynamic_batch(
         self,
-        mut stage: Box<dyn Stage>,
+        stage: Box<dyn Stage>,
         policy: BatchPolicy,
         metrics: Arc<StageMetrics>,
     ) -> Self {
-        let scope = self.scope();
-        let name = format!("Batched({})", stage.name());
-        let max_size = policy.max_size.max(1);
-        self.unary_frontier(Pipeline, &name, move |_, info| {
-            let activator = scope.activator_for(info.address.clone());
-            let mut waiting: VecDeque<Waiting> = VecDeque::new();
-            let mut waiting_rows = 0usize;
-            move |(input, frontier), output| {
-                input.for_each(|cap, data| {
-                    for batch in data.drain(..) {
-                        if batch.kind != BatchKind::Records || batch.num_rows() == 0 {
-                            output.session(&cap).give(batch);
-                            continue;
-                        }
-                        let Some(cap) = cap.retain_least(output.output_index()) else {
-                            continue;
-                        };
-                        waiting_rows += batch.num_rows();
-                        waiting.push_back(Waiting {
-                            cap,
-                            batch,
-                            since: Instant::now(),
-                        });
-                    }
-                });
-                let input_done = frontier.is_empty();
-                loop {
-                    // Waited long enough, or its epoch is complete: no more rows of it are
-                    // coming (a live source between frames), so waiting only delays results.
-                    let due = waiting.front().is_some_and(|w| {
-                        w.since.elapsed() >= policy.max_delay || !frontier.less_equal(w.cap.time())
-                    });
-                    if waiting_rows == 0 || !(waiting_rows >= max_size || due || input_done) {
-                        break;
-                    }
-                    let mut group = take_rows(&mut waiting, max_size, !stage.preserves_rows());
-                    waiting_rows -= group.iter().map(|w| w.batch.num_rows()).sum::<usize>();
-                    if let Some(budget) = policy.late_after {
-                        let now = now_ns();
-                        let late = |w: &Waiting| {
-                            now.saturating_sub(w.batch.ingest_ns) > budget.as_nanos() as u64
-                        };
-                        metrics.record_late(
-                            group
-                                .iter()
-                                .filter(|w| late(w))
-                                .map(|w| w.batch.num_rows())
-                                .sum(),
-                        );
-                        if policy.drop_late {
-                            group.retain(|w| !late(w));
-                        }
-                    }
-                    for (cap, batch) in run_group(stage.as_mut(), &metrics, group, max_size) {
+        batched(self, stage, policy, metrics, None)
+    }
+
+    fn dynamic_batch_fed(
+        self,
+        stage: Box<dyn Stage>,
+        policy: BatchPolicy,
+        metrics: Arc<StageMetrics>,
+        credit: Credit,
+    ) -> Self {
+        batched(self, stage, policy, metrics, Some(credit))
+    }
+}
+
+fn batched<'scope>(
+    stream: BatchStream<'scope>,
+    stage: Box<dyn Stage>,
+    policy: BatchPolicy,
+    metrics: Arc<StageMetrics>,
+    credit: Option<Credit>,
+) -> BatchStream<'scope> {
+    let scope = stream.scope();
+    let name = format!("Batched({})", stage.name());
+    stream.unary_frontier(Pipeline, &name, move |_, info| {
+        let activator = scope.activator_for(info.address.clone());
+        if let Some(c) = &credit {
+            c.attach(scope.activator_for(info.address.clone()));
+        }
+        let mut batcher = Batcher {
+            stage,
+            policy,
+            max_size: policy.max_size.max(1),
+            metrics,
+            credit,
+            waiting: VecDeque::new(),
+            waiting_rows: 0,
+        };
+        move |(input, frontier), output| {
+            input.for_each(|cap, data| {
+                for batch in data.drain(..) {
+                    if batch.kind != BatchKind::Records || batch.num_rows() == 0 {
                         output.session(&cap).give(batch);
+                    } else if let Some(cap) = cap.retain_least(output.output_index()) {
+                        batcher.take(cap, batch);
                     }
                 }
-                if let Some(oldest) = waiting.front() {
-                    activator
-                        .activate_after(policy.max_delay.saturating_sub(oldest.since.elapsed()));
+            });
+            let input_done = frontier.is_empty();
+            while batcher.should_run(|e| !frontier.less_equal(e), input_done) {
+                for (cap, batch) in batcher.run_next() {
+                    output.session(&cap).give(batch);
                 }
             }
-        })
+            if let Some(wait) = batcher.next_deadline() {
+                activator.activate_after(wait);
+            }
+        }
+    })
+}
+
+/// A batched stage's queue and the decisions on it.
+struct Batcher {
+    stage: Box<dyn Stage>,
+    policy: BatchPolicy,
+    max_size: usize,
+    metrics: Arc<StageMetrics>,
+    credit: Option<Credit>,
+    waiting: VecDeque<Waiting>,
+    waiting_rows: usize,
+}
+
+impl Batcher {
+    fn take(&mut self, cap: Capability<Epoch>, batch: Batch) {
+        self.waiting_rows += batch.num_rows();
+        self.waiting.push_back(Waiting {
+            cap,
+            batch,
+            since: Instant::now(),
+        });
+    }
+
+    /// A batch runs when it is full, when the input has ended, when its oldest row has waited
+    /// `max_delay`, when its epoch is complete (no more rows of it can come), or when the
+    /// worker's source has no more rows ready: waiting then only delays results.
+    fn should_run(&self, complete: impl Fn(&Epoch) -> bool, input_done: bool) -> bool {
+        let Some(oldest) = self.waiting.front() else {
+            return false;
+        };
+        self.waiting_rows >= self.max_size
+            || input_done
+            || oldest.since.elapsed() >= self.policy.max_delay
+            || complete(oldest.cap.time())
+            || self.credit.as_ref().is_some_and(|c| !c.more_coming())
+    }
+
+    /// How long until the oldest waiting row is due, if any wait.
+    fn next_deadline(&self) -> Option<std::time::Duration> {
+        let oldest = self.waiting.front()?;
+        Some(self.policy.max_delay.saturating_sub(oldest.since.elapsed()))
+    }
+
+    /// Runs the next group of waiting batches and returns each its own rows of the result.
+    fn run_next(&mut self) -> Vec<(Capability<Epoch>, Batch)> {
+        let one_epoch = !self.stage.preserves_rows();
+        let mut group = take_rows(&mut self.waiting, self.max_size, one_epoch);
+        let rows: usize = group.iter().map(|w| w.batch.num_rows()).sum();
+        self.waiting_rows -= rows;
+        if let Some(c) = &self.credit {
+            c.done(rows);
+        }
+        self.drop_late(&mut group);
+        let started = Instant::now();
+        for w in &mut group {
+            let waited = started.saturating_duration_since(w.since).as_nanos() as u64;
+            w.batch.trace.batching_ns = w.batch.trace.batching_ns.saturating_add(waited);
+        }
+        let mut out = run_group(self.stage.as_mut(), &self.metrics, group, self.max_size);
+        let took = started.elapsed().as_nanos() as u64;
+        for (_, b) in &mut out {
+            if b.kind == BatchKind::Records {
+                b.trace.stages_ns = b.trace.stages_ns.saturating_add(took);
+            }
+        }
+        out
+    }
+
+    /// Counts the group's late rows (older than `late_after`) and drops them if so configured.
+    fn drop_late(&self, group: &mut Vec<Waiting>) {
+        let Some(budget) = self.policy.late_after else {
+            return;
+        };
+        let now = now_ns();
+        let late = |w: &Waiting| now.saturating_sub(w.batch.ingest_ns) > budget.as_nanos() as u64;
+        let rows = group.iter().filter(|w| late(w)).map(|w| w.batch.num_rows());
+        self.metrics.record_late(rows.sum());
+        if self.policy.drop_late {
+            group.retain(|w| !late(w));
+        }
     }
 }
 
@@ -194,13 +283,13 @@ fn run_sliced(
 ) -> Vec<Batch> {
     let rows = batch.num_rows();
     if rows <= max_rows || !stage.preserves_rows() {
-        return run_stage(stage, metrics, batch);
+        return run_stage_untraced(stage, metrics, batch);
     }
     let mut records = Vec::new();
     let mut others = Vec::new();
     for start in (0..rows).step_by(max_rows) {
         let slice = batch.with_data(batch.data.slice(start, max_rows.min(rows - start)));
-        for out in run_stage(stage, metrics, &slice) {
+        for out in run_stage_untraced(stage, metrics, &slice) {
             if out.kind == BatchKind::Records {
                 records.push(out);
             } else {
@@ -244,7 +333,9 @@ fn run_group(
                     .map(|w| w.batch.ingest_ns)
                     .min()
                     .unwrap_or(first.batch.ingest_ns);
-                Batch::records(data, ingest)
+                let mut merged = Batch::records(data, ingest);
+                merged.trace = first.batch.trace;
+                merged
             }
             // Batches of one stream share a schema; if they do not, run them one by one.
             Err(_) => {

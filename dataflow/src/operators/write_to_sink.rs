@@ -12,9 +12,11 @@ use super::BatchStream;
 use crate::batch::now_ns;
 use crate::error::DataflowError;
 use crate::events::EventsSpec;
+use crate::observe::registry::{Milestones, StageMetrics};
 use crate::observe::RunContext;
 use crate::sink::Sink;
 use crate::{Batch, BatchKind, Epoch};
+use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 
 /// Where results and dead letters go, and what the sink reports back.
@@ -81,235 +83,309 @@ pub trait WriteToSink<'scope> {
 
 impl<'scope> WriteToSink<'scope> for BatchStream<'scope> {
     fn write_to_sink(self, options: SinkOptions, context: RunContext) -> ProbeHandle<Epoch> {
-        let SinkOptions {
-            mut results,
-            mut dead_letters,
-            latency_column,
-            positions,
-            generation,
-            errors,
-            mut live,
-            events,
-        } = options;
-        let (events, mut events_sink) = match events {
-            Some((spec, schema, sink)) => (Some((spec, schema)), Some(sink)),
-            None => (None, None),
-        };
-        let events_metrics = events
-            .as_ref()
-            .and_then(|_| context.metrics.stage("events").ok());
-        let mut live_failed = false;
-        let RunContext {
-            metrics,
-            dead_letters: reasons,
-            live: tap,
-            ..
-        } = context;
-        let sink_metrics = metrics.stage("sink");
-        let dead_metrics = metrics.stage("dead-letters");
-        let mut failed = false;
-        let fail = move |e: DataflowError| {
-            tracing::error!("sink: {e}");
-            if let Ok(mut errors) = errors.lock() {
-                errors.push(e);
-            }
-        };
-        let mut pending: BTreeMap<Epoch, Vec<Batch>> = BTreeMap::new();
-        let mut flushed_frontier: Option<Vec<Epoch>> = None;
+        let mut writer = SinkWriter::new(options, context);
         let (probe, _) = self
             .unary_frontier::<timely::container::CapacityContainerBuilder<Vec<()>>, _, _, _>(
                 Exchange::new(|_: &Batch| 0),
                 "WriteToSink",
                 move |_, _| {
                     move |(input, frontier), _output| {
-                        let mut live_wrote = false;
                         input.for_each(|cap, data| {
                             let epoch = cap.least().copied().unwrap_or_default();
                             for batch in data.drain(..) {
-                                if let (Some(sink), BatchKind::Records) =
-                                    (live.as_mut(), batch.kind)
-                                {
-                                    let data = match &latency_column {
-                                        Some(name) => with_latency(
-                                            &batch.data,
-                                            name,
-                                            now_ns(),
-                                            batch.ingest_ns,
-                                        ),
-                                        None => Ok(batch.data.clone()),
-                                    };
-                                    match data.and_then(|d| sink.write_batch(&d)) {
-                                        Ok(()) => live_wrote = true,
-                                        Err(e) => live_error(&mut live_failed, &e),
-                                    }
-                                }
-                                // A live view sees results as they arrive, before they commit.
-                                if let Some(tap) = &tap {
-                                    match batch.kind {
-                                        BatchKind::Records => tap.results(&batch.data),
-                                        BatchKind::DeadLetters => tap.dead_letters(&batch.data),
-                                        BatchKind::Retired => {}
-                                    }
-                                }
-                                match batch.kind {
-                                    BatchKind::Records => {
-                                        metrics.record_ready(
-                                            batch.ingest_ns,
-                                            now_ns(),
-                                            batch.num_rows(),
-                                        );
-                                        pending.entry(epoch).or_default().push(batch)
-                                    }
-                                    BatchKind::DeadLetters if !failed => {
-                                        reasons.record(&batch.data);
-                                        let started = Instant::now();
-                                        let Some(sink) = dead_letters.as_mut() else {
-                                            continue;
-                                        };
-                                        match sink.write_batch(&batch.data) {
-                                            Ok(()) => {
-                                                if let Ok(m) = &dead_metrics {
-                                                    m.record_batch(
-                                                        batch.num_rows(),
-                                                        batch.num_rows(),
-                                                        0,
-                                                        started.elapsed(),
-                                                    );
-                                                }
-                                            }
-                                            Err(e) => {
-                                                failed = true;
-                                                fail(e);
-                                            }
-                                        }
-                                    }
-                                    BatchKind::DeadLetters | BatchKind::Retired => {}
-                                }
+                                writer.take(epoch, batch);
                             }
                         });
-                        // Once per activation, so a busy stream shares one flush among its batches.
-                        if let (true, Some(sink)) = (live_wrote, live.as_mut()) {
-                            if let Err(e) = sink.flush() {
-                                live_error(&mut live_failed, &e);
-                            }
-                        }
-                        if frontier.frontier().is_empty() {
-                            if let Some(mut sink) = live.take() {
-                                if let Err(e) = sink.finish() {
-                                    live_error(&mut live_failed, &e);
-                                }
-                            }
-                        }
-                        // Every epoch the frontier has passed is complete: write it, in order.
-                        let complete: Vec<Epoch> = pending
-                            .keys()
-                            .copied()
-                            .filter(|e| !frontier.less_equal(e))
-                            .collect();
-                        for epoch in complete {
-                            if let Some(g) = generation {
-                                for sink in [&mut results, &mut events_sink].into_iter().flatten() {
-                                    sink.begin_epoch(g, epoch);
-                                }
-                            }
-                            let batches = pending.remove(&epoch).unwrap_or_default();
-                            // Which rows of the output are which epoch's (tests read it).
-                            tracing::debug!(
-                                "epoch {epoch}: {} result row(s) written",
-                                batches.iter().map(Batch::num_rows).sum::<usize>()
-                            );
-                            for batch in batches {
-                                if failed {
-                                    continue;
-                                }
-                                let started = Instant::now();
-                                let Some(sink) = results.as_mut() else {
-                                    continue;
-                                };
-                                let now = now_ns();
-                                let data = match &latency_column {
-                                    Some(name) => {
-                                        with_latency(&batch.data, name, now, batch.ingest_ns)
-                                    }
-                                    None => Ok(batch.data.clone()),
-                                };
-                                if let Err(e) = data.and_then(|d| sink.write_batch(&d)) {
-                                    failed = true;
-                                    fail(e);
-                                    continue;
-                                }
-                                if let Ok(m) = &sink_metrics {
-                                    m.record_batch(
-                                        batch.num_rows(),
-                                        batch.num_rows(),
-                                        0,
-                                        started.elapsed(),
-                                    );
-                                }
-                                metrics.record_end_to_end(batch.ingest_ns, now, batch.num_rows());
-                                if let (Some((spec, schema)), Some(sink)) =
-                                    (&events, events_sink.as_mut())
-                                {
-                                    let started = Instant::now();
-                                    let written =
-                                        spec.extract(&batch.data, schema).and_then(|rows| {
-                                            if rows.num_rows() > 0 {
-                                                sink.write_batch(&rows)?;
-                                            }
-                                            Ok(rows.num_rows())
-                                        });
-                                    match written {
-                                        Ok(n) => {
-                                            if let Some(m) = &events_metrics {
-                                                m.record_batch(
-                                                    batch.num_rows(),
-                                                    n,
-                                                    0,
-                                                    started.elapsed(),
-                                                );
-                                            }
-                                        }
-                                        Err(e) => {
-                                            failed = true;
-                                            fail(e);
-                                        }
-                                    }
-                                }
-                            }
-                        }
-                        // Make each completed epoch visible, and note where it ends.
-                        let current: Vec<Epoch> = frontier.frontier().iter().copied().collect();
-                        if flushed_frontier.as_ref() != Some(&current) && !failed {
-                            // An empty frontier is the end of the input: make it durable.
-                            let end = current.is_empty();
-                            for sink in [&mut results, &mut dead_letters, &mut events_sink]
-                                .into_iter()
-                                .flatten()
-                            {
-                                let done = if end { sink.finish() } else { sink.flush() };
-                                if let Err(e) = done {
-                                    failed = true;
-                                    fail(e);
-                                }
-                            }
-                            if let (Some(positions), Some(at)) =
-                                (&positions, results.as_ref().and_then(|s| s.position()))
-                            {
-                                let last_complete = match current.first() {
-                                    Some(f) => f.checked_sub(1),
-                                    None => Some(Epoch::MAX),
-                                };
-                                if let (Some(epoch), false) = (last_complete, failed) {
-                                    positions.borrow_mut().insert(epoch, at);
-                                }
-                            }
-                            flushed_frontier = Some(current);
-                        }
+                        writer.end_activation(frontier.frontier().is_empty());
+                        writer.write_complete(|e| !frontier.less_equal(e));
+                        writer.commit(frontier.frontier().iter().copied().collect());
                     }
                 },
             )
             .probe();
         probe
+    }
+}
+
+/// The sink operator's state and its steps, in the order an activation runs them: take each
+/// arriving batch ([`SinkWriter::take`]), flush the live tap, write the epochs now complete
+/// ([`SinkWriter::write_complete`]), then make them visible and note where they end
+/// ([`SinkWriter::commit`]).
+struct SinkWriter {
+    results: Option<Box<dyn Sink>>,
+    dead_letters: Option<Box<dyn Sink>>,
+    live: Option<Box<dyn Sink>>,
+    events: Option<(EventsSpec, SchemaRef)>,
+    events_sink: Option<Box<dyn Sink>>,
+    latency_column: Option<String>,
+    positions: Option<Rc<RefCell<BTreeMap<Epoch, u64>>>>,
+    generation: Option<u64>,
+    errors: Arc<Mutex<Vec<DataflowError>>>,
+    context: RunContext,
+    sink_metrics: Option<Arc<StageMetrics>>,
+    dead_metrics: Option<Arc<StageMetrics>>,
+    events_metrics: Option<Arc<StageMetrics>>,
+    /// Results by epoch, each with when it reached the sink (ns), until the epoch completes.
+    pending: BTreeMap<Epoch, Vec<(Batch, u64)>>,
+    flushed_frontier: Option<Vec<Epoch>>,
+    /// A write failed: later batches are dropped so the run can end and report it.
+    failed: bool,
+    live_failed: bool,
+    live_wrote: bool,
+}
+
+impl SinkWriter {
+    fn new(options: SinkOptions, context: RunContext) -> Self {
+        let SinkOptions {
+            results,
+            dead_letters,
+            latency_column,
+            positions,
+            generation,
+            errors,
+            live,
+            events,
+        } = options;
+        let (events, events_sink) = match events {
+            Some((spec, schema, sink)) => (Some((spec, schema)), Some(sink)),
+            None => (None, None),
+        };
+        let metrics = &context.metrics;
+        SinkWriter {
+            events_metrics: events.as_ref().and_then(|_| metrics.stage("events").ok()),
+            sink_metrics: metrics.stage("sink").ok(),
+            dead_metrics: metrics.stage("dead-letters").ok(),
+            results,
+            dead_letters,
+            live,
+            events,
+            events_sink,
+            latency_column,
+            positions,
+            generation,
+            errors,
+            context,
+            pending: BTreeMap::new(),
+            flushed_frontier: None,
+            failed: false,
+            live_failed: false,
+            live_wrote: false,
+        }
+    }
+
+    fn fail(&mut self, e: DataflowError) {
+        tracing::error!("sink: {e}");
+        self.failed = true;
+        if let Ok(mut errors) = self.errors.lock() {
+            errors.push(e);
+        }
+    }
+
+    /// The rows of `data` with the latency column, if the pipeline asks for one.
+    fn stamped(&self, batch: &Batch, now_ns: u64) -> Result<RecordBatch, DataflowError> {
+        match &self.latency_column {
+            Some(name) => with_latency(&batch.data, name, now_ns, batch.ingest_ns),
+            None => Ok(batch.data.clone()),
+        }
+    }
+
+    /// One arriving batch: results go to the live sink and tap at once and wait for their
+    /// epoch; dead letters are written as they come.
+    fn take(&mut self, epoch: Epoch, batch: Batch) {
+        let now = now_ns();
+        if batch.kind == BatchKind::Records {
+            self.write_live(&batch, now);
+        }
+        if let Some(tap) = &self.context.live {
+            match batch.kind {
+                BatchKind::Records => tap.results(&batch.data),
+                BatchKind::DeadLetters => tap.dead_letters(&batch.data),
+                BatchKind::Retired => {}
+            }
+        }
+        match batch.kind {
+            BatchKind::Records => {
+                let metrics = &self.context.metrics;
+                metrics.record_ready(batch.ingest_ns, now, batch.num_rows());
+                self.pending.entry(epoch).or_default().push((batch, now));
+            }
+            BatchKind::DeadLetters if !self.failed => self.write_dead_letters(&batch),
+            BatchKind::DeadLetters | BatchKind::Retired => {}
+        }
+    }
+
+    /// Results as they arrive, before they commit: a live sink's errors never fail the run.
+    fn write_live(&mut self, batch: &Batch, now_ns: u64) {
+        if self.live.is_none() {
+            return;
+        }
+        let written = self
+            .stamped(batch, now_ns)
+            .and_then(|d| self.live.as_mut().map_or(Ok(()), |s| s.write_batch(&d)));
+        match written {
+            Ok(()) => self.live_wrote = true,
+            Err(e) => live_error(&mut self.live_failed, &e),
+        }
+    }
+
+    fn write_dead_letters(&mut self, batch: &Batch) {
+        self.context.dead_letters.record(&batch.data);
+        let started = Instant::now();
+        let Some(sink) = self.dead_letters.as_mut() else {
+            return;
+        };
+        match sink.write_batch(&batch.data) {
+            Ok(()) => {
+                if let Some(m) = &self.dead_metrics {
+                    let rows = batch.num_rows();
+                    m.record_batch(rows, rows, 0, started.elapsed());
+                }
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Once per activation, so a busy stream shares one flush of the live sink among its
+    /// batches; at the end of the input the live sink is finished.
+    fn end_activation(&mut self, input_ended: bool) {
+        if std::mem::take(&mut self.live_wrote) {
+            if let Some(Err(e)) = self.live.as_mut().map(|s| s.flush()) {
+                live_error(&mut self.live_failed, &e);
+            }
+        }
+        if input_ended {
+            if let Some(Err(e)) = self.live.take().map(|mut s| s.finish()) {
+                live_error(&mut self.live_failed, &e);
+            }
+        }
+    }
+
+    /// Writes every pending epoch the frontier has passed (`complete`), in epoch order.
+    fn write_complete(&mut self, complete: impl Fn(&Epoch) -> bool) {
+        let done: Vec<Epoch> = self
+            .pending
+            .keys()
+            .copied()
+            .filter(|e| complete(e))
+            .collect();
+        for epoch in done {
+            let batches = self.pending.remove(&epoch).unwrap_or_default();
+            self.write_epoch(epoch, batches);
+        }
+    }
+
+    fn write_epoch(&mut self, epoch: Epoch, batches: Vec<(Batch, u64)>) {
+        if let Some(g) = self.generation {
+            for sink in [&mut self.results, &mut self.events_sink]
+                .into_iter()
+                .flatten()
+            {
+                sink.begin_epoch(g, epoch);
+            }
+        }
+        // Which rows of the output are which epoch's (tests read it).
+        tracing::debug!(
+            "epoch {epoch}: {} result row(s) written",
+            batches.iter().map(|(b, _)| b.num_rows()).sum::<usize>()
+        );
+        for (batch, ready_ns) in batches {
+            if self.failed || self.results.is_none() {
+                continue;
+            }
+            if self.write_result(&batch, ready_ns) {
+                self.write_events(&batch);
+            }
+        }
+    }
+
+    /// One result batch to the results sink, with its metrics; false if it failed.
+    fn write_result(&mut self, batch: &Batch, ready_ns: u64) -> bool {
+        let started = Instant::now();
+        let now = now_ns();
+        let written = self
+            .stamped(batch, now)
+            .and_then(|d| self.results.as_mut().map_or(Ok(()), |s| s.write_batch(&d)));
+        if let Err(e) = written {
+            self.fail(e);
+            return false;
+        }
+        let write = started.elapsed();
+        let rows = batch.num_rows();
+        if let Some(m) = &self.sink_metrics {
+            m.record_batch(rows, rows, 0, write);
+        }
+        let metrics = &self.context.metrics;
+        metrics.record_end_to_end(batch.ingest_ns, now, rows);
+        let at = Milestones {
+            ingest_ns: batch.ingest_ns,
+            ready_ns,
+            written_ns: now,
+            write,
+        };
+        metrics.record_breakdown(&batch.trace, at, rows);
+        true
+    }
+
+    /// The events a result batch carries, to their own sink.
+    fn write_events(&mut self, batch: &Batch) {
+        let (Some((spec, schema)), Some(sink)) = (&self.events, self.events_sink.as_mut()) else {
+            return;
+        };
+        let started = Instant::now();
+        let written = spec.extract(&batch.data, schema).and_then(|rows| {
+            if rows.num_rows() > 0 {
+                sink.write_batch(&rows)?;
+            }
+            Ok(rows.num_rows())
+        });
+        match written {
+            Ok(n) => {
+                if let Some(m) = &self.events_metrics {
+                    m.record_batch(batch.num_rows(), n, 0, started.elapsed());
+                }
+            }
+            Err(e) => self.fail(e),
+        }
+    }
+
+    /// Makes each completed epoch visible (an empty frontier, the end of the input, durable)
+    /// and notes where the results sink stands after it, for checkpoints.
+    fn commit(&mut self, current: Vec<Epoch>) {
+        if self.flushed_frontier.as_ref() == Some(&current) || self.failed {
+            return;
+        }
+        let end = current.is_empty();
+        let mut failure = None;
+        for sink in [
+            &mut self.results,
+            &mut self.dead_letters,
+            &mut self.events_sink,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let done = if end { sink.finish() } else { sink.flush() };
+            if let Err(e) = done {
+                failure = Some(e);
+                break;
+            }
+        }
+        if let Some(e) = failure {
+            self.fail(e);
+        }
+        if let (Some(positions), Some(at)) = (
+            &self.positions,
+            self.results.as_ref().and_then(|s| s.position()),
+        ) {
+            let last_complete = match current.first() {
+                Some(f) => f.checked_sub(1),
+                None => Some(Epoch::MAX),
+            };
+            if let (Some(epoch), false) = (last_complete, self.failed) {
+                positions.borrow_mut().insert(epoch, at);
+            }
+        }
+        self.flushed_frontier = Some(current);
     }
 }
 

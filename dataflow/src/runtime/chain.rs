@@ -10,6 +10,7 @@ use timely::dataflow::operators::{ConnectLoop, Feedback, Operator};
 
 use super::step::{Instrumented, JobStep, Route, Step, StepKind};
 use super::SlowWorker;
+use crate::credit::Credit;
 use crate::observe::registry::Metrics;
 use crate::operators::{
     ApplyStage, Balance, BatchStream, DynamicBatch, ExchangeByKey, Place, Rebalance, ServiceCell,
@@ -91,22 +92,42 @@ impl From<Step> for WorkerStep {
     }
 }
 
+/// The first batched stage (a model) fed straight from this worker's own source, with its
+/// batch size: its index in `steps`. None when an exchange or a keyed stage (which routes rows
+/// to other workers) comes first: rows from other workers then reach it, which this worker's
+/// read loop cannot account for.
+pub(crate) fn first_model(steps: &[(String, WorkerStep)]) -> Option<(usize, usize)> {
+    for (i, (_, step)) in steps.iter().enumerate() {
+        match step {
+            WorkerStep::Run(Step::Apply(_)) => {}
+            WorkerStep::Run(Step::Batched(_, policy)) => return Some((i, policy.max_size)),
+            WorkerStep::Run(Step::Stateful(_)) | WorkerStep::Exchange(..) => return None,
+            WorkerStep::Elsewhere => return None,
+        }
+    }
+    None
+}
+
 /// The open end of a balanced exchange's feedback loop of load reports.
 type LoadLoop<'scope> = Handle<'scope, Epoch, Vec<(usize, f64, u64)>>;
 
 /// Appends the steps to `stream`. Stateful steps start from `restored` (before
-/// `first_epoch`) and report the updates of their state, by step name, to checkpoint.
+/// `first_epoch`) and report the updates of their state, by step name, to checkpoint. The
+/// [`first_model`] is fed through `credit`, when given.
 pub(crate) fn build_chain<'scope>(
     mut stream: BatchStream<'scope>,
     steps: Vec<(String, WorkerStep)>,
     metrics: &Arc<Metrics>,
     restored: &Restored,
     first_epoch: Epoch,
+    credit: Option<Credit>,
 ) -> DataflowResult<(BatchStream<'scope>, Vec<StepState<'scope>>)> {
+    let fed = first_model(&steps).map(|(i, _)| i);
+    let mut credit = credit;
     let mut states = Vec::new();
     // A balanced exchange learns each worker's delay from the end of the stages after it.
     let mut feedback: Option<(LoadLoop<'scope>, ServiceCell)> = None;
-    for (name, mut step) in steps {
+    for (i, (name, mut step)) in steps.into_iter().enumerate() {
         if matches!(step, WorkerStep::Exchange(..)) {
             if let Some((handle, service)) = feedback.take() {
                 stream.clone().report_delays(service).connect_loop(handle);
@@ -130,7 +151,11 @@ pub(crate) fn build_chain<'scope>(
         stream = match step {
             WorkerStep::Run(Step::Apply(stage)) => stream.apply_stage(stage, metrics.stage(&name)?),
             WorkerStep::Run(Step::Batched(stage, policy)) => {
-                stream.dynamic_batch(stage, policy, metrics.stage(&name)?)
+                let stage_metrics = metrics.stage(&name)?;
+                match credit.take().filter(|_| fed == Some(i)) {
+                    Some(c) => stream.dynamic_batch_fed(stage, policy, stage_metrics, c),
+                    None => stream.dynamic_batch(stage, policy, stage_metrics),
+                }
             }
             WorkerStep::Run(Step::Stateful(stage)) => {
                 let none = SavedState::default();

@@ -19,6 +19,7 @@
 
 mod chain;
 pub mod checkpointing;
+mod epochs;
 mod liveness;
 mod pending;
 pub mod step;
@@ -273,6 +274,8 @@ pub(crate) struct StartGate {
     pub(crate) released: Arc<std::sync::OnceLock<Instant>>,
     /// When each worker of this process was last in its loop (the run's watch reads them).
     pub(crate) pulses: Arc<liveness::Pulses>,
+    /// The workers of this process, waking each other when an idle one holds an epoch back.
+    pub(crate) local: Arc<epochs::LocalPeers>,
 }
 
 /// How long a run with a failed worker waits for its other workers to wind down before it
@@ -375,6 +378,7 @@ pub fn run(
         workers: cluster.threads,
         released: Arc::default(),
         pulses: pulses.clone(),
+        local: Arc::default(),
     };
     let released = gate.released.clone();
     let guards = timely::execute::execute_from(

@@ -440,6 +440,7 @@ impl KafkaReader {
                     last_offset,
                 })
                 .collect(),
+            ready_ns: None,
         };
         Ok(batch)
     }

@@ -160,6 +160,7 @@ impl Source for NumbersPart {
                 first_offset: from,
                 last_offset: to - 1,
             }],
+            ready_ns: None,
         }))
     }
 }

@@ -106,6 +106,7 @@ impl Source for CameraParts {
                 first_offset: from,
                 last_offset: to - 1,
             }],
+            ready_ns: None,
         }))
     }
 }
