@@ -1,7 +1,7 @@
 //! Dynamic batching: merging small batches into model-sized ones.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use crate::batch::now_ns;
@@ -13,6 +13,9 @@ use crate::{Batch, BatchKind, Epoch, Stage};
 use arrow_select::concat::concat_batches;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::{Capability, Operator};
+use timely::scheduling::SyncActivator;
+
+use crate::dead_letter::DeadLetter;
 
 /// When to run a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,18 +131,29 @@ fn batched<'scope>(
     let name = format!("Batched({})", stage.name());
     stream.unary_frontier(Pipeline, &name, move |_, info| {
         let activator = scope.activator_for(info.address.clone());
-        if let Some(c) = &credit {
-            c.attach(scope.activator_for(info.address.clone()));
-        }
         let mut batcher = Batcher {
-            stage,
+            preserves_rows: stage.preserves_rows(),
             policy,
             max_size: policy.max_size.max(1),
-            metrics,
-            credit,
+            metrics: metrics.clone(),
+            credit: credit.clone(),
             waiting: VecDeque::new(),
             waiting_rows: 0,
         };
+        // Fed by its worker's source, the stage runs on a thread of its own: its worker stays
+        // free meanwhile to move epochs on, write results and pass on progress, so no other
+        // worker's results wait for this model's run.
+        let (mut here, mut thread) = match &credit {
+            Some(c) => {
+                c.attach(scope.activator_for(info.address.clone()));
+                let wake = scope.worker().sync_activator_for(info.address.to_vec());
+                let max_size = batcher.max_size;
+                (None, Some(ModelThread::start(stage, metrics.clone(), max_size, wake)))
+            }
+            None => (Some(stage), None),
+        };
+        let mut running: Option<Running> = None;
+        let max_size = batcher.max_size;
         move |(input, frontier), output| {
             input.for_each(|cap, data| {
                 for batch in data.drain(..) {
@@ -151,21 +165,187 @@ fn batched<'scope>(
                 }
             });
             let input_done = frontier.is_empty();
-            while batcher.should_run(|e| !frontier.less_equal(e), input_done) {
-                for (cap, batch) in batcher.run_next() {
-                    output.session(&cap).give(batch);
+            let complete = |e: &Epoch| !frontier.less_equal(e);
+            match (thread.as_mut(), here.as_mut()) {
+                (Some(thread), _) => {
+                    if let Some(done) = running.as_ref().and_then(|r| thread.finished(r)) {
+                        let ran = running.take();
+                        for (cap, batch) in ran.map(|r| r.results(done)).unwrap_or_default() {
+                            output.session(&cap).give(batch);
+                        }
+                    }
+                    if running.is_none() && batcher.should_run(complete, input_done) {
+                        let (caps, batches, rows) = batcher.next_group();
+                        running = Some(thread.submit(caps, batches, rows, credit.clone()));
+                    }
                 }
+                (None, Some(stage)) => {
+                    while batcher.should_run(complete, input_done) {
+                        let (caps, batches, _) = batcher.next_group();
+                        let started = Instant::now();
+                        let out = run_batches(stage.as_mut(), &metrics, &batches, max_size);
+                        for (cap, batch) in with_caps(&caps, traced(out, started.elapsed())) {
+                            output.session(&cap).give(batch);
+                        }
+                    }
+                }
+                (None, None) => {}
             }
-            if let Some(wait) = batcher.next_deadline() {
+            // While the model thread runs, its reply wakes the operator: a deadline passed
+            // meanwhile would only spin it.
+            if let Some(wait) = batcher.next_deadline().filter(|_| running.is_none()) {
                 activator.activate_after(wait);
             }
         }
     })
 }
 
+/// `out` with `took` added to its results' stage time.
+fn traced(mut out: Vec<(Option<usize>, Batch)>, took: Duration) -> Vec<(Option<usize>, Batch)> {
+    let took = took.as_nanos() as u64;
+    for (_, b) in &mut out {
+        if b.kind == BatchKind::Records {
+            b.trace.stages_ns = b.trace.stages_ns.saturating_add(took);
+        }
+    }
+    out
+}
+
+/// A batched stage on a thread of its own, one group at a time.
+struct ModelThread {
+    groups: Option<mpsc::Sender<Vec<Batch>>>,
+    results: mpsc::Receiver<Vec<(Option<usize>, Batch)>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ModelThread {
+    fn start(
+        mut stage: Box<dyn Stage>,
+        metrics: Arc<StageMetrics>,
+        max_size: usize,
+        wake: SyncActivator,
+    ) -> Self {
+        let (groups, inbox) = mpsc::channel::<Vec<Batch>>();
+        let (outbox, results) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name(format!("riffle-{}", stage.name()))
+            .spawn(move || {
+                while let Ok(batches) = inbox.recv() {
+                    let started = Instant::now();
+                    let out = run_batches(stage.as_mut(), &metrics, &batches, max_size);
+                    if outbox.send(traced(out, started.elapsed())).is_err() {
+                        break;
+                    }
+                    // The worker may be gone at the end of the run: nothing is waiting then.
+                    let _ = wake.activate();
+                }
+            })
+            .ok();
+        ModelThread {
+            groups: Some(groups),
+            results,
+            handle,
+        }
+    }
+
+    /// Hands a group to the thread; its capabilities stay here until its results are back.
+    fn submit(
+        &mut self,
+        caps: Vec<Capability<Epoch>>,
+        batches: Vec<Batch>,
+        rows: usize,
+        credit: Option<Credit>,
+    ) -> Running {
+        let sent = self
+            .groups
+            .as_ref()
+            .is_some_and(|g| g.send(batches.clone()).is_ok());
+        Running {
+            caps,
+            batches,
+            rows,
+            credit,
+            lost: !sent,
+        }
+    }
+
+    /// The results of the running group, once the thread is done with it (or has died).
+    fn finished(&self, running: &Running) -> Option<Finished> {
+        if running.lost {
+            return Some(Finished::Lost);
+        }
+        match self.results.try_recv() {
+            Ok(out) => Some(Finished::Ran(out)),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => Some(Finished::Lost),
+        }
+    }
+}
+
+impl Drop for ModelThread {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread; nothing is running once the operator is gone.
+        self.groups.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// A group on the model thread.
+struct Running {
+    caps: Vec<Capability<Epoch>>,
+    /// The group's batches, kept (their columns are shared) to become dead letters should the
+    /// thread die.
+    batches: Vec<Batch>,
+    rows: usize,
+    credit: Option<Credit>,
+    /// The thread was gone before the group could be sent.
+    lost: bool,
+}
+
+enum Finished {
+    Ran(Vec<(Option<usize>, Batch)>),
+    Lost,
+}
+
+impl Running {
+    /// The group's results with their capabilities; its rows' credit goes back to the source.
+    fn results(self, done: Finished) -> Vec<(Capability<Epoch>, Batch)> {
+        if let Some(c) = &self.credit {
+            c.done(self.rows);
+        }
+        let out = match done {
+            Finished::Ran(out) => out,
+            Finished::Lost => self
+                .batches
+                .iter()
+                .enumerate()
+                .filter_map(|(i, b)| lost(b).map(|d| (Some(i), d)))
+                .collect(),
+        };
+        with_caps(&self.caps, out)
+    }
+}
+
+/// A group whose model thread died (a panic in the stage): its rows as dead letters.
+fn lost(batch: &Batch) -> Option<Batch> {
+    let reason = "the model's thread stopped (a panic in the stage)";
+    let letters: Vec<DeadLetter> = (0..batch.num_rows())
+        .map(|row| DeadLetter::for_row("model", &batch.data, row, reason))
+        .collect();
+    match crate::dead_letter::to_batch(&letters) {
+        Ok(data) => Some(Batch::dead_letters(data, batch.ingest_ns)),
+        Err(e) => {
+            tracing::error!("cannot build dead letters: {e}");
+            None
+        }
+    }
+}
+
 /// A batched stage's queue and the decisions on it.
 struct Batcher {
-    stage: Box<dyn Stage>,
+    preserves_rows: bool,
     policy: BatchPolicy,
     max_size: usize,
     metrics: Arc<StageMetrics>,
@@ -204,29 +384,24 @@ impl Batcher {
         Some(self.policy.max_delay.saturating_sub(oldest.since.elapsed()))
     }
 
-    /// Runs the next group of waiting batches and returns each its own rows of the result.
-    fn run_next(&mut self) -> Vec<(Capability<Epoch>, Batch)> {
-        let one_epoch = !self.stage.preserves_rows();
-        let mut group = take_rows(&mut self.waiting, self.max_size, one_epoch);
+    /// Takes the next group of waiting batches off the queue (late rows counted, and dropped
+    /// if so configured), each stamped with its wait: their capabilities and batches, and the
+    /// rows taken.
+    fn next_group(&mut self) -> (Vec<Capability<Epoch>>, Vec<Batch>, usize) {
+        let mut group = take_rows(&mut self.waiting, self.max_size, !self.preserves_rows);
         let rows: usize = group.iter().map(|w| w.batch.num_rows()).sum();
         self.waiting_rows -= rows;
-        if let Some(c) = &self.credit {
-            c.done(rows);
-        }
         self.drop_late(&mut group);
-        let started = Instant::now();
-        for w in &mut group {
-            let waited = started.saturating_duration_since(w.since).as_nanos() as u64;
-            w.batch.trace.batching_ns = w.batch.trace.batching_ns.saturating_add(waited);
-        }
-        let mut out = run_group(self.stage.as_mut(), &self.metrics, group, self.max_size);
-        let took = started.elapsed().as_nanos() as u64;
-        for (_, b) in &mut out {
-            if b.kind == BatchKind::Records {
-                b.trace.stages_ns = b.trace.stages_ns.saturating_add(took);
-            }
-        }
-        out
+        let now = Instant::now();
+        let (caps, batches) = group
+            .into_iter()
+            .map(|mut w| {
+                let waited = now.saturating_duration_since(w.since).as_nanos() as u64;
+                w.batch.trace.batching_ns = w.batch.trace.batching_ns.saturating_add(waited);
+                (w.cap, w.batch)
+            })
+            .unzip();
+        (caps, batches, rows)
     }
 
     /// Counts the group's late rows (older than `late_after`) and drops them if so configured.
@@ -308,44 +483,38 @@ fn run_sliced(
     }
 }
 
-/// Runs one merged batch and hands each input batch its own rows of the result.
-fn run_group(
+/// Runs one merged batch and hands each input batch its own rows of the result: each output
+/// with the index of its input batch, or none for a result that cannot be split back (it goes
+/// with the group's earliest epoch).
+fn run_batches(
     stage: &mut dyn Stage,
     metrics: &StageMetrics,
-    group: Vec<Waiting>,
+    group: &[Batch],
     max_rows: usize,
-) -> Vec<(Capability<Epoch>, Batch)> {
+) -> Vec<(Option<usize>, Batch)> {
     let Some(first) = group.first() else {
         return Vec::new();
     };
-    let earliest = group
-        .iter()
-        .min_by_key(|w| *w.cap.time())
-        .map_or_else(|| first.cap.clone(), |w| w.cap.clone());
     let merged = if group.len() == 1 {
-        first.batch.clone()
+        first.clone()
     } else {
-        let schema = first.batch.data.schema();
-        match concat_batches(&schema, group.iter().map(|w| &w.batch.data)) {
+        let schema = first.data.schema();
+        match concat_batches(&schema, group.iter().map(|b| &b.data)) {
             Ok(data) => {
-                let ingest = group
-                    .iter()
-                    .map(|w| w.batch.ingest_ns)
-                    .min()
-                    .unwrap_or(first.batch.ingest_ns);
-                let mut merged = Batch::records(data, ingest);
-                merged.trace = first.batch.trace;
+                let ingest = group.iter().map(|b| b.ingest_ns).min();
+                let mut merged = Batch::records(data, ingest.unwrap_or(first.ingest_ns));
+                merged.trace = first.trace;
                 merged
             }
             // Batches of one stream share a schema; if they do not, run them one by one.
             Err(_) => {
                 return group
-                    .into_iter()
-                    .flat_map(|w| {
-                        let cap = w.cap;
-                        run_sliced(stage, metrics, &w.batch, max_rows)
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, b)| {
+                        run_sliced(stage, metrics, b, max_rows)
                             .into_iter()
-                            .map(move |b| (cap.clone(), b))
+                            .map(move |out| (Some(i), out))
                     })
                     .collect();
             }
@@ -359,17 +528,29 @@ fn run_group(
             && stage.preserves_rows()
         {
             let mut offset = 0;
-            for w in &group {
-                let n = w.batch.num_rows();
-                out.push((
-                    w.cap.clone(),
-                    w.batch.with_data(result.data.slice(offset, n)),
-                ));
+            for (i, b) in group.iter().enumerate() {
+                let n = b.num_rows();
+                out.push((Some(i), b.with_data(result.data.slice(offset, n))));
                 offset += n;
             }
         } else {
-            out.push((earliest.clone(), result));
+            out.push((None, result));
         }
     }
     out
+}
+
+/// Gives each output of [`run_batches`] its capability: its own batch's, or the group's
+/// earliest.
+fn with_caps(
+    caps: &[Capability<Epoch>],
+    out: Vec<(Option<usize>, Batch)>,
+) -> Vec<(Capability<Epoch>, Batch)> {
+    let earliest = caps.iter().min_by_key(|c| *c.time());
+    out.into_iter()
+        .filter_map(|(i, b)| {
+            let cap = i.and_then(|i| caps.get(i)).or(earliest)?;
+            Some((cap.clone(), b))
+        })
+        .collect()
 }

@@ -27,7 +27,7 @@ use crate::{Batch, Committer, DataflowError, Epoch};
 
 /// How long a worker held back (no credit, or the sink too far behind) parks at most before it
 /// looks again: what frees it may be a peer's progress, which wakes it, or a timer.
-const HELD_PARK: Duration = Duration::from_millis(1);
+const HELD_PARK: Duration = Duration::from_millis(10);
 
 pub(crate) fn run_worker(
     worker: &mut timely::worker::Worker,
