@@ -175,7 +175,7 @@ fn detect(repo: &Path, out: &Path) -> String {
     format!(
         r#"name: bench-detect
 source:
-  images: {{ path: {frames}, cameras: 4, partition_by: camera, batch_size: 4 }}
+  images: {{ path: {frames}, cameras: 4, partition_by: camera, batch_size: 1 }}
 stages:
 {stages}sink: {{ jsonl: {{ path: {out} }} }}
 runtime: {{ workers: {WORKERS}, intra_op_threads: 1, epoch_records: 16, max_epochs_in_flight: 4 }}

@@ -42,16 +42,28 @@ pub struct SourcePosition {
 
 /// Wakes a parked worker: its source has records again.
 #[derive(Clone, Debug)]
-pub struct Wake(std::thread::Thread);
+pub struct Wake {
+    thread: std::thread::Thread,
+    rung: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl Wake {
     /// Wakes the calling thread when woken.
     pub fn current() -> Self {
-        Wake(std::thread::current())
+        Wake {
+            thread: std::thread::current(),
+            rung: std::sync::Arc::default(),
+        }
     }
 
     pub fn wake(&self) {
-        self.0.unpark();
+        self.rung.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.unpark();
+    }
+
+    /// Whether [`Wake::wake`] was called since the last look (and forgets it).
+    pub fn take(&self) -> bool {
+        self.rung.swap(false, std::sync::atomic::Ordering::AcqRel)
     }
 }
 

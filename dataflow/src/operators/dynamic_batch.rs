@@ -148,7 +148,10 @@ fn batched<'scope>(
                 c.attach(scope.activator_for(info.address.clone()));
                 let wake = scope.worker().sync_activator_for(info.address.to_vec());
                 let max_size = batcher.max_size;
-                (None, Some(ModelThread::start(stage, metrics.clone(), max_size, wake)))
+                (
+                    None,
+                    Some(ModelThread::start(stage, metrics.clone(), max_size, wake)),
+                )
             }
             None => (Some(stage), None),
         };
@@ -553,4 +556,103 @@ fn with_caps(
             Some((cap.clone(), b))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::registry::Metrics;
+    use crate::stage::StageOutput;
+    use crate::DataflowResult;
+    use arrow_array::{Int64Array, RecordBatch};
+    use arrow_schema::SchemaRef;
+    use std::sync::Mutex;
+    use timely::dataflow::operators::{Input, Inspect, Probe};
+
+    /// Passes rows through, noting the thread it ran on.
+    struct Same(Arc<Mutex<Option<String>>>);
+    impl Stage for Same {
+        fn name(&self) -> &str {
+            "same"
+        }
+        fn preserves_rows(&self) -> bool {
+            true
+        }
+        fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+            Ok(input.clone())
+        }
+        fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
+            *self.0.lock().unwrap() = std::thread::current().name().map(str::to_string);
+            Ok(StageOutput::all(batch.clone()))
+        }
+    }
+
+    fn rows(n: i64) -> Batch {
+        let column = Arc::new(Int64Array::from_iter_values(0..n)) as _;
+        Batch::records(RecordBatch::try_from_iter([("x", column)]).unwrap(), 0)
+    }
+
+    /// Steps until `done` holds (at most 5 s) and says whether it did.
+    fn step_until(worker: &mut timely::worker::Worker, done: impl Fn() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(5);
+        while !done() && Instant::now() < until {
+            worker.step_or_park(Some(Duration::from_millis(1)));
+        }
+        done()
+    }
+
+    #[test]
+    fn a_fed_model_waits_only_while_more_rows_are_coming_and_runs_off_the_worker() {
+        let out = Arc::new(Mutex::new(Vec::<(usize, u64)>::new()));
+        let seen = out.clone();
+        let ran_on = Arc::new(Mutex::new(None));
+        let stage_thread = ran_on.clone();
+        timely::execute_directly(move |worker| {
+            let credit = Credit::new(4);
+            let metrics = Metrics::new().unwrap().stage("same").unwrap();
+            // An hour's delay: only the credit's word can make a partial batch run.
+            let policy = BatchPolicy {
+                max_size: 4,
+                max_delay: Duration::from_secs(3600),
+                late_after: None,
+                drop_late: false,
+            };
+            let fed = credit.clone();
+            let inspected = seen.clone();
+            let (mut input, probe) = worker.dataflow::<Epoch, _, _>(move |scope| {
+                let (input, stream) = scope.new_input::<Vec<Batch>>();
+                let probe = stream
+                    .dynamic_batch_fed(Box::new(Same(stage_thread)), policy, metrics, fed)
+                    .inspect(move |b: &Batch| {
+                        let rows = (b.num_rows(), b.trace.stages_ns);
+                        inspected.lock().unwrap().push(rows);
+                    })
+                    .probe()
+                    .0;
+                (input, probe)
+            });
+            let count = |out: &Arc<Mutex<Vec<(usize, u64)>>>| out.lock().unwrap().len();
+            credit.set_more_coming(true);
+            credit.sent(2);
+            input.send(rows(2));
+            input.flush();
+            assert!(
+                !step_until(worker, || count(&seen) > 0),
+                "ran a partial batch early"
+            );
+            assert_eq!(credit.in_flight(), 2);
+            // The source has nothing more: the two rows run now, and give their credit back.
+            credit.set_more_coming(false);
+            assert!(step_until(worker, || count(&seen) > 0), "never ran");
+            assert_eq!(credit.in_flight(), 0);
+            input.advance_to(1);
+            drop(input);
+            assert!(step_until(worker, || probe.done()));
+        });
+        assert_eq!(ran_on.lock().unwrap().as_deref(), Some("riffle-same"));
+        let out = out.lock().unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, 2);
+        assert!(out[0].1 > 0, "the model's time is in the trace");
+    }
 }

@@ -248,6 +248,36 @@ mod tests {
         assert_eq!(opened.oldest(), Some(5));
     }
 
+    fn policy(records: usize) -> EpochPolicy {
+        EpochPolicy {
+            records,
+            max_duration: None,
+            max_in_flight: 2,
+        }
+    }
+
+    #[test]
+    fn a_timed_epoch_closes_when_the_source_has_nothing_more_ready_a_counted_one_when_full() {
+        let now = Instant::now();
+        for timed in [true, false] {
+            let mut epochs = Epochs::new(0, &policy(4), timed, now);
+            assert!(
+                !epochs.should_close(false, true, false),
+                "nothing read: nothing to close"
+            );
+            epochs.add(2);
+            // More is read right after: the epoch stays open either way.
+            assert!(!epochs.should_close(true, false, false));
+            // The source stopped (nothing ready, or the model is full): a timed epoch's
+            // results complete now; a counted one waits to be full or for an empty read.
+            assert_eq!(epochs.should_close(false, false, false), timed);
+            assert!(epochs.should_close(false, true, false));
+            assert!(epochs.should_close(true, false, true), "keys retired");
+            epochs.add(2);
+            assert!(epochs.should_close(true, false, false), "full");
+        }
+    }
+
     #[test]
     fn a_peer_is_woken_once_per_newer_epoch() {
         let peers = LocalPeers::default();

@@ -17,7 +17,7 @@ use super::*;
 use crate::checkpoint::CheckpointStore;
 use crate::operators::worker_for;
 use crate::state::SavedState;
-use crate::{Compression, DataflowResult};
+use crate::{Compression, DataflowResult, Source, SourceBatch, SourceFactory};
 use doubles::{
     key_of, Collect, CountPerKey, EpochLog, Failing, FailsAtTheEnd, KeyCount, Numbers, PauseOnce,
     RecoversWhileStagesLoad, Tag, Transactional, KEYS,
@@ -542,5 +542,96 @@ fn the_watch_ends_a_failed_run_after_a_grace_and_a_stopped_one_when_a_worker_is_
             worker: 3,
             away: Duration::from_millis(500 + stall)
         })
+    );
+}
+
+/// A source that reads `rows` rows, then finds nothing for `quiet`, then ends; it can wake its
+/// worker (it never needs to: nothing arrives). Counts the reads.
+#[derive(Clone)]
+struct Quiet {
+    rows: i64,
+    quiet: Duration,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct QuietPart {
+    quiet: Quiet,
+    sent: bool,
+    until: Option<std::time::Instant>,
+}
+
+impl SourceFactory for Quiet {
+    fn schema(&self) -> DataflowResult<arrow_schema::SchemaRef> {
+        Ok(Arc::new(arrow_schema::Schema::new(vec![
+            arrow_schema::Field::new("id", arrow_schema::DataType::Int64, false),
+        ])))
+    }
+
+    fn partition(&self, index: usize, _peers: usize) -> DataflowResult<Box<dyn Source>> {
+        Ok(Box::new(QuietPart {
+            quiet: self.clone(),
+            // Only worker 0 reads anything; the other ends at once.
+            sent: index != 0,
+            until: None,
+        }))
+    }
+}
+
+impl Source for QuietPart {
+    fn wake_with(&mut self, _wake: crate::source::Wake) -> bool {
+        true
+    }
+
+    fn clocked(&self) -> bool {
+        true
+    }
+
+    fn next_batch(&mut self) -> DataflowResult<Option<SourceBatch>> {
+        use std::sync::atomic::Ordering;
+        let schema = SourceFactory::schema(&self.quiet)?;
+        if !self.sent {
+            self.sent = true;
+            self.quiet.reads.fetch_add(1, Ordering::Relaxed);
+            let ids = arrow_array::Int64Array::from_iter_values(0..self.quiet.rows);
+            let records = arrow_array::RecordBatch::try_new(schema, vec![Arc::new(ids)])?;
+            self.until = Some(std::time::Instant::now() + self.quiet.quiet);
+            return Ok(Some(SourceBatch::new(records, Vec::new())));
+        }
+        match self.until {
+            Some(until) if std::time::Instant::now() < until => {
+                self.quiet.reads.fetch_add(1, Ordering::Relaxed);
+                let empty = arrow_array::RecordBatch::new_empty(schema);
+                Ok(Some(SourceBatch::new(empty, Vec::new())))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+#[test]
+fn a_quiet_source_that_wakes_its_worker_is_not_polled_and_its_empty_reads_are_no_batches() {
+    // Before, a worker looked at a quiet camera every 5 ms (~200 reads a second, each counted
+    // as a source batch); now it parks until woken, looking again only every idle epoch.
+    let reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let source = Quiet {
+        rows: 3,
+        quiet: Duration::from_millis(600),
+        reads: reads.clone(),
+    };
+    let (job, out) = job(Numbers::new(1, 1), vec![tag("read_by")], None);
+    let mut job = Arc::try_unwrap(job).unwrap_or_else(|_| unreachable!());
+    job.source = Arc::new(source);
+    let report = run_on(Arc::new(job), 2).expect("run");
+    assert_eq!(out.results.rows(), 3);
+    let reads = reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        (2..=30).contains(&reads),
+        "{reads} reads in 600 ms of quiet"
+    );
+    let source = report.summary.stages.iter().find(|s| s.name == "source");
+    assert_eq!(
+        source.map(|s| s.batches),
+        Some(1),
+        "empty reads are not batches"
     );
 }

@@ -68,7 +68,8 @@ pub(crate) fn run_worker(
         _ => None,
     };
     let mut source = start.source.partition(index, peers)?;
-    let wakes = source.wake_with(Wake::current());
+    let wake = Wake::current();
+    let wakes = source.wake_with(wake.clone()).then_some(wake);
     gate.local.join();
     context.readiness.worker_ready();
     gate.ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -92,6 +93,7 @@ pub(crate) fn run_worker(
         errors,
         source,
         wakes,
+        quiet_since: None,
         source_metrics: context.metrics.stage("source")?,
         context,
         epochs,
@@ -261,7 +263,10 @@ struct Reader<'a> {
     errors: &'a Arc<Mutex<Vec<DataflowError>>>,
     source: Box<dyn Source>,
     /// The source wakes the worker when records arrive: it may park between reads.
-    wakes: bool,
+    wakes: Option<Wake>,
+    /// Since when a source that wakes the worker has had nothing: it is read again once it
+    /// wakes the worker, or after an idle epoch (cameras added meanwhile).
+    quiet_since: Option<Instant>,
     source_metrics: Arc<StageMetrics>,
     context: &'a RunContext,
     epochs: Epochs,
@@ -282,10 +287,12 @@ impl Reader<'_> {
                 tracing::info!("worker {index}: stop requested, finishing the open epochs");
                 return Ok(());
             }
-            let read = if self.may_read() {
-                self.read()?
-            } else {
+            let read = if !self.may_read() {
                 Read::Held
+            } else if self.quiet() {
+                Read::Nothing
+            } else {
+                self.read()?
             };
             if read == Read::Ended {
                 return Ok(());
@@ -319,6 +326,18 @@ impl Reader<'_> {
         !self.epochs.behind(&self.probe)
     }
 
+    /// A source that wakes the worker had nothing, and has not woken it since.
+    fn quiet(&mut self) -> bool {
+        let (Some(since), Some(wake)) = (self.quiet_since, &self.wakes) else {
+            return false;
+        };
+        if wake.take() || since.elapsed() >= IDLE_EPOCH {
+            self.quiet_since = None;
+            return false;
+        }
+        true
+    }
+
     fn read(&mut self) -> Result<Read, DataflowError> {
         let started = Instant::now();
         if let Some(at) = self.source.next_due().filter(|at| *at > started) {
@@ -331,6 +350,9 @@ impl Reader<'_> {
         let read = rows + batch.rejected.len();
         let retired = self.source.retired().filter(|k| k.num_rows() > 0);
         if read == 0 && retired.is_none() {
+            if self.wakes.is_some() {
+                self.quiet_since = Some(Instant::now());
+            }
             return Ok(Read::Nothing);
         }
         if let Some(live) = &self.context.live {
@@ -415,7 +437,7 @@ impl Reader<'_> {
             Read::Sent { .. } | Read::Held => HELD_PARK,
             Read::NotBefore(at) => at.saturating_duration_since(Instant::now()).min(IDLE_EPOCH),
             // A source that cannot wake the worker waited in its read already.
-            Read::Nothing if self.wakes => IDLE_EPOCH,
+            Read::Nothing if self.wakes.is_some() => IDLE_EPOCH,
             Read::Nothing | Read::Ended => Duration::ZERO,
         };
         self.worker.step_or_park(Some(park));
