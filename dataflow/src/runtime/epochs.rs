@@ -172,9 +172,18 @@ impl Epochs {
     }
 
     /// A worker with nothing read into its open epoch: moves it past the records other workers
-    /// of this process sent (`newest`), or, after [`IDLE_EPOCH`], on by one step anyway.
-    pub(crate) fn idle(&mut self, inputs: &mut Inputs, newest: Epoch, due: Option<Instant>) {
-        if self.records > 0 {
+    /// of this process sent (`newest`), or, after [`IDLE_EPOCH`], on by one step anyway. A
+    /// worker `held` (its model full, or the sink behind) moves only a timed epoch: a counted
+    /// one must number a replay's records as every run does, whatever the machine's load (a
+    /// stage may rely on their order across workers).
+    pub(crate) fn idle(
+        &mut self,
+        inputs: &mut Inputs,
+        newest: Epoch,
+        due: Option<Instant>,
+        held: bool,
+    ) {
+        if self.records > 0 || (held && !self.clocked) {
             return;
         }
         if let Some(at) = due.filter(|_| self.clocked) {

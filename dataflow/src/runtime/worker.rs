@@ -421,9 +421,10 @@ impl Reader<'_> {
             // Numbered by when the next records are due (ms since the workers started), so
             // every worker's records due together share an epoch.
             self.epochs.close(&mut self.inputs, due);
-        } else if self.epochs.is_empty() && read != Read::Held {
+        } else if self.epochs.is_empty() {
             let newest = self.local.newest();
-            self.epochs.idle(&mut self.inputs, newest, due);
+            self.epochs
+                .idle(&mut self.inputs, newest, due, read == Read::Held);
         }
     }
 
