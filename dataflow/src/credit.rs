@@ -22,6 +22,8 @@ use timely::scheduling::Activator;
 /// assert!(!credit.available()); // 5 rows in flight: the source waits
 /// credit.done(5);
 /// assert!(credit.available());
+/// credit.set_busy(true);
+/// assert!(!credit.available()); // the model runs: reads now would queue behind it
 /// ```
 #[derive(Clone, Debug)]
 pub struct Credit(Rc<State>);
@@ -30,6 +32,8 @@ pub struct Credit(Rc<State>);
 struct State {
     limit: usize,
     in_flight: Cell<usize>,
+    /// The model is running a group: rows read now would only queue behind it.
+    busy: Cell<bool>,
     more_coming: Cell<bool>,
     /// The batched stage to wake when no more rows are coming.
     model: RefCell<Option<Activator>>,
@@ -41,14 +45,22 @@ impl Credit {
         Credit(Rc::new(State {
             limit: limit.max(1),
             in_flight: Cell::new(0),
+            busy: Cell::new(false),
             more_coming: Cell::new(false),
             model: RefCell::new(None),
         }))
     }
 
-    /// Rows the model may still take before the source should wait.
+    /// The model can take more rows now: fewer than `limit` are in flight, and it is not
+    /// running a group (rows read meanwhile would wait behind it, older by the time it is
+    /// done than what the source will have then, as a hand-written loop's next read).
     pub fn available(&self) -> bool {
-        self.0.in_flight.get() < self.0.limit
+        self.0.in_flight.get() < self.0.limit && !self.0.busy.get()
+    }
+
+    /// The model started (`true`) or finished running a group.
+    pub fn set_busy(&self, busy: bool) {
+        self.0.busy.set(busy);
     }
 
     pub fn in_flight(&self) -> usize {

@@ -179,7 +179,14 @@ fn batched<'scope>(
                     }
                     if running.is_none() && batcher.should_run(complete, input_done) {
                         let (caps, batches, rows) = batcher.next_group();
-                        running = Some(thread.submit(caps, batches, rows, credit.clone()));
+                        if let Some(c) = &credit {
+                            c.set_busy(true);
+                        }
+                        let run = thread.submit(caps, batches, rows, credit.clone());
+                        if run.lost {
+                            activator.activate();
+                        }
+                        running = Some(run);
                     }
                 }
                 (None, Some(stage)) => {
@@ -233,6 +240,8 @@ impl ModelThread {
         let handle = std::thread::Builder::new()
             .name(format!("riffle-{}", stage.name()))
             .spawn(move || {
+                // Should the stage panic, the operator is woken to find the thread gone.
+                let wake = WakeOnExit(wake);
                 while let Ok(batches) = inbox.recv() {
                     let started = Instant::now();
                     let out = run_batches(stage.as_mut(), &metrics, &batches, max_size);
@@ -240,7 +249,7 @@ impl ModelThread {
                         break;
                     }
                     // The worker may be gone at the end of the run: nothing is waiting then.
-                    let _ = wake.activate();
+                    let _ = wake.0.activate();
                 }
             })
             .ok();
@@ -285,6 +294,15 @@ impl ModelThread {
     }
 }
 
+/// Activates the operator when the model thread ends, however it ends.
+struct WakeOnExit(SyncActivator);
+
+impl Drop for WakeOnExit {
+    fn drop(&mut self) {
+        let _ = self.0.activate();
+    }
+}
+
 impl Drop for ModelThread {
     fn drop(&mut self) {
         // Closing the channel ends the thread; nothing is running once the operator is gone.
@@ -317,6 +335,7 @@ impl Running {
     fn results(self, done: Finished) -> Vec<(Capability<Epoch>, Batch)> {
         if let Some(c) = &self.credit {
             c.done(self.rows);
+            c.set_busy(false);
         }
         let out = match done {
             Finished::Ran(out) => out,
