@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::batch::now_ns;
 use crate::credit::Credit;
+use crate::dead_letter::DeadLetter;
 use crate::observe::registry::StageMetrics;
 use crate::operators::apply_stage::run_stage_untraced;
 use crate::operators::BatchStream;
@@ -14,8 +15,6 @@ use arrow_select::concat::concat_batches;
 use timely::dataflow::channels::pact::Pipeline;
 use timely::dataflow::operators::{Capability, Operator};
 use timely::scheduling::SyncActivator;
-
-use crate::dead_letter::DeadLetter;
 
 /// When to run a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +172,11 @@ fn batched<'scope>(
                 (Some(thread), _) => {
                     if let Some(done) = running.as_ref().and_then(|r| thread.finished(r)) {
                         let ran = running.take();
+                        // The group's rows give their credit back to the source.
+                        if let (Some(c), Some(r)) = (&credit, &ran) {
+                            c.done(r.rows);
+                            c.set_busy(false);
+                        }
                         for (cap, batch) in ran.map(|r| r.results(done)).unwrap_or_default() {
                             output.session(&cap).give(batch);
                         }
@@ -182,7 +186,7 @@ fn batched<'scope>(
                         if let Some(c) = &credit {
                             c.set_busy(true);
                         }
-                        let run = thread.submit(caps, batches, rows, credit.clone());
+                        let run = thread.submit(caps, batches, rows);
                         if run.lost {
                             activator.activate();
                         }
@@ -266,7 +270,6 @@ impl ModelThread {
         caps: Vec<Capability<Epoch>>,
         batches: Vec<Batch>,
         rows: usize,
-        credit: Option<Credit>,
     ) -> Running {
         let sent = self
             .groups
@@ -276,7 +279,6 @@ impl ModelThread {
             caps,
             batches,
             rows,
-            credit,
             lost: !sent,
         }
     }
@@ -320,7 +322,6 @@ struct Running {
     /// thread die.
     batches: Vec<Batch>,
     rows: usize,
-    credit: Option<Credit>,
     /// The thread was gone before the group could be sent.
     lost: bool,
 }
@@ -331,12 +332,8 @@ enum Finished {
 }
 
 impl Running {
-    /// The group's results with their capabilities; its rows' credit goes back to the source.
+    /// The group's results with their capabilities.
     fn results(self, done: Finished) -> Vec<(Capability<Epoch>, Batch)> {
-        if let Some(c) = &self.credit {
-            c.done(self.rows);
-            c.set_busy(false);
-        }
         let out = match done {
             Finished::Ran(out) => out,
             Finished::Lost => self

@@ -355,7 +355,8 @@ impl SinkWriter {
             return;
         }
         let end = current.is_empty();
-        let mut failure = None;
+        // Every sink is flushed (or finished), and every failure reported, as before.
+        let mut failures = Vec::new();
         for sink in [
             &mut self.results,
             &mut self.dead_letters,
@@ -365,12 +366,9 @@ impl SinkWriter {
         .flatten()
         {
             let done = if end { sink.finish() } else { sink.flush() };
-            if let Err(e) = done {
-                failure = Some(e);
-                break;
-            }
+            failures.extend(done.err());
         }
-        if let Some(e) = failure {
+        for e in failures {
             self.fail(e);
         }
         if let (Some(positions), Some(at)) = (

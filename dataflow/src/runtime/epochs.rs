@@ -31,7 +31,7 @@ impl Inputs {
         self.positions.close();
     }
 
-    fn advance_to(&mut self, epoch: Epoch) {
+    pub(crate) fn advance_to(&mut self, epoch: Epoch) {
         self.batches.advance_to(epoch);
         self.positions.input.advance_to(epoch);
     }

@@ -101,8 +101,7 @@ pub(crate) fn run_worker(
         unfinished: VecDeque::new(),
         local: &gate.local,
     };
-    reader.inputs.batches.advance_to(start.first_epoch);
-    reader.inputs.positions.input.advance_to(start.first_epoch);
+    reader.inputs.advance_to(start.first_epoch);
     reader.run()?;
     reader.finish(index, start)
 }
