@@ -43,7 +43,7 @@ if [ -z "${RIFFLE_S3_BUCKET:-}" ]; then
   eval "$(scripts/s3.sh env)"
   # Where S3Proxy keeps the objects: the checkpoints' count and times are read there.
   cache="${RIFFLE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/riffle}"
-  export BENCH_S3_DATA="${RIFFLE_S3_DIR:-$cache/s3-${RIFFLE_S3_PORT:-19300}}/data/$RIFFLE_S3_BUCKET"
+  export BENCH_S3_DATA="${RIFFLE_S3_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/s3-${RIFFLE_S3_PORT:-19300}}/data/$RIFFLE_S3_BUCKET"
 fi
 
 cargo build --quiet --release --bin riffle

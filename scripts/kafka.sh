@@ -16,8 +16,9 @@
 #   SASL_SSL   ${RIFFLE_KAFKA_SSL_PORT:-PORT+1}                  SCRAM-SHA-512 or PLAIN, user riffle,
 #              password ${RIFFLE_KAFKA_PASSWORD:-riffle-secret}, server certificate from $state/ca.pem
 #   CONTROLLER ${RIFFLE_KAFKA_CONTROLLER_PORT:-PORT+2}           KRaft's own, not for clients
-# State (data, logs, certificates) in ${RIFFLE_KAFKA_DIR:-$cache/kafka-PORT}; the data is
-# wiped on every start (not on restart).
+# State (data, logs, certificates, pid) in ${RIFFLE_KAFKA_DIR:-$RIFFLE_SERVICES_DIR/kafka-PORT},
+# where RIFFLE_SERVICES_DIR is a test run's own folder (scripts/services.sh), else $cache; the
+# data is wiped on every start (not on restart). `stop` stops only the broker started there.
 set -euo pipefail
 
 KAFKA_VERSION=4.4.0
@@ -37,7 +38,7 @@ ssl_port="${RIFFLE_KAFKA_SSL_PORT:-$((port + 1))}"
 controller_port="${RIFFLE_KAFKA_CONTROLLER_PORT:-$((port + 2))}"
 user=riffle
 password="${RIFFLE_KAFKA_PASSWORD:-riffle-secret}"
-state="${RIFFLE_KAFKA_DIR:-$cache/kafka-$port}"
+state="${RIFFLE_KAFKA_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/kafka-$port}"
 log="$state/broker.log"
 
 die() { echo "kafka: $*" >&2; exit 1; }
@@ -54,8 +55,19 @@ installed() {
   [ "$(cat "$home/complete" 2>/dev/null)" = "$(sha256sum <"$here/kafka/pom.xml")" ]
 }
 
+# Two test runs at once (two clones on one machine) share the cache and Maven's repository:
+# one install at a time (every Maven install takes this lock), the second finds the jars in place.
 install() {
   if installed; then return; fi
+  mkdir -p "$cache/tools"
+  exec 9>>"$cache/tools/maven.lock"
+  flock 9
+  installed || fetch
+  # Closed before the broker starts, which would otherwise hold the lock for its lifetime.
+  exec 9>&-
+}
+
+fetch() {
   need_java
   command -v mvn >/dev/null || die "mvn is needed to fetch Kafka: apt-get install maven"
   echo "kafka: fetching Apache Kafka $KAFKA_VERSION jars from Maven Central into $lib"
@@ -88,12 +100,23 @@ tool() {
     -Driffle.log.level=WARN -Driffle.log.target=SYSTEM_ERR "$@"
 }
 
-# The pid file names a live broker of ours (not a stranger that got the pid later).
+# The pid file names a live broker started on this state (not a stranger that got the pid
+# later, nor another run's broker): it runs in $state on $state's config.
 running() {
   local pid
   [ -f "$state/pid" ] || return 1
   pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && grep -qa 'kafka\.Kafka' "/proc/$pid/cmdline" 2>/dev/null
+  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
+    grep -qaF "$state/server.properties" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
+# while waiting for it to answer: just after the fork its folder and command line are still
+# this script's, so `running` would not know it yet.
+launched() {
+  local pid
+  pid=$(cat "$state/pid" 2>/dev/null) || return 1
+  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
 }
 
 # A throwaway CA and a broker certificate signed by it, for the SASL_SSL listener. The broker
@@ -216,7 +239,7 @@ launch() {
         "(SASL_SSL, user $user, CA $state/ca.pem), pid $(cat "$state/pid"), log $log"
       return
     fi
-    running || { tail -n 40 "$log" >&2; die "the broker exited (log $log)"; }
+    launched || { tail -n 40 "$log" >&2; die "the broker exited (log $log)"; }
     sleep 0.2
   done
   tail -n 40 "$log" >&2

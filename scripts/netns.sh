@@ -38,8 +38,9 @@ down() {
   ip link del "$bridge" 2>/dev/null || true
 }
 
+# A probe named for this process: two runs probing at once must not take each other's for a failure.
 check() {
-  ip netns add rf-probe 2>/dev/null && ip netns del rf-probe
+  ip netns add "rf-probe-$$" 2>/dev/null && ip netns del "rf-probe-$$"
 }
 
 case "${1:-}" in

@@ -14,10 +14,11 @@
 #
 # The server listens on ${RIFFLE_PG_HOST:-127.0.0.1}:${RIFFLE_PG_PORT:-19432} with password
 # authentication (scram-sha-256) for user `riffle` (password ${RIFFLE_PG_PASSWORD:-riffle-secret})
-# and database `riffle`; its Unix socket and data live in ${RIFFLE_PG_DIR:-/tmp/riffle-postgres-PORT},
-# outside $HOME: the server runs as the `postgres` user when this script runs as root (PostgreSQL
-# refuses to run as root), and that user cannot enter /root. The data is wiped on every start
-# (not on restart).
+# and database `riffle`; its Unix socket and data live in ${RIFFLE_PG_DIR:-$RIFFLE_SERVICES_DIR/postgres-PORT},
+# where RIFFLE_SERVICES_DIR is a test run's own folder (scripts/services.sh), else in
+# ${TMPDIR:-/tmp}/riffle-postgres-PORT: outside $HOME, as the server runs as the `postgres` user
+# when this script runs as root (PostgreSQL refuses to run as root), and that user cannot enter
+# /root. The data is wiped on every start (not on restart); `stop` stops only the server on it.
 #
 # TLS: every start makes a CA of its own and a server certificate it signs (for $host,
 # 127.0.0.1 and localhost) under $state/tls, and turns `ssl` on. Connections with and without
@@ -32,7 +33,11 @@ host="${RIFFLE_PG_HOST:-127.0.0.1}"
 user=riffle
 database=riffle
 password="${RIFFLE_PG_PASSWORD:-riffle-secret}"
-state="${RIFFLE_PG_DIR:-${TMPDIR:-/tmp}/riffle-postgres-$port}"
+if [ -n "${RIFFLE_SERVICES_DIR:-}" ]; then
+  state="${RIFFLE_PG_DIR:-$RIFFLE_SERVICES_DIR/postgres-$port}"
+else
+  state="${RIFFLE_PG_DIR:-${TMPDIR:-/tmp}/riffle-postgres-$port}"
+fi
 data="$state/data"
 log="$state/server.log"
 tls="$state/tls"
@@ -65,10 +70,14 @@ as_owner() {
   fi
 }
 
+# A live postmaster on this data directory (pg_ctl signals the pid in postmaster.pid: checked
+# here to be a postgres working in $data, not a stranger that got the pid later).
 running() {
-  local bin
+  local bin pid
   bin=$(bindir) || return 1
   [ -f "$data/postmaster.pid" ] || return 1
+  pid=$(head -n 1 "$data/postmaster.pid" 2>/dev/null) || return 1
+  [ "/proc/$pid/cwd" -ef "$data" ] || return 1
   as_owner "$bin/pg_ctl" status -D "$data" >/dev/null 2>&1
 }
 

@@ -12,14 +12,20 @@
 #
 # Port ${RIFFLE_REDIS_PORT:-19379} on ${RIFFLE_REDIS_HOST:-127.0.0.1}, password
 # ${RIFFLE_REDIS_PASSWORD:-riffle-redis-secret} (`requirepass`), state (config, log, pid) in
-# ${RIFFLE_REDIS_DIR:-${TMPDIR:-/tmp}/riffle-redis-PORT}, wiped on every start. Nothing is saved
-# to disk: a stopped server's data is gone.
+# ${RIFFLE_REDIS_DIR:-$RIFFLE_SERVICES_DIR/redis-PORT}, where RIFFLE_SERVICES_DIR is a test run's
+# own folder (scripts/services.sh), else in ${TMPDIR:-/tmp}/riffle-redis-PORT; wiped on every
+# start, and `stop` stops only the server started there. Nothing is saved to disk: a stopped
+# server's data is gone.
 set -euo pipefail
 
 port="${RIFFLE_REDIS_PORT:-19379}"
 host="${RIFFLE_REDIS_HOST:-127.0.0.1}"
 password="${RIFFLE_REDIS_PASSWORD:-riffle-redis-secret}"
-state="${RIFFLE_REDIS_DIR:-${TMPDIR:-/tmp}/riffle-redis-$port}"
+if [ -n "${RIFFLE_SERVICES_DIR:-}" ]; then
+  state="${RIFFLE_REDIS_DIR:-$RIFFLE_SERVICES_DIR/redis-$port}"
+else
+  state="${RIFFLE_REDIS_DIR:-${TMPDIR:-/tmp}/riffle-redis-$port}"
+fi
 log="$state/redis.log"
 
 die() { echo "redis: $*" >&2; exit 1; }
@@ -39,12 +45,24 @@ install() {
     die "apt-get install redis-server failed"
 }
 
-# The pid file names a live server of ours (not a stranger that got the pid later).
+# The pid file names a live server started on this state (not a stranger that got the pid
+# later, nor another run's server): a redis-server working in $state (its `dir`; Redis
+# rewrites its command line, so the config's path is not there to check).
 running() {
   local pid
   [ -f "$state/pid" ] || return 1
   pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && grep -qa "redis-server" "/proc/$pid/cmdline" 2>/dev/null
+  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
+    grep -qa "redis-server" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
+# while waiting for it to answer: just after the fork its folder and command line are still
+# this script's, so `running` would not know it yet.
+launched() {
+  local pid
+  pid=$(cat "$state/pid" 2>/dev/null) || return 1
+  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
 }
 
 # redis-cli with the password from the environment (REDISCLI_AUTH), never on a command line.
@@ -95,7 +113,7 @@ start() {
         "pid $(cat "$state/pid"), log $log"
       return
     fi
-    running || { tail -n 20 "$log" "$state/stdout.log" >&2 2>/dev/null; die "the server exited (log $log)"; }
+    launched || { tail -n 20 "$log" "$state/stdout.log" >&2 2>/dev/null; die "the server exited (log $log)"; }
     sleep 0.1
   done
   tail -n 20 "$log" >&2 2>/dev/null || true

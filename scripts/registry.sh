@@ -20,8 +20,9 @@
 #          the CA in $state/ca.pem (new on every start). RIFFLE_REGISTRY_AUTH_ON=all asks for the
 #          password on plain HTTP too.
 # Global compatibility is BACKWARD after start (Confluent's default), set through the API.
-# State (log, pid, certificates) in ${RIFFLE_REGISTRY_DIR:-$cache/registry-PORT}; the clients'
-# venv in $cache/registry-clients.
+# State (log, pid, certificates) in ${RIFFLE_REGISTRY_DIR:-$RIFFLE_SERVICES_DIR/registry-PORT},
+# where RIFFLE_SERVICES_DIR is a test run's own folder (scripts/services.sh), else $cache;
+# `stop` stops only the registry started there. The clients' venv in $cache/registry-clients.
 set -euo pipefail
 
 APICURIO_VERSION=2.4.2.Final
@@ -41,7 +42,7 @@ tls_port="${RIFFLE_REGISTRY_TLS_PORT:-$((port + 1))}"
 user="${RIFFLE_REGISTRY_USER:-riffle}"
 password="${RIFFLE_REGISTRY_PASSWORD:-riffle-registry-secret}"
 auth_on="${RIFFLE_REGISTRY_AUTH_ON:-https}"
-state="${RIFFLE_REGISTRY_DIR:-$cache/registry-$port}"
+state="${RIFFLE_REGISTRY_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/registry-$port}"
 log="$state/registry.log"
 api=/apis/ccompat/v7
 
@@ -63,8 +64,19 @@ installed() {
   [ -s "$app/quarkus-run.jar" ] && [ "$(cat "$home/complete" 2>/dev/null)" = "$(fingerprint)" ]
 }
 
+# Two test runs at once (two clones on one machine) share the cache and Maven's repository:
+# one install at a time (every Maven install takes this lock), the second finds the build in place.
 install() {
   if installed; then return; fi
+  mkdir -p "$cache/tools"
+  exec 9>>"$cache/tools/maven.lock"
+  flock 9
+  installed || fetch
+  # Closed before the registry starts, which would otherwise hold the lock for its lifetime.
+  exec 9>&-
+}
+
+fetch() {
   need_java
   command -v mvn >/dev/null || die "mvn is needed to fetch the registry: apt-get install maven"
   echo "registry: fetching Apicurio Registry $APICURIO_VERSION from Maven Central and building it into $app"
@@ -95,12 +107,24 @@ install() {
   echo "registry: Apicurio Registry $APICURIO_VERSION installed ($(du -sh "$app" | cut -f1))"
 }
 
-# The pid file names a live registry of ours (not a stranger that got the pid later).
+# The pid file names a live registry started on this state (not a stranger that got the pid
+# later, nor another run's registry): it runs in $state with $state's certificate.
 running() {
   local pid
   [ -f "$state/pid" ] || return 1
   pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && grep -qa "$app/quarkus-run.jar" "/proc/$pid/cmdline" 2>/dev/null
+  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
+    grep -qaF "$app/quarkus-run.jar" "/proc/$pid/cmdline" 2>/dev/null &&
+    grep -qaF "$state/tls/server.pem" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
+# while waiting for it to answer: just after the fork its folder and command line are still
+# this script's, so `running` would not know it yet.
+launched() {
+  local pid
+  pid=$(cat "$state/pid" 2>/dev/null) || return 1
+  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
 }
 
 # One HTTP/1.0 request on the plain listener (bash only: no curl needed). Prints the status
@@ -186,7 +210,7 @@ launch() {
         "https://$host:$tls_port$api (user $user, CA $state/ca.pem), pid $(cat "$state/pid"), log $log"
       return
     fi
-    running || { tail -n 40 "$log" >&2; die "the registry exited (log $log)"; }
+    launched || { tail -n 40 "$log" >&2; die "the registry exited (log $log)"; }
     sleep 0.1
   done
   tail -n 40 "$log" >&2
@@ -234,6 +258,10 @@ clients_installed() {
 }
 
 clients() {
+  # Two runs at once share the venv: one installs it, the other waits and finds it made.
+  mkdir -p "$cache"
+  exec 8>>"$cache/registry-clients.lock"
+  flock 8
   if ! clients_installed; then
     command -v python3 >/dev/null || die "python3 is needed for the registry clients"
     echo "registry: installing the clients ($project/requirements.txt) into $venv" >&2
@@ -246,6 +274,7 @@ clients() {
       { rm -rf "$venv"; die "the clients installed but do not import"; }
     echo "$(sha256sum <"$project/requirements.txt") $(python3 -V 2>&1)" >"$venv/complete"
   fi
+  exec 8>&-
   echo "$venv/bin/python"
 }
 

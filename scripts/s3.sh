@@ -16,8 +16,10 @@
 #
 # Address http://${RIFFLE_S3_HOST:-127.0.0.1}:${RIFFLE_S3_PORT:-19300}, access key
 # ${RIFFLE_S3_ACCESS_KEY:-riffle}, secret ${RIFFLE_S3_SECRET:-riffle-s3-secret}, bucket
-# ${RIFFLE_S3_BUCKET:-riffle-test} (made on every start). State (data, log, config) in
-# ${RIFFLE_S3_DIR:-$cache/s3-PORT}; a bucket is a folder under $state/data.
+# ${RIFFLE_S3_BUCKET:-riffle-test} (made on every start). State (data, log, config, pid) in
+# ${RIFFLE_S3_DIR:-$RIFFLE_SERVICES_DIR/s3-PORT}, where RIFFLE_SERVICES_DIR is a test run's own
+# folder (scripts/services.sh), else $cache; a bucket is a folder under $state/data. `stop`
+# stops only the server started there.
 set -euo pipefail
 
 S3PROXY_VERSION=4.1.0
@@ -37,7 +39,7 @@ host="${RIFFLE_S3_HOST:-127.0.0.1}"
 access_key="${RIFFLE_S3_ACCESS_KEY:-riffle}"
 secret="${RIFFLE_S3_SECRET:-riffle-s3-secret}"
 bucket="${RIFFLE_S3_BUCKET:-riffle-test}"
-state="${RIFFLE_S3_DIR:-$cache/s3-$port}"
+state="${RIFFLE_S3_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/s3-$port}"
 log="$state/s3proxy.log"
 
 die() { echo "s3: $*" >&2; exit 1; }
@@ -51,8 +53,19 @@ need_java() {
 
 installed() { [ -s "$jar" ] && [ -f "$home/complete" ]; }
 
+# Two test runs at once (two clones on one machine) share the cache and Maven's repository:
+# one install at a time (every Maven install takes this lock), the second finds the jar in place.
 install() {
   if installed; then return; fi
+  mkdir -p "$cache/tools"
+  exec 9>>"$cache/tools/maven.lock"
+  flock 9
+  installed || fetch
+  # Closed before the server starts, which would otherwise hold the lock for its lifetime.
+  exec 9>&-
+}
+
+fetch() {
   need_java
   mkdir -p "$home" "$m2"
   rm -rf "$home/part"
@@ -84,12 +97,23 @@ install() {
   echo "s3: S3Proxy $S3PROXY_VERSION installed ($(du -sh "$jar" | cut -f1))"
 }
 
-# The pid file names a live server of ours (not a stranger that got the pid later).
+# The pid file names a live server started on this state (not a stranger that got the pid
+# later, nor another run's server): it runs in $state on $state's config.
 running() {
   local pid
   [ -f "$state/pid" ] || return 1
   pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && grep -qa 's3proxy' "/proc/$pid/cmdline" 2>/dev/null
+  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
+    grep -qaF "$state/s3proxy.conf" "/proc/$pid/cmdline" 2>/dev/null
+}
+
+# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
+# while waiting for it to answer: just after the fork its folder and command line are still
+# this script's, so `running` would not know it yet.
+launched() {
+  local pid
+  pid=$(cat "$state/pid" 2>/dev/null) || return 1
+  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
 }
 
 # Answers HTTP at all (an unsigned request gets a 403 or a listing; either means it serves).
@@ -140,7 +164,7 @@ launch() {
         "$access_key), pid $(cat "$state/pid"), data $state/data, log $log"
       return
     fi
-    running || { tail -n 40 "$log" >&2; die "the server exited (log $log)"; }
+    launched || { tail -n 40 "$log" >&2; die "the server exited (log $log)"; }
     sleep 0.1
   done
   tail -n 40 "$log" >&2

@@ -56,36 +56,30 @@ python3 scripts/module-cycles.py
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-# A broker of our own on test ports (PLAINTEXT 19092, SASL_SSL 19093, KRaft controller 19094),
-# so a demo broker on 9092 is left alone.
-export RIFFLE_KAFKA_PORT="${RIFFLE_KAFKA_PORT:-19092}"
-export RIFFLE_KAFKA_BROKERS="127.0.0.1:$RIFFLE_KAFKA_PORT"
 # Each fuzz target (fuzz/tests/targets.rs) runs its corpus, then random inputs this long.
 export RIFFLE_FUZZ_SECONDS="${RIFFLE_FUZZ_SECONDS:-60}"
-# The sinks' and checkpoints' services, each on test ports of its own: an S3 server (s3proxy,
-# signed requests), PostgreSQL and Redis.
-export RIFFLE_S3_PORT="${RIFFLE_S3_PORT:-19300}"
-export RIFFLE_PG_PORT="${RIFFLE_PG_PORT:-19432}"
-export RIFFLE_REDIS_PORT="${RIFFLE_REDIS_PORT:-19379}"
-# A schema registry (Apicurio Registry, Confluent-compatible API) on 19381 (HTTP) and 19382 (HTTPS).
-export RIFFLE_REGISTRY_PORT="${RIFFLE_REGISTRY_PORT:-19381}"
+# Two runs' services side by side (two clones on one machine) neither collide nor stop each
+# other's: a check of scripts/services.sh, about a minute.
+scripts/tests/services-twice.sh
+# This run's services (scripts/services.sh): a Kafka broker (PLAINTEXT, SASL_SSL and KRaft
+# controller ports), an S3 server (s3proxy, signed requests), PostgreSQL, Redis and a schema
+# registry (Apicurio Registry, Confluent-compatible API, HTTP and HTTPS), on free ports reserved
+# for this run (a demo broker on 9092, a server started by hand, another run's are left alone)
+# with their state in a folder of this run's, removed on exit; stopped on exit, and only they.
+# A port set here (RIFFLE_KAFKA_PORT, _S3_PORT, _PG_PORT, _REDIS_PORT, _REGISTRY_PORT) wins.
+run=$(mktemp -d "${TMPDIR:-/tmp}/riffle-test.XXXXXX")
 log=$(mktemp)
-trap 'scripts/kafka.sh stop; scripts/s3.sh stop; scripts/postgres.sh stop; scripts/redis.sh stop; scripts/registry.sh stop; rm -f "$log"' EXIT
-scripts/kafka.sh start
-# The SASL_SSL address, its CA file and the SCRAM user, for the tests that authenticate.
-eval "$(scripts/kafka.sh env)"
-RIFFLE_KAFKA_PID=$(scripts/kafka.sh pid)
-export RIFFLE_KAFKA_PID
-scripts/s3.sh start
-eval "$(scripts/s3.sh env)"
-scripts/postgres.sh start
-eval "$(scripts/postgres.sh env)"
-scripts/redis.sh start
-eval "$(scripts/redis.sh env)"
-scripts/registry.sh start
-# confluent-kafka's own serializers, the other side of the schema-registry tests.
+# A folder whose servers did not all stop is kept (their pid files are in it).
+trap 'scripts/services.sh down "$run" && rm -rf "$run"; rm -f "$log"' EXIT
+# confluent-kafka's own serializers, the other side of the schema-registry tests (before the
+# services, so that their env names the clients' python).
 scripts/registry.sh clients >/dev/null
-eval "$(scripts/registry.sh env)"
+scripts/services.sh up "$run"
+# Addresses, CAs and users for the tests (the SASL_SSL broker's, the TLS servers'), the
+# broker's pid (tests pause it), RIFFLE_SERVICES_DIR and the ports (a test's
+# `scripts/kafka.sh restart` reaches this run's broker).
+# shellcheck disable=SC1091
+. "$run/env"
 
 cargo test --workspace --all-targets 2>&1 | tee "$log"
 # The ignored tests (libtest: `test NAME ... ignored, REASON`), as NAME<TAB>REASON; then those

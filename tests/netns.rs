@@ -31,6 +31,23 @@ const S3_PORT: &str = "19392";
 /// Both tests use the same namespaces and bridge: one at a time.
 static NAMESPACES: Mutex<()> = Mutex::new(());
 
+/// The namespaces, the bridge and the broker's address on it are the machine's, not this test
+/// run's: one test at a time in this process (the mutex) and across the machine's test runs
+/// (two clones' scripts/test.sh: `scripts/netns.sh up` tears down what is there), through a
+/// file lock. Both are held until the guard is dropped.
+fn namespaces() -> (std::sync::MutexGuard<'static, ()>, std::fs::File) {
+    let guard = NAMESPACES.lock().unwrap_or_else(|e| e.into_inner());
+    let path = std::env::temp_dir().join("riffle-netns.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("opening {}: {e}", path.display()));
+    file.lock()
+        .unwrap_or_else(|e| panic!("locking {}: {e}", path.display()));
+    (guard, file)
+}
+
 fn script(name: &str) -> PathBuf {
     repo().join("scripts").join(name)
 }
@@ -144,8 +161,8 @@ fn require_netns() {
 #[test]
 #[ignore = "needs netns: root and network namespaces (scripts/netns.sh check); scripts/test.sh runs it where they work"]
 fn a_host_cut_off_mid_run_rejoins_and_the_output_is_exactly_once() {
-    // Under the lock: the check adds and deletes a namespace of a fixed name.
-    let _namespaces = NAMESPACES.lock().unwrap_or_else(|e| e.into_inner());
+    // Under the locks: the namespaces and the bridge are the machine's.
+    let _namespaces = namespaces();
     require_netns();
     require_onnx_runtime();
     sh(&script("netns.sh"), &["up"], &[]);
@@ -343,8 +360,8 @@ fn s3_env() -> Vec<(String, String)> {
 #[ignore = "needs netns: root and network namespaces (scripts/netns.sh check); scripts/test.sh runs it where they work"]
 fn the_host_of_process_0_lost_with_its_disk_comes_back_elsewhere_and_resumes_from_the_object_store()
 {
-    // Under the lock: the check adds and deletes a namespace of a fixed name.
-    let _namespaces = NAMESPACES.lock().unwrap_or_else(|e| e.into_inner());
+    // Under the locks: the namespaces and the bridge are the machine's.
+    let _namespaces = namespaces();
     require_netns();
     require_onnx_runtime();
     sh(&script("netns.sh"), &["up"], &[]);
