@@ -85,15 +85,5 @@ TEXT
   echo
   cat "$tables"
 } >"$out"
-# The end-to-end table also goes into the README, between its bench-kafka markers.
-python3 - "$tables" <<'PY'
-import re, sys
-tables = open(sys.argv[1]).read().strip().split("\n\n")
-picked = "\n\n".join(t for t in tables if t.startswith(("| ingest", "| camera pipeline")))
-readme = open("README.md").read()
-start, end = "<!-- bench-kafka: written by scripts/bench-kafka.sh -->", "<!-- /bench-kafka -->"
-new = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: f"{start}\n{picked}\n{end}", readme, flags=re.S)
-open("README.md", "w").write(new)
-PY
-echo "bench-kafka: wrote $out and the README's Kafka tables"
+echo "bench-kafka: wrote $out"
 cat "$tables"

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # One model instance per worker vs one per process (`share: process`, issue #14 item 6): builds
 # riffle and examples/bench_share.rs in release, runs pipelines/camera-perception.yaml with 4
-# workers both ways in interleaved rounds, and writes the table to docs/benchmarks/share.md and
-# the README (between its bench-share markers). Argument: rounds (default 3). Run it on a
+# workers both ways in interleaved rounds, and writes the table to docs/benchmarks/share.md. Argument: rounds (default 3). Run it on a
 # quiet machine. BENCH_NOTE="…" adds a line under the header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +23,5 @@ frames/s is 250 over the whole run, start-up included for both.
 TEXT
 )
 bench_doc "$out" "One model per process" "scripts/bench-share.sh $rounds" "$description" "$table"
-readme_table bench-share "$table"
-echo "bench-share: wrote $out and the README's table"
+echo "bench-share: wrote $out"
 cat "$table"

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Cost of the live view (issue #13 item 2): builds examples/bench_ui.rs in release and times
 # the camera pipeline without the view and with it open in headless Chromium, in interleaved
-# rounds; writes the table to docs/benchmarks/ui.md and the README (between its bench-ui
-# markers). Arguments: rounds (default 5) and how many times the 250 frames are replayed
+# rounds; writes the table to docs/benchmarks/ui.md. Arguments: rounds (default 5) and how many times the 250 frames are replayed
 # (default 4). Run it on a quiet machine. BENCH_NOTE="…" adds a line under the header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +25,5 @@ connected; rounds alternate which variant goes first; the ratio is taken per rou
 TEXT
 )
 bench_doc "$out" "Cost of the live view" "scripts/bench-ui.sh $rounds $repeat" "$description" "$table"
-readme_table bench-ui "$table"
-echo "bench-ui: wrote $out and the README's table"
+echo "bench-ui: wrote $out"
 cat "$table"

@@ -61,7 +61,10 @@ fn wrong_value_type_names_line_and_field() {
     let e = error_of(&f);
     let line = line_of(&f, "score_threshold: high");
     assert!(
-        e.starts_with(&format!("{}:{line}: score_threshold: ", f.display())),
+        e.starts_with(&format!(
+            "{}:{line}: stages[3].detections.score_threshold: expected a number from 0 to 1, found high",
+            f.display()
+        )),
         "{e}"
     );
 }

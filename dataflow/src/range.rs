@@ -61,18 +61,23 @@ impl Range {
     /// `shown` (the number as written) against the range: the message says what was expected.
     pub fn check_value(&self, value: f64, whole: bool, shown: &str) -> Result<(), String> {
         if (self.integer && !whole) || !value.is_finite() || value < self.min || value > self.max {
-            let kind = if self.integer {
-                "an integer"
-            } else {
-                "a number"
-            };
-            return Err(format!(
-                "expected {kind} from {} to {}, found {shown}",
-                self.show(self.min),
-                self.show(self.max)
-            ));
+            return Err(format!("{}, found {shown}", self.expected()));
         }
         Ok(())
+    }
+
+    /// What a value must be: `expected an integer from 1 to 1024`.
+    pub fn expected(&self) -> String {
+        let kind = if self.integer {
+            "an integer"
+        } else {
+            "a number"
+        };
+        format!(
+            "expected {kind} from {} to {}",
+            self.show(self.min),
+            self.show(self.max)
+        )
     }
 
     /// A whole number from code (a configuration built without a file), located at the key

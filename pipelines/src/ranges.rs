@@ -147,6 +147,14 @@ fn walk<'a>(
     }
 }
 
+/// The rule for a field's whole dotted path (`stages[2].model.batch.max_size`), by its keys
+/// alone: the kinds' own ranges are not known while the file does not parse.
+pub(crate) fn rule_at(field: &str) -> Option<&'static Range> {
+    let keys = crate::locate::split_path(field);
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    rule_for(&keys, &[])
+}
+
 fn rule_for(path: &[&str], own: &'static [Range]) -> Option<&'static Range> {
     own.iter().chain(RANGES).find(|r| r.applies_to(path))
 }

@@ -142,28 +142,51 @@ pub fn load_text(
     Ok(pipeline)
 }
 
-/// Parses YAML into a spec; syntax errors, unknown keys and wrong types carry their line.
+/// Parses YAML into a spec; syntax errors, unknown keys and wrong types carry their line and
+/// the whole path of the innermost key (`stages[2].model.batch.max_size`), with the range a
+/// number must be in.
 pub fn parse(file: &Path, text: &str) -> Result<PipelineSpec, PipelineError> {
     serde_saphyr::from_str::<PipelineSpec>(text).map_err(|e| {
         let line = e.location().map(|l| l.line());
-        // The key on the offending line names the field (`score_threshold: high`).
-        let field = line
-            .and_then(|l| text.lines().nth(l.saturating_sub(1) as usize))
-            .and_then(|l| l.split_once(':'))
-            .map(|(k, _)| {
-                k.trim()
-                    .trim_start_matches(['-', '{', ' '])
-                    .trim_matches(['"', '\''])
-                    .to_string()
-            })
-            .unwrap_or_default();
+        let at = Locator {
+            file,
+            lines: text.lines().collect(),
+        };
+        // A number out of its range fails here first (a u64 cannot hold -3): say the range.
+        if let Some(out) = line.and_then(|l| out_of_range_at(&at, text, l)) {
+            return PipelineError {
+                file: file.to_path_buf(),
+                line,
+                field: format!("{}.{}", out.top, out.path),
+                message: out.message,
+            };
+        }
+        let column = e.location().map(|l| l.column());
+        let field = line.map_or_else(String::new, |l| at.field_at(l, column));
+        let mut message = parser_message(&e.to_string());
+        // A number of the wrong type: what it must be, and what was written.
+        if let Some(rule) = crate::ranges::rule_at(&field) {
+            message = match line.and_then(|l| at.value_at(l, column?)) {
+                Some(found) => format!("{}, found {found} ({message})", rule.expected()),
+                None => format!("{message} ({})", rule.expected()),
+            };
+        }
         PipelineError {
             file: file.to_path_buf(),
             line,
             field,
-            message: parser_message(&e.to_string()),
+            message,
         }
     })
+}
+
+/// The number out of its range that a parse error at `line` is about, if there is one.
+fn out_of_range_at(at: &Locator, text: &str, line: u64) -> Option<crate::ranges::OutOfRange> {
+    let document = serde_saphyr::from_str::<serde_json::Value>(text).ok()?;
+    let out = crate::ranges::check(&document).err()?;
+    let key = crate::locate::split_path(&out.path).pop()?;
+    let written = at.lines.get((line as usize).checked_sub(1)?)?;
+    crate::locate::holds_key(written, &key).then_some(out)
 }
 
 /// Every number within its range ([`crate::ranges`]), before any of them is used.

@@ -79,6 +79,22 @@ def test_a_bad_file_names_its_file_line_and_field(tmp_path):
     assert caught.value.line is None and caught.value.field.startswith("stages[0].filter"), caught.value
 
 
+def test_a_bad_number_in_a_flow_mapping_names_its_own_key(tmp_path):
+    bad = tmp_path / "batch.yaml"
+    bad.write_text(
+        f"source: {{ csv: {{ path: \"{CLICKS}\" }} }}\n"
+        "stages:\n"
+        "  - select: { columns: [item_id] }\n"
+        "  - model: { path: m.onnx, batch: { max_size: -3, max_delay_ms: 5 } }\n"
+        "sink: { stdout: {} }\n"
+    )
+    with pytest.raises(riffle.PipelineError) as caught:
+        riffle.validate(str(bad))
+    e = caught.value
+    assert (e.line, e.field) == (4, "stages[1].model.batch.max_size"), e
+    assert e.message == "expected an integer from 1 to 65536, found -3", e
+
+
 def test_a_dict_runs_to_its_end_with_a_summary(tmp_path):
     out = tmp_path / "top.jsonl"
     summary = riffle.run(top_slot({"jsonl": {"path": str(out)}}))
