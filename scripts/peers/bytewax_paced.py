@@ -6,7 +6,7 @@ live camera, and we measure per-frame latency from the moment the source hands a
 its file is read) to the moment its result reaches the sink.
 
     cd scripts/peers
-    P=/tmp/peers/venv/bin/python
+    P=$(./setup.sh)         # the peers' venv (its python is the last line setup.sh prints)
     PACED_CAMERAS=2 PACED_FPS=25 $P -m bytewax.run "bytewax_paced:flow()" -w 2      # or -w 1
     # 2 processes x 1 worker (loopback only), then join their parts:
     A="127.0.0.1:21201;127.0.0.1:21202"
@@ -21,9 +21,9 @@ Parameters (environment variables, because `bytewax.run` owns argv):
     PACED_START    optional: the common start instant, Unix time in seconds (e.g. `date +%s` + 3)
     PACED_LEAD     single process only: seconds from the first partition build to the start
                    (default 0.25, so every worker has built its partition)
-    PEER_ORT_THREADS, PEER_SCRATCH, PEERS_SRC as for the other peers (see below)
+    PEER_ORT_THREADS, PEER_SCRATCH as for the other peers (bytewax_peer.py, jobs.py)
 
-Job: `detect` from common.py, unchanged (read, decode, resize 300x300 RGB u8, SSDLite, person
+Job: `detect` from jobs.py, unchanged (read, decode, resize 300x300 RGB u8, SSDLite, person
 boxes with score > 0.5), so the check digest is comparable with the other peers: with R=1 and N
 every frame is covered (any N) and `check=` must be `person_frames=53,person_boxes=56`.
 
@@ -74,10 +74,8 @@ import threading
 import time
 from datetime import datetime, timezone
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-PEERS_SRC = os.environ.get("PEERS_SRC") or os.path.join(_HERE, "..", "..", "..", "shared", "peers")
-sys.path.insert(0, os.path.abspath(PEERS_SRC))
-import common as C  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jobs as C  # noqa: E402
 
 import numpy as np  # noqa: E402
 import bytewax.operators as op  # noqa: E402
@@ -109,7 +107,7 @@ CAMERAS = int(os.environ.get("PACED_CAMERAS", "2"))
 FPS = float(os.environ.get("PACED_FPS", "25"))
 REPEAT = int(os.environ.get("PACED_REPEAT", "1"))
 LEAD = float(os.environ.get("PACED_LEAD", "0.25"))
-SCRATCH = os.environ.get("PEER_SCRATCH", "/tmp/peers/scratch")
+SCRATCH = C.SCRATCH
 assert CAMERAS >= 1 and FPS > 0 and REPEAT >= 1, (CAMERAS, FPS, REPEAT)
 
 _lock = threading.Lock()

@@ -292,11 +292,13 @@ mod tests {
 
     /// The golden cases plus random sizes, each compared with cv2 run now.
     #[test]
-    #[ignore = "needs the peers' venv with cv2 (/tmp/peers/venv, ../shared/peers/setup.sh); \
-                run with --ignored"]
+    #[ignore = "needs cv2: a Python with OpenCV in RIFFLE_CV2_PYTHON (scripts/test.sh sets it to \
+                scripts/setup.sh's YOLO venv and runs this)"]
     fn matches_cv2_inter_linear_run_now_on_random_sizes() {
-        let python = std::env::var("RIFFLE_PEERS_PYTHON")
-            .unwrap_or_else(|_| "/tmp/peers/venv/bin/python".to_string());
+        // No default: run without OpenCV's Python, this test fails rather than pass unchecked.
+        let python = std::env::var("RIFFLE_CV2_PYTHON").expect(
+            "RIFFLE_CV2_PYTHON: a Python with opencv-python-headless (scripts/test.sh sets it)",
+        );
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/data/resize/make_golden.py"

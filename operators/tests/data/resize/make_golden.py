@@ -1,6 +1,9 @@
 """Golden outputs of OpenCV's u8 INTER_LINEAR resize for the `resize` stage's two-tap path.
 
-    /tmp/peers/venv/bin/python operators/tests/data/resize/make_golden.py > operators/tests/data/resize/cv2_inter_linear.txt
+    "$RIFFLE_CV2_PYTHON" operators/tests/data/resize/make_golden.py > operators/tests/data/resize/cv2_inter_linear.txt
+
+(RIFFLE_CV2_PYTHON: a Python with opencv-python-headless 5.0.0.93, such as scripts/setup.sh's
+YOLO venv, which scripts/test.sh uses, or the peers' venv of scripts/peers/setup.sh.)
 
 Each line: `sw sh dw dh seed fnv1a64(output) [output bytes in hex, small cases only]`, the source
 being `synthetic(sw, sh, seed)` (the Rust test builds the same image), RGB8, row-major.
