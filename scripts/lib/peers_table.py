@@ -15,7 +15,7 @@ import collections
 import statistics
 import sys
 
-# ../shared/notes/targets.md: the image jobs ahead of every peer (both are bound by ONNX Runtime
+# The team's targets (docs/benchmarks.md): the image jobs ahead of every peer (both are bound by ONNX Runtime
 # on 2 cores; the old 1.15× is retired there), ctr at 3× the best peer.
 TARGET = {"detect": 1.0, "classify": 1.0, "ctr": 3.0}
 # ctr also has a latency target: Riffle's p99 (median over the rounds) at most this.

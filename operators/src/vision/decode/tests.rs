@@ -3,13 +3,7 @@ use arrow_array::{Int64Array, StringArray};
 use std::path::Path;
 
 fn sample_jpeg() -> Vec<u8> {
-    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/frames/bikes/0000.jpg");
-    let shared = Path::new("/work/shared/assets/frames/bikes/0000.jpg");
-    let path = if local.exists() {
-        local
-    } else {
-        shared.to_path_buf()
-    };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/frames/bikes/0000.jpg");
     std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 

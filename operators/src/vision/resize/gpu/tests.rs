@@ -83,13 +83,7 @@ fn synthetic(w: u32, h: u32, seed: u32) -> (Vec<u8>, u32, u32) {
 
 /// Decoded bundled frames (640x272 JPEGs), a spread of the sequence.
 fn frames() -> Vec<(Vec<u8>, u32, u32)> {
-    let local = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/frames/bikes");
-    let shared = Path::new("/work/shared/assets/frames/bikes");
-    let dir = if local.exists() {
-        local
-    } else {
-        shared.to_path_buf()
-    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data/frames/bikes");
     let jpegs: Vec<Vec<u8>> = [0, 61, 125, 190, 249]
         .iter()
         .map(|i| std::fs::read(dir.join(format!("{i:04}.jpg"))).unwrap())
