@@ -73,6 +73,13 @@ impl Credit {
         s.in_flight.set(s.in_flight.get().saturating_add(rows));
     }
 
+    /// For a source ahead of a balanced exchange: the rows waiting at the least loaded of its
+    /// models (the balancer's estimate, from the workers' load reports and what it sent since),
+    /// so that the source reads only while some model has room, wherever it is.
+    pub fn set_queued(&self, rows: usize) {
+        self.0.in_flight.set(rows);
+    }
+
     /// The model finished (or dropped) `rows`.
     pub fn done(&self, rows: usize) {
         let s = &self.0;

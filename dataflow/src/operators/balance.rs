@@ -11,6 +11,7 @@ use timely::progress::Antichain;
 
 use super::exchange_by_key::{give_parts, route_by};
 use super::BatchStream;
+use crate::credit::Credit;
 use crate::{Batch, BatchKind, Epoch};
 
 /// Load reports, broadcast to every balancer: (worker, its measured service time per row in
@@ -42,7 +43,9 @@ pub trait Balance<'scope> {
     /// service time per row, from `reports` (see [`Balance::report_delays`]) plus what this
     /// balancer sent since. With `ordered_by`, all rows of one key within an epoch go to one
     /// worker, so they stay in order (the sink writes epochs in order). Arrivals are counted
-    /// in `service`.
+    /// in `service`. With `credit` (the source's, on this worker), the rows waiting at the least
+    /// loaded target are kept in it, so the source reads only while some model has room:
+    /// frames wait in the camera's queue, where the freshest are kept, not at a busy model.
     ///
     /// # Examples
     /// ```
@@ -61,7 +64,7 @@ pub trait Balance<'scope> {
     ///     let balanced = (0..8).map(one)
     ///         .to_stream(scope)
     ///         .container::<Vec<_>>()
-    ///         .balance(&[], None, reports, service.clone());
+    ///         .balance(&[], None, reports, service.clone(), None);
     ///     balanced.clone().report_delays(service).connect_loop(handle);
     ///     balanced.inspect(move |b: &Batch| *seen.lock().unwrap() += b.num_rows());
     /// });
@@ -73,6 +76,7 @@ pub trait Balance<'scope> {
         ordered_by: Option<String>,
         reports: DelayReports<'scope>,
         service: ServiceCell,
+        credit: Option<Credit>,
     ) -> Self;
 
     /// This worker's load (from `service`) as batches leave the balanced stages, broadcast,
@@ -163,6 +167,16 @@ impl LeastDelay {
         self.sent[best.1] += rows;
         self.targets[best.1]
     }
+
+    /// Rows waiting at the least loaded target: queued at its last report plus sent since.
+    fn least_queued(&self) -> u64 {
+        self.backlog
+            .iter()
+            .zip(&self.sent)
+            .map(|(b, s)| b + s)
+            .min()
+            .unwrap_or(0)
+    }
 }
 
 impl<'scope> Balance<'scope> for BatchStream<'scope> {
@@ -172,6 +186,7 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
         ordered_by: Option<String>,
         reports: DelayReports<'scope>,
         cell: ServiceCell,
+        credit: Option<Credit>,
     ) -> Self {
         let peers = self.scope().peers();
         let me = self.scope().index();
@@ -231,6 +246,9 @@ impl<'scope> Balance<'scope> for BatchStream<'scope> {
                         give_parts(batch, parts, me as u64, &what, &mut |b| session.give(b));
                     }
                 });
+                if let Some(c) = &credit {
+                    c.set_queued(usize::try_from(least.least_queued()).unwrap_or(usize::MAX));
+                }
             }
         });
         balanced.unary(
@@ -302,7 +320,7 @@ mod tests {
                 let stream = scope.input_from(&mut data).container::<Vec<Batch>>();
                 let reports = scope.input_from(&mut reports).container::<Vec<_>>();
                 stream
-                    .balance(&[], None, reports, ServiceCell::default())
+                    .balance(&[], None, reports, ServiceCell::default(), None)
                     .probe()
                     .0
             });
@@ -368,6 +386,25 @@ mod tests {
         assert_eq!(l.pick(1), 1);
         // Once home has a queue, the faster idle worker gets the next one.
         assert_eq!(l.pick(1), 0);
+    }
+
+    #[test]
+    fn the_least_queued_target_is_what_a_source_may_read_for() {
+        let mut l = LeastDelay::new(vec![0, 1], 0);
+        assert_eq!(l.least_queued(), 0);
+        l.pick(1);
+        assert_eq!(l.least_queued(), 0, "worker 1 is still idle");
+        l.pick(1);
+        assert_eq!(
+            l.least_queued(),
+            1,
+            "a frame at each model: none has room for one more"
+        );
+        l.report(1, 1_000.0, 0);
+        assert_eq!(l.least_queued(), 0, "worker 1 is done: room again");
+        l.report(0, 1_000.0, 3);
+        l.report(1, 1_000.0, 2);
+        assert_eq!(l.least_queued(), 2);
     }
 
     #[test]

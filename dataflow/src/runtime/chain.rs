@@ -108,12 +108,33 @@ pub(crate) fn first_model(steps: &[(String, WorkerStep)]) -> Option<(usize, usiz
     None
 }
 
+/// A balanced exchange ahead of the first batched stage (a model), with only per-batch stages
+/// between them and before it: its index in `steps` and the model's batch size. The source
+/// reads while that model has room on some worker ([`Credit::set_queued`]).
+pub(crate) fn balanced_model(steps: &[(String, WorkerStep)]) -> Option<(usize, usize)> {
+    let mut exchange = None;
+    for (i, (_, step)) in steps.iter().enumerate() {
+        match step {
+            WorkerStep::Run(Step::Apply(_)) => {}
+            WorkerStep::Exchange(Route::Balance(..), _) if exchange.is_none() => {
+                exchange = Some(i);
+            }
+            WorkerStep::Run(Step::Batched(_, policy)) => {
+                return exchange.map(|e| (e, policy.max_size));
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// The open end of a balanced exchange's feedback loop of load reports.
 type LoadLoop<'scope> = Handle<'scope, Epoch, Vec<(usize, f64, u64)>>;
 
 /// Appends the steps to `stream`. Stateful steps start from `restored` (before
 /// `first_epoch`) and report the updates of their state, by step name, to checkpoint. The
-/// [`first_model`] is fed through `credit`, when given.
+/// [`first_model`] is fed through `credit`, when given, or the [`balanced_model`]'s exchange
+/// keeps it.
 pub(crate) fn build_chain<'scope>(
     mut stream: BatchStream<'scope>,
     steps: Vec<(String, WorkerStep)>,
@@ -123,11 +144,13 @@ pub(crate) fn build_chain<'scope>(
     credit: Option<Credit>,
 ) -> DataflowResult<(BatchStream<'scope>, Vec<StepState<'scope>>)> {
     let fed = first_model(&steps).map(|(i, _)| i);
+    let gated = balanced_model(&steps).map(|(i, _)| i);
     let mut credit = credit;
     let mut states = Vec::new();
     // A balanced exchange learns each worker's delay from the end of the stages after it.
     let mut feedback: Option<(LoadLoop<'scope>, ServiceCell)> = None;
     for (i, (name, mut step)) in steps.into_iter().enumerate() {
+        let gate = credit.clone().filter(|_| gated == Some(i));
         if matches!(step, WorkerStep::Exchange(..)) {
             if let Some((handle, service)) = feedback.take() {
                 stream.clone().report_delays(service).connect_loop(handle);
@@ -182,7 +205,7 @@ pub(crate) fn build_chain<'scope>(
                         let (handle, reports) = stream.scope().feedback(1);
                         let service = ServiceCell::default();
                         feedback = Some((handle, service.clone()));
-                        stream.balance(&list, ordered_by, reports, service)
+                        stream.balance(&list, ordered_by, reports, service, gate)
                     }
                 };
                 if compression == Compression::None {

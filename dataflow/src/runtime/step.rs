@@ -157,6 +157,12 @@ impl Stage for Instrumented {
             let mut s = service(cell);
             s.busy_ns += started.elapsed().as_nanos() as u64;
             s.busy_rows += batch.num_rows() as u64;
+            // Rows this stage let go (filtered, dead letters) are done here: they would
+            // otherwise count as waiting on this worker for good.
+            if let Ok(o) = &out {
+                let dropped = batch.num_rows().saturating_sub(o.records.num_rows());
+                s.done_rows += dropped as u64;
+            }
         }
         out
     }

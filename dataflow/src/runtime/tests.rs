@@ -635,3 +635,86 @@ fn a_quiet_source_that_wakes_its_worker_is_not_polled_and_its_empty_reads_are_no
         "empty reads are not batches"
     );
 }
+
+/// Keeps the rows with an even `id` (a filter after a balanced exchange).
+struct EvenIds;
+
+impl crate::Stage for EvenIds {
+    fn name(&self) -> &str {
+        "even"
+    }
+
+    fn output_schema(
+        &self,
+        input: &arrow_schema::SchemaRef,
+    ) -> DataflowResult<arrow_schema::SchemaRef> {
+        Ok(input.clone())
+    }
+
+    fn process_batch(
+        &mut self,
+        batch: &arrow_array::RecordBatch,
+    ) -> DataflowResult<crate::StageOutput> {
+        let ids = batch
+            .column_by_name("id")
+            .and_then(|c| c.as_any().downcast_ref::<arrow_array::Int64Array>())
+            .expect("an id column");
+        let even: arrow_array::BooleanArray = ids.iter().map(|v| v.map(|v| v % 2 == 0)).collect();
+        Ok(crate::StageOutput::all(
+            arrow_select::filter::filter_record_batch(batch, &even)?,
+        ))
+    }
+}
+
+#[test]
+fn a_source_held_by_a_balanced_model_ends_with_every_row_once_though_a_filter_drops_some() {
+    // The source reads only while a model has room somewhere (its credit follows the
+    // balancer's load reports); rows the filter drops are done there, not waiting forever.
+    let steps = vec![
+        exchange(
+            "balance",
+            "stages[0].exchange",
+            Route::Balance(Vec::new(), None),
+        ),
+        stage("even", |_, _| Ok(Step::Apply(Box::new(EvenIds)))),
+        stage("model", |worker, _| {
+            let policy = crate::operators::BatchPolicy {
+                max_size: 1,
+                max_delay: Duration::from_millis(5),
+                late_after: None,
+                drop_late: false,
+            };
+            Ok(Step::Batched(
+                Box::new(Tag {
+                    column: "ran_on",
+                    worker,
+                }),
+                policy,
+            ))
+        }),
+    ];
+    let (job, out) = job(Numbers::new(4, 30), steps, None);
+    let built = super::chain::worker_steps(&job.steps, 0, 2, None).expect("steps");
+    assert_eq!(super::chain::balanced_model(&built).map(|m| m.1), Some(1));
+    run_within(job, 2, HUNG).expect("run");
+    let even: Vec<i64> = Numbers::ids(4, 0, 30)
+        .into_iter()
+        .filter(|i| i % 2 == 0)
+        .collect();
+    assert_eq!(sorted(out.results.ints("id")), even);
+}
+
+#[test]
+fn rows_a_timed_stage_drops_are_done_on_its_worker() {
+    let cell = crate::operators::ServiceCell::default();
+    let mut even = super::step::Instrumented::timed(Box::new(EvenIds), &cell);
+    let ids = arrow_array::Int64Array::from(vec![1, 2, 3, 4, 5]);
+    let batch =
+        arrow_array::RecordBatch::try_from_iter([("id", Arc::new(ids) as arrow_array::ArrayRef)])
+            .expect("batch");
+    let out = even.process_batch(&batch).expect("filtered");
+    assert_eq!(out.records.num_rows(), 2);
+    let s = crate::operators::service(&cell);
+    // The 3 odd rows will never reach the end of the balanced stages: done here.
+    assert_eq!((s.done_rows, s.busy_rows), (3, 5));
+}

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use timely::dataflow::{InputHandle, ProbeHandle};
 
-use super::chain::{build_chain, first_model, worker_steps, WorkerStep};
+use super::chain::{balanced_model, build_chain, first_model, worker_steps, WorkerStep};
 use super::checkpointing::{Checkpointer, OperatorState, Positions, SinkCommit, Start};
 use super::epochs::{Epochs, Inputs, LocalPeers, IDLE_EPOCH};
 use super::liveness::Liveness;
@@ -47,7 +47,9 @@ pub(crate) fn run_worker(
     };
     let start = &*start;
     let (options, commit) = open_outputs(job, start, index, errors)?;
-    let credit = first_model(&steps).map(|(_, limit)| Credit::new(limit));
+    let credit = first_model(&steps)
+        .or_else(|| balanced_model(&steps))
+        .map(|(_, limit)| Credit::new(limit));
     let built = build_dataflow(worker, start, steps, options, context, credit.clone())?;
     // Worker 0 writes the checkpoints.
     let checkpointer = match (&start.store, start.source.checkpoint_id()) {
