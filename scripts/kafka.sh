@@ -39,6 +39,7 @@ controller_port="${RIFFLE_KAFKA_CONTROLLER_PORT:-$((port + 2))}"
 user=riffle
 password="${RIFFLE_KAFKA_PASSWORD:-riffle-secret}"
 state="${RIFFLE_KAFKA_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/kafka-$port}"
+. "$(dirname "$0")/lib/service.sh"
 log="$state/broker.log"
 
 die() { echo "kafka: $*" >&2; exit 1; }
@@ -55,17 +56,8 @@ installed() {
   [ "$(cat "$home/complete" 2>/dev/null)" = "$(sha256sum <"$here/kafka/pom.xml")" ]
 }
 
-# Two test runs at once (two clones on one machine) share the cache and Maven's repository:
-# one install at a time (every Maven install takes this lock), the second finds the jars in place.
-install() {
-  if installed; then return; fi
-  mkdir -p "$cache/tools"
-  exec 9>>"$cache/tools/maven.lock"
-  flock 9
-  installed || fetch
-  # Closed before the broker starts, which would otherwise hold the lock for its lifetime.
-  exec 9>&-
-}
+# One Maven install at a time (scripts/lib/service.sh).
+install() { maven_install; }
 
 fetch() {
   need_java
@@ -103,21 +95,9 @@ tool() {
 # The pid file names a live broker started on this state (not a stranger that got the pid
 # later, nor another run's broker): it runs in $state on $state's config.
 running() {
-  local pid
-  [ -f "$state/pid" ] || return 1
-  pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
-    grep -qaF "$state/server.properties" "/proc/$pid/cmdline" 2>/dev/null
+  runs_here "$state/server.properties"
 }
 
-# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
-# while waiting for it to answer: just after the fork its folder and command line are still
-# this script's, so `running` would not know it yet.
-launched() {
-  local pid
-  pid=$(cat "$state/pid" 2>/dev/null) || return 1
-  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
-}
 
 # A throwaway CA and a broker certificate signed by it, for the SASL_SSL listener. The broker
 # reads a PKCS12 keystore; clients verify with $state/ca.pem (librdkafka) or the PKCS12

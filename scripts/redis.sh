@@ -26,6 +26,7 @@ if [ -n "${RIFFLE_SERVICES_DIR:-}" ]; then
 else
   state="${RIFFLE_REDIS_DIR:-${TMPDIR:-/tmp}/riffle-redis-$port}"
 fi
+. "$(dirname "$0")/lib/service.sh"
 log="$state/redis.log"
 
 die() { echo "redis: $*" >&2; exit 1; }
@@ -49,21 +50,9 @@ install() {
 # later, nor another run's server): a redis-server working in $state (its `dir`; Redis
 # rewrites its command line, so the config's path is not there to check).
 running() {
-  local pid
-  [ -f "$state/pid" ] || return 1
-  pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
-    grep -qa "redis-server" "/proc/$pid/cmdline" 2>/dev/null
+  runs_here "redis-server"
 }
 
-# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
-# while waiting for it to answer: just after the fork its folder and command line are still
-# this script's, so `running` would not know it yet.
-launched() {
-  local pid
-  pid=$(cat "$state/pid" 2>/dev/null) || return 1
-  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
-}
 
 # redis-cli with the password from the environment (REDISCLI_AUTH), never on a command line.
 cli() {

@@ -43,6 +43,7 @@ user="${RIFFLE_REGISTRY_USER:-riffle}"
 password="${RIFFLE_REGISTRY_PASSWORD:-riffle-registry-secret}"
 auth_on="${RIFFLE_REGISTRY_AUTH_ON:-https}"
 state="${RIFFLE_REGISTRY_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/registry-$port}"
+. "$(dirname "$0")/lib/service.sh"
 log="$state/registry.log"
 api=/apis/ccompat/v7
 
@@ -64,17 +65,8 @@ installed() {
   [ -s "$app/quarkus-run.jar" ] && [ "$(cat "$home/complete" 2>/dev/null)" = "$(fingerprint)" ]
 }
 
-# Two test runs at once (two clones on one machine) share the cache and Maven's repository:
-# one install at a time (every Maven install takes this lock), the second finds the build in place.
-install() {
-  if installed; then return; fi
-  mkdir -p "$cache/tools"
-  exec 9>>"$cache/tools/maven.lock"
-  flock 9
-  installed || fetch
-  # Closed before the registry starts, which would otherwise hold the lock for its lifetime.
-  exec 9>&-
-}
+# One Maven install at a time (scripts/lib/service.sh).
+install() { maven_install; }
 
 fetch() {
   need_java
@@ -110,22 +102,10 @@ fetch() {
 # The pid file names a live registry started on this state (not a stranger that got the pid
 # later, nor another run's registry): it runs in $state with $state's certificate.
 running() {
-  local pid
-  [ -f "$state/pid" ] || return 1
-  pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
-    grep -qaF "$app/quarkus-run.jar" "/proc/$pid/cmdline" 2>/dev/null &&
-    grep -qaF "$state/tls/server.pem" "/proc/$pid/cmdline" 2>/dev/null
+  runs_here "$app/quarkus-run.jar" &&
+    runs_here "$state/tls/server.pem"
 }
 
-# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
-# while waiting for it to answer: just after the fork its folder and command line are still
-# this script's, so `running` would not know it yet.
-launched() {
-  local pid
-  pid=$(cat "$state/pid" 2>/dev/null) || return 1
-  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
-}
 
 # One HTTP/1.0 request on the plain listener (bash only: no curl needed). Prints the status
 # code, then the body. http METHOD PATH [JSON-BODY]

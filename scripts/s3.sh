@@ -40,6 +40,7 @@ access_key="${RIFFLE_S3_ACCESS_KEY:-riffle}"
 secret="${RIFFLE_S3_SECRET:-riffle-s3-secret}"
 bucket="${RIFFLE_S3_BUCKET:-riffle-test}"
 state="${RIFFLE_S3_DIR:-${RIFFLE_SERVICES_DIR:-$cache}/s3-$port}"
+. "$(dirname "$0")/lib/service.sh"
 log="$state/s3proxy.log"
 
 die() { echo "s3: $*" >&2; exit 1; }
@@ -53,17 +54,8 @@ need_java() {
 
 installed() { [ -s "$jar" ] && [ -f "$home/complete" ]; }
 
-# Two test runs at once (two clones on one machine) share the cache and Maven's repository:
-# one install at a time (every Maven install takes this lock), the second finds the jar in place.
-install() {
-  if installed; then return; fi
-  mkdir -p "$cache/tools"
-  exec 9>>"$cache/tools/maven.lock"
-  flock 9
-  installed || fetch
-  # Closed before the server starts, which would otherwise hold the lock for its lifetime.
-  exec 9>&-
-}
+# One Maven install at a time (scripts/lib/service.sh).
+install() { maven_install; }
 
 fetch() {
   need_java
@@ -100,21 +92,9 @@ fetch() {
 # The pid file names a live server started on this state (not a stranger that got the pid
 # later, nor another run's server): it runs in $state on $state's config.
 running() {
-  local pid
-  [ -f "$state/pid" ] || return 1
-  pid=$(cat "$state/pid")
-  kill -0 "$pid" 2>/dev/null && [ "/proc/$pid/cwd" -ef "$state" ] &&
-    grep -qaF "$state/s3proxy.conf" "/proc/$pid/cmdline" 2>/dev/null
+  runs_here "$state/s3proxy.conf"
 }
 
-# The child just launched still runs (neither exited nor a zombie awaiting its reaping). Only
-# while waiting for it to answer: just after the fork its folder and command line are still
-# this script's, so `running` would not know it yet.
-launched() {
-  local pid
-  pid=$(cat "$state/pid" 2>/dev/null) || return 1
-  grep -qE '^State:[[:space:]]+[^Z]' "/proc/$pid/status" 2>/dev/null
-}
 
 # Answers HTTP at all (an unsigned request gets a 403 or a listing; either means it serves).
 ready() {

@@ -60,6 +60,8 @@ export RIFFLE_EXPECT_SANITIZERS=1
 cargo fmt --all -- --check
 # No module import circles in any crate (docs/architecture.md).
 python3 scripts/module-cycles.py
+# docs/architecture.md's crate table names every crate of the workspace.
+python3 scripts/tests/architecture-crates.py
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

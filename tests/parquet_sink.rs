@@ -404,9 +404,14 @@ fn kill_9_mid_run_into_an_object_store_publishes_every_event_exactly_once() {
     let bucket = std::env::var("RIFFLE_S3_BUCKET")
         .unwrap_or_else(|_| panic!("RIFFLE_S3_BUCKET is not set: {how}"));
     let port = endpoint.rsplit(':').next().unwrap().trim_end_matches('/');
+    // Where scripts/s3.sh keeps the server's state: its own rule.
     let state = std::env::var_os("RIFFLE_S3_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| cache_dir().join(format!("s3-{port}")));
+        .unwrap_or_else(|| {
+            std::env::var_os("RIFFLE_SERVICES_DIR")
+                .map_or_else(cache_dir, PathBuf::from)
+                .join(format!("s3-{port}"))
+        });
     let tmp = tempfile::tempdir().unwrap();
     let (events, topic) = events_topic(tmp.path(), "pq-s3");
     let prefix = format!(
