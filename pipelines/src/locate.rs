@@ -196,6 +196,12 @@ impl Locator<'_> {
                     .copied()
                     .map(key_of)
                     .unwrap_or_default();
+                // A mapping or list written in flow style over several lines (JSON, as the
+                // Python package writes a dict) has no blocks to follow: the line's own keys
+                // are all that is known.
+                if key.starts_with(['{', '[']) {
+                    return Vec::new();
+                }
                 if !key.is_empty() {
                     keys.push(key);
                 }
@@ -302,6 +308,13 @@ mod tests {
         );
         assert_eq!(field(text, 2, None), "runtime.workers");
         assert_eq!(field(text, 4, Some(21)), "stages[0].resize.width");
+    }
+
+    #[test]
+    fn json_over_several_lines_gives_the_line_s_own_key() {
+        let text =
+            "{\n \"stages\": [\n  {\n   \"filter\": {\n    \"op\": \"bigger\"\n   }\n  }\n ]\n}";
+        assert_eq!(field(text, 5, Some(11)), "op");
     }
 
     #[test]
