@@ -86,22 +86,13 @@ from bytewax.outputs import DynamicSink, StatelessSinkPartition  # noqa: E402
 JOB = "detect"
 
 
-def _arg(flags, env, default):
-    argv = sys.argv
-    for flag in flags:
-        if flag in argv:
-            return argv[argv.index(flag) + 1]
-    return os.environ.get(env, default)
-
-
-# topology as bytewax.run will see it: -w workers per process, -i/-a for several processes
-WORKERS = int(_arg(("-w", "--workers-per-process"), "BYTEWAX_WORKERS_PER_PROCESS", "1"))
-ADDRESSES = _arg(("-a", "--addresses"), "BYTEWAX_ADDRESSES", None)
-PROCESSES = len(ADDRESSES.split(";")) if ADDRESSES else 1
-PROCESS_ID = int(_arg(("-i", "--process-id"), "BYTEWAX_PROCESS_ID", "0"))
-TOTAL_WORKERS = WORKERS * PROCESSES
-ORT_THREADS = int(os.environ.get("PEER_ORT_THREADS", max(1, C.TOTAL_ORT_THREADS // TOTAL_WORKERS)))
-NAME = f"bytewax-paced-w{WORKERS}" if PROCESSES == 1 else f"bytewax-paced-p{PROCESSES}w{WORKERS}"
+_TOPOLOGY = C.BytewaxTopology(sys.argv)
+WORKERS = _TOPOLOGY.workers
+PROCESSES = _TOPOLOGY.processes
+PROCESS_ID = _TOPOLOGY.process_id
+TOTAL_WORKERS = _TOPOLOGY.total_workers
+ORT_THREADS = _TOPOLOGY.ort_threads
+NAME = _TOPOLOGY.name("bytewax-paced")
 
 CAMERAS = int(os.environ.get("PACED_CAMERAS", "2"))
 FPS = float(os.environ.get("PACED_FPS", "25"))

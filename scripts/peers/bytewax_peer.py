@@ -36,23 +36,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jobs as J  # noqa: E402
 
 
-def _arg(flags, env, default):
-    """A bytewax.run option, read the way bytewax.run reads it (flag, else environment)."""
-    for flag in flags:
-        if flag in sys.argv:
-            return sys.argv[sys.argv.index(flag) + 1]
-    return os.environ.get(env, default)
-
-
-# The topology bytewax.run was given, known before the flow is built so that each worker's
-# session can be made (and warmed) off the clock.
-WORKERS = int(_arg(("-w", "--workers-per-process"), "BYTEWAX_WORKERS_PER_PROCESS", "1"))
-ADDRESSES = _arg(("-a", "--addresses"), "BYTEWAX_ADDRESSES", None)
-PROCESSES = len(ADDRESSES.split(";")) if ADDRESSES else 1
-PROCESS_ID = int(_arg(("-i", "--process-id"), "BYTEWAX_PROCESS_ID", "0"))
-TOTAL_WORKERS = WORKERS * PROCESSES
-ORT_THREADS = int(os.environ.get("PEER_ORT_THREADS", max(1, J.TOTAL_ORT_THREADS // TOTAL_WORKERS)))
-NAME = f"bytewax-w{WORKERS}" if PROCESSES == 1 else f"bytewax-p{PROCESSES}w{WORKERS}"
+_TOPOLOGY = J.BytewaxTopology(sys.argv)
+WORKERS = _TOPOLOGY.workers
+PROCESSES = _TOPOLOGY.processes
+PROCESS_ID = _TOPOLOGY.process_id
+TOTAL_WORKERS = _TOPOLOGY.total_workers
+ORT_THREADS = _TOPOLOGY.ort_threads
+NAME = _TOPOLOGY.name("bytewax")
 
 _sessions = []
 _session = J.session_per_thread(_sessions)

@@ -229,3 +229,29 @@ def session_per_thread(sessions):
         return s
 
     return get
+
+
+class BytewaxTopology:
+    """The topology bytewax.run was given (``-w``, ``-a``, ``-i`` or their environment
+    variables), read the way bytewax.run reads it, before the flow is built: each worker's
+    session is made (and warmed) off the clock."""
+
+    def __init__(self, argv):
+        def arg(flags, env, default):
+            for flag in flags:
+                if flag in argv:
+                    return argv[argv.index(flag) + 1]
+            return os.environ.get(env, default)
+
+        self.workers = int(arg(("-w", "--workers-per-process"), "BYTEWAX_WORKERS_PER_PROCESS", "1"))
+        addresses = arg(("-a", "--addresses"), "BYTEWAX_ADDRESSES", None)
+        self.processes = len(addresses.split(";")) if addresses else 1
+        self.process_id = int(arg(("-i", "--process-id"), "BYTEWAX_PROCESS_ID", "0"))
+        self.total_workers = self.workers * self.processes
+        self.ort_threads = int(os.environ.get("PEER_ORT_THREADS", max(1, TOTAL_ORT_THREADS // self.total_workers)))
+
+    def name(self, base):
+        """``base-w2`` for one process, ``base-p2w1`` for several."""
+        if self.processes == 1:
+            return f"{base}-w{self.workers}"
+        return f"{base}-p{self.processes}w{self.workers}"
