@@ -671,4 +671,65 @@ mod tests {
         assert_eq!(out[0].0, 2);
         assert!(out[0].1 > 0, "the model's time is in the trace");
     }
+
+    /// Panics on every batch: a model whose thread dies.
+    struct Panics;
+    impl Stage for Panics {
+        fn name(&self) -> &str {
+            "panics"
+        }
+        fn preserves_rows(&self) -> bool {
+            true
+        }
+        fn output_schema(&self, input: &SchemaRef) -> DataflowResult<SchemaRef> {
+            Ok(input.clone())
+        }
+        fn process_batch(&mut self, _: &RecordBatch) -> DataflowResult<StageOutput> {
+            panic!("a bug in the stage");
+        }
+    }
+
+    #[test]
+    fn a_fed_model_whose_thread_panics_sends_its_rows_to_the_dead_letters_and_frees_the_credit() {
+        let out = Arc::new(Mutex::new(Vec::<(BatchKind, usize)>::new()));
+        let seen = out.clone();
+        timely::execute_directly(move |worker| {
+            let credit = Credit::new(4);
+            let metrics = Metrics::new().unwrap().stage("panics").unwrap();
+            let policy = BatchPolicy {
+                max_size: 4,
+                max_delay: Duration::from_millis(1),
+                late_after: None,
+                drop_late: false,
+            };
+            let fed = credit.clone();
+            let inspected = seen.clone();
+            let (mut input, probe) = worker.dataflow::<Epoch, _, _>(move |scope| {
+                let (input, stream) = scope.new_input::<Vec<Batch>>();
+                let probe = stream
+                    .dynamic_batch_fed(Box::new(Panics), policy, metrics, fed)
+                    .inspect(move |b: &Batch| {
+                        inspected.lock().unwrap().push((b.kind, b.num_rows()))
+                    })
+                    .probe()
+                    .0;
+                (input, probe)
+            });
+            credit.sent(3);
+            input.send(rows(3));
+            input.advance_to(1);
+            drop(input);
+            assert!(
+                step_until(worker, || probe.done()),
+                "the run hung on a dead model thread"
+            );
+            assert_eq!(credit.in_flight(), 0, "the rows' credit came back");
+        });
+        let out = out.lock().unwrap();
+        assert_eq!(
+            out.as_slice(),
+            &[(BatchKind::DeadLetters, 3)],
+            "every row, once, as a dead letter"
+        );
+    }
 }
