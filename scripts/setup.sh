@@ -17,14 +17,17 @@
 #   Java 17 and Maven from Debian when missing) for the Kafka tests and demos.
 # Idempotent: each part does nothing when its files are already in place.
 #
-# `scripts/setup.sh --run` fetches only what building riffle and running the bundled camera
-# pipeline need (ONNX Runtime and the Debian packages for the build): scripts/run.sh's.
+# `scripts/setup.sh --run` fetches only what scripts/run.sh's first run needs: ONNX Runtime and
+# the Debian packages that build riffle without its optional connectors (a C/C++ compiler, cmake
+# and nasm for libjpeg-turbo). `--build` adds those of a whole build (FFmpeg, clang, OpenSSL,
+# zstd and libpython's development files).
 set -euo pipefail
 mode=all
 case "${1:-}" in
   --run) mode=run ;;
+  --build) mode=build ;;
   "") ;;
-  *) echo "setup: unknown argument $1 (expected --run or nothing)" >&2; exit 2 ;;
+  *) echo "setup: unknown argument $1 (expected --run, --build or nothing)" >&2; exit 2 ;;
 esac
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -61,17 +64,19 @@ PY
   echo "setup: ONNX Runtime $ORT_VERSION installed at $lib"
 fi
 
-# Debian packages: only those missing are installed (the machines run as root). To build and
-# run riffle: FFmpeg's libraries (the video source), pkg-config and clang for the bindings,
-# OpenSSL's headers (librdkafka's TLS and SASL), libzstd (linked, not compiled: .cargo/config.toml),
-# cmake and nasm for libjpeg-turbo (decode.jpeg) with its SIMD code, and libpython where python3 lacks a linkable one (`python:` stages embed
-# it). For the tests: the ffmpeg command, GStreamer's RTSP server for the test cameras, and
-# g++'s sanitizers for the kernel emulator.
+# Debian packages: only those missing are installed (the machines run as root). To build riffle
+# without its optional connectors (the first run's): a C/C++ compiler, and cmake and nasm for
+# libjpeg-turbo (decode.jpeg) with its SIMD code. A whole build adds FFmpeg's libraries (the
+# video source), pkg-config and clang for the bindings, OpenSSL's headers (librdkafka's TLS and
+# SASL), libzstd (linked, not compiled: .cargo/config.toml), and libpython where python3 lacks a
+# linkable one (`python:` stages embed it). For the tests: the ffmpeg command, GStreamer's RTSP
+# server for the test cameras, and g++'s sanitizers for the kernel emulator.
+RUN_PACKAGES=(g++ cmake nasm)
 BUILD_PACKAGES=(libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
-  libavfilter-dev pkg-config clang libclang-dev libssl-dev libzstd-dev g++ cmake nasm)
+  libavfilter-dev pkg-config clang libclang-dev libssl-dev libzstd-dev)
 TEST_PACKAGES=(ffmpeg python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base
   gstreamer1.0-plugins-good gstreamer1.0-plugins-bad libasan8 libubsan1)
-if ! python3 - <<'PY'
+if [ "$mode" != run ] && ! python3 - <<'PY'
 import os, sysconfig
 lib = sysconfig.get_config_var("LDLIBRARY") or ""
 raise SystemExit(0 if lib.endswith(".so") and os.path.exists(os.path.join(sysconfig.get_config_var("LIBDIR") or "", lib)) else 1)
@@ -79,8 +84,9 @@ PY
 then
   BUILD_PACKAGES+=(python3-dev)
 fi
-DEB_PACKAGES=("${BUILD_PACKAGES[@]}")
-[ "$mode" = run ] || DEB_PACKAGES+=("${TEST_PACKAGES[@]}")
+DEB_PACKAGES=("${RUN_PACKAGES[@]}")
+[ "$mode" = run ] || DEB_PACKAGES+=("${BUILD_PACKAGES[@]}")
+[ "$mode" != all ] || DEB_PACKAGES+=("${TEST_PACKAGES[@]}")
 # apt_install WHAT PACKAGE...: installs the packages (as root, or through sudo), saying what for.
 apt_install() {
   local what="$1"
@@ -103,8 +109,8 @@ else
   apt_install "" "${missing[@]}"
 fi
 
-# `--run`: what the README's run command needs, no more; the tests' set-up goes on below.
-if [ "$mode" = run ]; then
+# `--run` and `--build`: what running riffle needs, no more; the tests' set-up goes on below.
+if [ "$mode" != all ]; then
   exit 0
 fi
 

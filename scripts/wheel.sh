@@ -9,7 +9,7 @@
 #   scripts/wheel.sh                    # release wheel into target/wheels/
 #   scripts/wheel.sh --profile dev      # the tests' (python-tests.sh): no second release build
 #
-# Needs FFmpeg's development packages (scripts/setup.sh --run installs them) and python3.
+# Needs FFmpeg's development packages (scripts/setup.sh --build installs them) and python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=release

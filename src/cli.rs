@@ -83,6 +83,7 @@ pub struct KafkaOptions {
     pub options: Vec<(String, String)>,
 }
 
+#[cfg_attr(not(feature = "kafka"), allow(dead_code))]
 impl KafkaOptions {
     pub fn map(&self) -> BTreeMap<String, String> {
         self.options.iter().cloned().collect()

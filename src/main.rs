@@ -2,8 +2,10 @@
 
 mod bench;
 mod cli;
+#[cfg(feature = "kafka")]
 mod consume;
 mod gpu_check;
+#[cfg(feature = "kafka")]
 mod produce;
 mod run;
 mod serve;
@@ -34,8 +36,15 @@ fn main() {
         Command::Run(args) => run::run_command(args, cli.log_format),
         Command::Validate { file } => validate_command(&file).map(|()| exit::OK),
         Command::Bench(args) => bench::bench_command(args).map(|()| exit::OK),
+        #[cfg(feature = "kafka")]
         Command::Produce(args) => produce::produce_command(args).map(|()| exit::OK),
+        #[cfg(feature = "kafka")]
         Command::Consume(args) => consume::consume_command(args).map(|()| exit::OK),
+        #[cfg(not(feature = "kafka"))]
+        Command::Produce(_) | Command::Consume(_) => Err(anyhow::anyhow!(
+            "this riffle was built without the `kafka` feature; rebuild with default features: \
+             cargo build --release"
+        )),
         Command::Devices => devices_command().map(|()| exit::OK),
         Command::GpuCheck {
             model,

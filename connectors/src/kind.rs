@@ -172,3 +172,53 @@ pub mod shared {
     /// Cameras a source splits its input into, or lists.
     pub const CAMERAS: Range = Range::int("cameras", 1, 4096);
 }
+
+/// A kind left out of this build (its cargo feature off, for a quicker first build): the
+/// block still parses to a place in the pipeline file, but to an error naming the feature, so
+/// a pipeline that needs the kind fails at validation, never at run time.
+#[derive(Clone, Debug)]
+pub struct Unbuilt<F>(std::marker::PhantomData<F>);
+
+/// The kind an [`Unbuilt`] stands for and the cargo feature that builds it.
+pub trait Feature: fmt::Debug + Clone + Send + Sync + 'static {
+    const KIND: &'static str;
+    const FEATURE: &'static str;
+}
+
+impl<F: Feature> Unbuilt<F> {
+    fn why() -> String {
+        format!(
+            "`{}` is not in this build of riffle (built without the `{}` feature); rebuild \
+             with default features: cargo build --release",
+            F::KIND,
+            F::FEATURE
+        )
+    }
+}
+
+impl<'de, F: Feature> serde::Deserialize<'de> for Unbuilt<F> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d)?;
+        Err(serde::de::Error::custom(Self::why()))
+    }
+}
+
+impl<F: Feature> Limits for Unbuilt<F> {}
+
+impl<F: Feature> SourceKind for Unbuilt<F> {
+    fn kind(&self) -> &'static str {
+        F::KIND
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
+        Err(riffle_dataflow::DataflowError::Config(Self::why()))
+    }
+}
+
+impl<F: Feature> SinkKind for Unbuilt<F> {
+    fn kind(&self) -> &'static str {
+        F::KIND
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        Err(riffle_dataflow::DataflowError::Config(Self::why()))
+    }
+}

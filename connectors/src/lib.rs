@@ -29,6 +29,7 @@
 )]
 
 pub mod annotate;
+#[cfg(feature = "schemas")]
 pub mod avro;
 pub mod csv;
 mod draw;
@@ -38,13 +39,18 @@ pub mod http;
 pub mod images;
 pub mod ipc;
 pub mod jsonl;
+#[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod kind;
 mod pace;
+#[cfg(feature = "parquet")]
 pub mod parquet;
+#[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
+#[cfg(feature = "schemas")]
 pub mod schema_registry;
 pub mod stdout;
 mod text;
@@ -60,7 +66,7 @@ pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
 pub use crate::jsonl::{JsonLinesSink, JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
 pub use crate::kind::{Limits, SinkContext, SinkKind, SinkRole, SourceKind};
-pub use crate::registry::{SinkConfig, SourceConfig, SINK_RANGES, SOURCE_RANGES};
+pub use crate::registry::{sink_ranges, source_ranges, SinkConfig, SourceConfig};
 pub use crate::stdout::StdoutSinkConfig;
 pub use crate::text::DEFAULT_MAX_LINE_BYTES;
 pub use crate::video::VideoConfig;

@@ -10,8 +10,10 @@ use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowResult, SourceFactory};
 use serde::Deserialize;
 
-use crate::kind::{Limits, SinkKind, SourceKind};
-use crate::{annotate, csv, images, ipc, jsonl, kafka, stdout, video};
+#[cfg(feature = "kafka")]
+use crate::kafka;
+use crate::kind::{Feature, Limits, SinkKind, SourceKind, Unbuilt};
+use crate::{annotate, csv, images, ipc, jsonl, stdout, video};
 
 impl<T: SinkKind> SinkKind for Box<T> {
     fn kind(&self) -> &'static str {
@@ -65,83 +67,119 @@ impl<T: SourceKind> SourceKind for Box<T> {
 }
 
 macro_rules! source_kinds {
-    ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
+    ($($(#[$doc:meta])* $variant:ident($config:ty) $(if $cfg:meta)?),* $(,)?) => {
         /// Where a pipeline's records come from (externally tagged: `source: { images: {...} }`).
         #[derive(Clone, Debug, Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum SourceConfig {
-            $($(#[$doc])* $variant($config),)*
+            $($(#[$doc])* $(#[cfg($cfg)])? $variant($config),)*
         }
 
         impl SourceConfig {
             /// What the kind says about itself.
             pub fn kind(&self) -> &dyn SourceKind {
                 match self {
-                    $(SourceConfig::$variant(c) => c,)*
+                    $($(#[cfg($cfg)])? SourceConfig::$variant(c) => c,)*
                 }
             }
 
             pub fn kind_mut(&mut self) -> &mut dyn SourceKind {
                 match self {
-                    $(SourceConfig::$variant(c) => c,)*
+                    $($(#[cfg($cfg)])? SourceConfig::$variant(c) => c,)*
                 }
             }
 
             /// The kind's own ranges.
             pub fn ranges(&self) -> &'static [Range] {
                 match self {
-                    $(SourceConfig::$variant(_) => <$config as Limits>::RANGES,)*
+                    $($(#[cfg($cfg)])? SourceConfig::$variant(c) => ranges_of(c),)*
                 }
             }
         }
 
         /// Every source kind's ranges (for the reference's table).
-        pub const SOURCE_RANGES: &[&[Range]] = &[$(<$config as Limits>::RANGES),*];
+        pub fn source_ranges() -> Vec<&'static [Range]> {
+            let mut all = Vec::new();
+            $($(#[cfg($cfg)])? all.push(<$config as Limits>::RANGES);)*
+            all
+        }
     };
 }
 
 macro_rules! sink_kinds {
-    ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
+    ($($(#[$doc:meta])* $variant:ident($config:ty) $(if $cfg:meta)?),* $(,)?) => {
         /// Where a pipeline's results (or dead letters) go (`sink: { jsonl: { path: ... } }`,
         /// `sink: { stdout: {} }`).
         #[derive(Clone, Debug, Deserialize)]
         #[serde(rename_all = "snake_case")]
         pub enum SinkConfig {
-            $($(#[$doc])* $variant($config),)*
+            $($(#[$doc])* $(#[cfg($cfg)])? $variant($config),)*
         }
 
         impl SinkConfig {
             /// What the kind says about itself.
             pub fn kind(&self) -> &dyn SinkKind {
                 match self {
-                    $(SinkConfig::$variant(c) => c,)*
+                    $($(#[cfg($cfg)])? SinkConfig::$variant(c) => c,)*
                 }
             }
 
             pub fn kind_mut(&mut self) -> &mut dyn SinkKind {
                 match self {
-                    $(SinkConfig::$variant(c) => c,)*
+                    $($(#[cfg($cfg)])? SinkConfig::$variant(c) => c,)*
                 }
             }
 
             /// The kind's own ranges.
             pub fn ranges(&self) -> &'static [Range] {
                 match self {
-                    $(SinkConfig::$variant(_) => <$config as Limits>::RANGES,)*
+                    $($(#[cfg($cfg)])? SinkConfig::$variant(c) => ranges_of(c),)*
                 }
             }
 
             /// What the kind says of its dead letters ([`SinkKind::dead_letters`]).
             fn own_dead_letters(&self) -> Option<SinkConfig> {
                 match self {
-                    $(SinkConfig::$variant(c) => c.dead_letters().map(SinkConfig::$variant),)*
+                    $($(#[cfg($cfg)])? SinkConfig::$variant(c) => c.dead_letters().map(SinkConfig::$variant),)*
                 }
             }
         }
 
         /// Every sink kind's ranges (for the reference's table).
-        pub const SINK_RANGES: &[&[Range]] = &[$(<$config as Limits>::RANGES),*];
+        pub fn sink_ranges() -> Vec<&'static [Range]> {
+            let mut all = Vec::new();
+            $($(#[cfg($cfg)])? all.push(<$config as Limits>::RANGES);)*
+            all
+        }
     };
+}
+
+/// A kind's ranges, from a value of it (the match arms name no type, so a kind left out of
+/// the build names nothing that is not there).
+fn ranges_of<T: Limits>(_: &T) -> &'static [Range] {
+    T::RANGES
+}
+
+/// Declares the marker of a kind that a cargo feature builds ([`Unbuilt`]).
+macro_rules! feature_marker {
+    ($($name:ident: $kind:literal by $feature:literal),* $(,)?) => {
+        $(
+            #[derive(Clone, Debug)]
+            pub struct $name;
+            impl Feature for $name {
+                const KIND: &'static str = $kind;
+                const FEATURE: &'static str = $feature;
+            }
+        )*
+    };
+}
+
+feature_marker! {
+    KafkaFeature: "kafka" by "kafka",
+    AvroFeature: "avro" by "schemas",
+    PostgresFeature: "postgres" by "postgres",
+    RedisFeature: "redis" by "redis",
+    ParquetFeature: "parquet" by "parquet",
 }
 
 source_kinds! {
@@ -152,23 +190,29 @@ source_kinds! {
     Csv(csv::CsvSourceConfig),
     Jsonl(jsonl::JsonlSourceConfig),
     /// A topic's partitions.
-    Kafka(Box<kafka::KafkaSourceConfig>),
+    Kafka(Box<kafka::KafkaSourceConfig>) if feature = "kafka",
+    Kafka(Unbuilt<KafkaFeature>) if not(feature = "kafka"),
     /// Video files and live cameras, decoded by FFmpeg.
     Video(video::VideoConfig),
     /// Avro object container files.
-    Avro(crate::avro::AvroSourceConfig),
+    Avro(crate::avro::AvroSourceConfig) if feature = "schemas",
+    Avro(Unbuilt<AvroFeature>) if not(feature = "schemas"),
 }
 
 sink_kinds! {
     Jsonl(jsonl::JsonlSinkConfig),
     Stdout(stdout::StdoutSinkConfig),
     Ipc(ipc::IpcSinkConfig),
-    Kafka(Box<kafka::KafkaSinkConfig>),
+    Kafka(Box<kafka::KafkaSinkConfig>) if feature = "kafka",
+    Kafka(Unbuilt<KafkaFeature>) if not(feature = "kafka"),
     /// Pictures of the results drawn on their frames, one file a frame.
     Annotate(annotate::AnnotateSinkConfig),
-    Postgres(crate::postgres::PostgresSinkConfig),
-    Redis(crate::redis::RedisSinkConfig),
-    Parquet(crate::parquet::ParquetSinkConfig),
+    Postgres(crate::postgres::PostgresSinkConfig) if feature = "postgres",
+    Postgres(Unbuilt<PostgresFeature>) if not(feature = "postgres"),
+    Redis(crate::redis::RedisSinkConfig) if feature = "redis",
+    Redis(Unbuilt<RedisFeature>) if not(feature = "redis"),
+    Parquet(crate::parquet::ParquetSinkConfig) if feature = "parquet",
+    Parquet(Unbuilt<ParquetFeature>) if not(feature = "parquet"),
     Http(crate::http::HttpSinkConfig),
     /// Each camera's frames with their detections drawn, as H.264 MP4 files (FFmpeg).
     Video(crate::video_sink::VideoSinkConfig),
@@ -289,7 +333,7 @@ mod tests {
 
     #[test]
     fn every_kind_declares_each_range_once() {
-        for ranges in SOURCE_RANGES.iter().chain(SINK_RANGES) {
+        for ranges in source_ranges().into_iter().chain(sink_ranges()) {
             let mut keys: Vec<&str> = ranges.iter().map(|r| r.key).collect();
             keys.sort_unstable();
             let before = keys.len();

@@ -1,5 +1,5 @@
 //! What the HTTP clients (the schema registry's, the `http` sink's) share: which failures are
-//! worth a retry, and reading a CA file.
+//! worth a retry, reading a CA file, and a URL fit for logs.
 
 use ureq::tls::{Certificate, PemItem};
 
@@ -45,4 +45,25 @@ pub(crate) fn read_ca_file(path: &std::path::Path) -> Result<Vec<Certificate<'st
         ));
     }
     Ok(certs)
+}
+
+/// `url` with the user information's password (and any query, which may carry one) hidden.
+pub fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<a URL without `scheme://`>".to_string();
+    };
+    let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) => match user.split_once(':') {
+            Some((name, _)) => format!("{name}:***@{host}"),
+            None => format!("***@{host}"),
+        },
+        None => authority.to_string(),
+    };
+    let query = if url.contains('?') { "?…" } else { "" };
+    format!("{scheme}://{authority}{path}{query}")
 }

@@ -37,6 +37,7 @@ pub mod ranges;
 pub mod run;
 pub mod spec;
 pub mod tap;
+mod unbuilt;
 pub mod validate;
 
 pub use error::PipelineError;

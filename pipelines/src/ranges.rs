@@ -271,9 +271,9 @@ mod tests {
     fn every_range_is_in_the_spec_reference() {
         let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/pipeline-spec.md");
         let doc = std::fs::read_to_string(doc).unwrap();
-        let connectors = riffle_connectors::SOURCE_RANGES
-            .iter()
-            .chain(riffle_connectors::SINK_RANGES)
+        let connectors = riffle_connectors::source_ranges()
+            .into_iter()
+            .chain(riffle_connectors::sink_ranges())
             .flat_map(|r| r.iter());
         for r in RANGES.iter().chain(connectors) {
             assert!(

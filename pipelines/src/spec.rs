@@ -65,12 +65,12 @@ pub struct EventsConfig {
 /// Registers the stage kinds: each line is a YAML key's variant and its configuration type,
 /// which implements [`StageKind`] (everything validation, planning and running need).
 macro_rules! stage_kinds {
-    ($($(#[$doc:meta])* $variant:ident($config:ty)),* $(,)?) => {
+    ($($(#[$doc:meta])* $variant:ident($config:ty) $(if $cfg:meta)?),* $(,)?) => {
         /// One stage; the YAML key names the kind.
         #[derive(Clone, Debug, Deserialize)]
         #[serde(rename_all = "snake_case", deny_unknown_fields)]
         pub enum StageSpec {
-            $($(#[$doc])* $variant($config),)*
+            $($(#[$doc])* $(#[cfg($cfg)])? $variant($config),)*
             /// Re-shards rows across workers by a key column (e.g. `camera_id`), or places the
             /// next stages: a move between workers, not a stage.
             Exchange(ExchangeConfig),
@@ -80,14 +80,14 @@ macro_rules! stage_kinds {
             /// The stage kind, or `None` for an exchange.
             pub fn stage(&self) -> Option<&dyn StageKind> {
                 match self {
-                    $(StageSpec::$variant(c) => Some(c),)*
+                    $($(#[cfg($cfg)])? StageSpec::$variant(c) => Some(c),)*
                     StageSpec::Exchange(_) => None,
                 }
             }
 
             pub fn stage_mut(&mut self) -> Option<&mut dyn StageKind> {
                 match self {
-                    $(StageSpec::$variant(c) => Some(c),)*
+                    $($(#[cfg($cfg)])? StageSpec::$variant(c) => Some(c),)*
                     StageSpec::Exchange(_) => None,
                 }
             }
@@ -123,7 +123,8 @@ stage_kinds! {
     /// video), and passed on unchanged.
     Tap(crate::tap::TapConfig),
     /// A function of a Python file called with each batch (`pyarrow.RecordBatch`).
-    Python(riffle_udf::PythonConfig),
+    Python(riffle_udf::PythonConfig) if feature = "python",
+    Python(crate::unbuilt::UnbuiltPython) if not(feature = "python"),
 }
 
 impl StageSpec {

@@ -22,18 +22,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::TryStreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::{Path as ObjectPath, PathPart};
-use object_store::{
-    BackoffConfig, ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload,
-    RetryConfig, UpdateVersion,
-};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, UpdateVersion};
 use serde::Deserialize;
 
 /// What went wrong, with the URL and the operation.
@@ -386,8 +381,22 @@ fn in_memory(name: &str) -> Arc<dyn ObjectStore> {
     stores.entry(name.to_string()).or_default().clone()
 }
 
+/// Without the `s3` feature (a build for local checkpoints only) an `s3://` URL says so.
+#[cfg(not(feature = "s3"))]
+fn s3(_bucket: &str, _options: &StoreOptions) -> Result<object_store::memory::InMemory, String> {
+    Err(
+        "this riffle was built without the `s3` feature: rebuild with default features \
+         (cargo build --release) for S3 stores"
+            .into(),
+    )
+}
+
 /// An S3 client for `bucket`: `options` first, then the usual AWS variables.
+#[cfg(feature = "s3")]
 fn s3(bucket: &str, options: &StoreOptions) -> object_store::Result<object_store::aws::AmazonS3> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
+    use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
+    use std::time::Duration;
     // reqwest is built without a TLS provider of its own (see the workspace's object_store);
     // an error only means one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -12,12 +12,15 @@
 //! records at once and, if any record is bad, decodes them one by one so that each bad record
 //! becomes a [`DeadLetter`] with its reason while the others are kept.
 
+#[cfg(feature = "schemas")]
 pub mod avro;
 pub mod csv;
 pub mod json;
+#[cfg(feature = "schemas")]
 pub mod protobuf;
 pub mod raw;
 mod schema;
+#[cfg(feature = "schemas")]
 pub mod value;
 
 #[cfg(test)]
@@ -51,6 +54,7 @@ pub enum MessageFormat {
 
 impl MessageFormat {
     /// The schema'd format, for `avro` and `protobuf`.
+    #[cfg(feature = "schemas")]
     pub fn schemaful(self) -> Option<value::SchemaFormat> {
         match self {
             MessageFormat::Avro => Some(value::SchemaFormat::Avro),

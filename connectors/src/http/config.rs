@@ -109,7 +109,7 @@ const OWN_HEADERS: [&str; 3] = ["content-type", "idempotency-key", "content-leng
 impl HttpSinkConfig {
     /// The URL with any user information's password and query hidden, for messages.
     pub fn label(&self) -> String {
-        crate::redis::redacted(&self.url)
+        crate::web::redacted(&self.url)
     }
 
     pub(crate) fn timeout(&self) -> Duration {

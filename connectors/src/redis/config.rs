@@ -13,6 +13,7 @@ use serde_inline_default::serde_inline_default;
 
 use super::template::{KeyTemplate, ValueSpec};
 use crate::kind::{Limits, SinkContext, SinkKind, SinkRole};
+pub use crate::web::redacted;
 
 /// `sink: { redis: {...} }`: each result row sets one key.
 #[serde_inline_default]
@@ -118,27 +119,6 @@ impl RedisSinkConfig {
         }
         KeyTemplate::parse(&self.key).map_err(|e| self.config_error(format!("`key`: {e}")))
     }
-}
-
-/// `url` with the user information's password (and any query, which may carry one) hidden.
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<a URL without `scheme://`>".to_string();
-    };
-    let rest = rest.split_once('?').map_or(rest, |(r, _)| r);
-    let (authority, path) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let authority = match authority.rsplit_once('@') {
-        Some((user, host)) => match user.split_once(':') {
-            Some((name, _)) => format!("{name}:***@{host}"),
-            None => format!("***@{host}"),
-        },
-        None => authority.to_string(),
-    };
-    let query = if url.contains('?') { "?…" } else { "" };
-    format!("{scheme}://{authority}{path}{query}")
 }
 
 impl SinkKind for RedisSinkConfig {
