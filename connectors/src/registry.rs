@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 #[cfg(feature = "kafka")]
 use crate::kafka;
-use crate::kind::{Feature, Limits, SinkKind, SourceKind, Unbuilt};
+use crate::kind::{Feature, Limits, SinkKind, SourceKind};
 use crate::{annotate, csv, images, ipc, jsonl, stdout, video};
 
 impl<T: SinkKind> SinkKind for Box<T> {
@@ -98,6 +98,8 @@ macro_rules! source_kinds {
         }
 
         /// Every source kind's ranges (for the reference's table).
+        // Pushes, not `vec![…]`: an element cannot carry a `cfg` (a kind left out of the build).
+        #[allow(clippy::vec_init_then_push)]
         pub fn source_ranges() -> Vec<&'static [Range]> {
             let mut all = Vec::new();
             $($(#[cfg($cfg)])? all.push(<$config as Limits>::RANGES);)*
@@ -146,6 +148,8 @@ macro_rules! sink_kinds {
         }
 
         /// Every sink kind's ranges (for the reference's table).
+        // Pushes, not `vec![…]`: an element cannot carry a `cfg` (a kind left out of the build).
+        #[allow(clippy::vec_init_then_push)]
         pub fn sink_ranges() -> Vec<&'static [Range]> {
             let mut all = Vec::new();
             $($(#[cfg($cfg)])? all.push(<$config as Limits>::RANGES);)*
@@ -160,7 +164,7 @@ fn ranges_of<T: Limits>(_: &T) -> &'static [Range] {
     T::RANGES
 }
 
-/// Declares the marker of a kind that a cargo feature builds ([`Unbuilt`]).
+/// Declares the marker of a kind that a cargo feature builds ([`crate::kind::Unbuilt`]).
 macro_rules! feature_marker {
     ($($name:ident: $kind:literal by $feature:literal),* $(,)?) => {
         $(
@@ -191,12 +195,12 @@ source_kinds! {
     Jsonl(jsonl::JsonlSourceConfig),
     /// A topic's partitions.
     Kafka(Box<kafka::KafkaSourceConfig>) if feature = "kafka",
-    Kafka(Unbuilt<KafkaFeature>) if not(feature = "kafka"),
+    Kafka(crate::kind::Unbuilt<KafkaFeature>) if not(feature = "kafka"),
     /// Video files and live cameras, decoded by FFmpeg.
     Video(video::VideoConfig),
     /// Avro object container files.
     Avro(crate::avro::AvroSourceConfig) if feature = "schemas",
-    Avro(Unbuilt<AvroFeature>) if not(feature = "schemas"),
+    Avro(crate::kind::Unbuilt<AvroFeature>) if not(feature = "schemas"),
 }
 
 sink_kinds! {
@@ -204,15 +208,15 @@ sink_kinds! {
     Stdout(stdout::StdoutSinkConfig),
     Ipc(ipc::IpcSinkConfig),
     Kafka(Box<kafka::KafkaSinkConfig>) if feature = "kafka",
-    Kafka(Unbuilt<KafkaFeature>) if not(feature = "kafka"),
+    Kafka(crate::kind::Unbuilt<KafkaFeature>) if not(feature = "kafka"),
     /// Pictures of the results drawn on their frames, one file a frame.
     Annotate(annotate::AnnotateSinkConfig),
     Postgres(crate::postgres::PostgresSinkConfig) if feature = "postgres",
-    Postgres(Unbuilt<PostgresFeature>) if not(feature = "postgres"),
+    Postgres(crate::kind::Unbuilt<PostgresFeature>) if not(feature = "postgres"),
     Redis(crate::redis::RedisSinkConfig) if feature = "redis",
-    Redis(Unbuilt<RedisFeature>) if not(feature = "redis"),
+    Redis(crate::kind::Unbuilt<RedisFeature>) if not(feature = "redis"),
     Parquet(crate::parquet::ParquetSinkConfig) if feature = "parquet",
-    Parquet(Unbuilt<ParquetFeature>) if not(feature = "parquet"),
+    Parquet(crate::kind::Unbuilt<ParquetFeature>) if not(feature = "parquet"),
     Http(crate::http::HttpSinkConfig),
     /// Each camera's frames with their detections drawn, as H.264 MP4 files (FFmpeg).
     Video(crate::video_sink::VideoSinkConfig),
@@ -268,6 +272,7 @@ impl SinkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kind::Unbuilt;
     use serde_json::json;
 
     #[test]
@@ -328,6 +333,24 @@ mod tests {
         assert_eq!(
             dlq.headers.get("reason").map(String::as_str),
             Some("reason")
+        );
+    }
+
+    #[test]
+    fn a_kind_left_out_of_the_build_fails_to_parse_naming_its_feature() {
+        let e = serde_json::from_value::<Unbuilt<KafkaFeature>>(json!({"brokers": "b"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`kafka` is not in this build") && e.contains("`kafka` feature"),
+            "{e}"
+        );
+        let e = serde_json::from_value::<Unbuilt<AvroFeature>>(json!({"path": "f"}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`avro` is not in this build") && e.contains("`schemas` feature"),
+            "{e}"
         );
     }
 

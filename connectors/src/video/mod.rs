@@ -134,8 +134,8 @@ pub fn build(config: &VideoConfig) -> DataflowResult<Box<dyn SourceFactory>> {
     {
         config.resolve()?;
         Err(riffle_dataflow::DataflowError::Config(
-            "video source: this riffle was built without the `video` feature (FFmpeg); \
-             rebuild with default features"
+            "video source: `video` is not in this build of riffle (built without the `video` \
+             feature: FFmpeg); rebuild with default features: cargo build --release"
                 .into(),
         ))
     }

@@ -162,8 +162,8 @@ impl SinkKind for VideoSinkConfig {
         #[cfg(not(feature = "video"))]
         {
             Err(DataflowError::Config(
-                "video sink: this riffle was built without the `video` feature (FFmpeg); \
-                 rebuild with default features"
+                "video sink: `video` is not in this build of riffle (built without the `video` \
+                 feature: FFmpeg); rebuild with default features: cargo build --release"
                     .into(),
             ))
         }
