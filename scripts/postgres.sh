@@ -27,6 +27,8 @@
 # client certificate $state/tls/riffle_cert.crt (signed by the same CA). `riffle` is a member
 # of both, so it reads what they write.
 set -euo pipefail
+# apt_install_once (its other helpers need $state, which the postgres functions set).
+. "$(dirname "$0")/lib/service.sh"
 
 port="${RIFFLE_PG_PORT:-19432}"
 host="${RIFFLE_PG_HOST:-127.0.0.1}"
@@ -55,8 +57,8 @@ install() {
   if bindir >/dev/null; then return; fi
   [ "$(id -u)" = 0 ] || die "no PostgreSQL server found under /usr/lib/postgresql: run as root (or apt-get install postgresql)"
   echo "postgres: installing Debian's postgresql package"
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  present() { bindir >/dev/null; }
+  apt_install_once --no-install-recommends postgresql
   bindir >/dev/null || die "apt-get installed postgresql but no server binaries are under /usr/lib/postgresql"
 }
 

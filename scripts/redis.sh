@@ -31,8 +31,10 @@ log="$state/redis.log"
 
 die() { echo "redis: $*" >&2; exit 1; }
 
+present() { command -v redis-server >/dev/null && command -v redis-cli >/dev/null; }
+
 install() {
-  if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then return; fi
+  if present; then return; fi
   local sudo=""
   if [ "$(id -u)" != 0 ]; then
     command -v sudo >/dev/null || die "redis-server is missing and installing it needs root: apt-get install redis-server"
@@ -41,9 +43,7 @@ install() {
   command -v apt-get >/dev/null || die "redis-server is missing and there is no apt-get: install Redis (redis-server, redis-cli) yourself"
   echo "redis: installing redis-server (Debian package)"
   # The package's own service is not used (and cannot start without systemd): ours runs below.
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null ||
-    die "apt-get install redis-server failed"
+  apt_install_once redis-server || die "apt-get install redis-server failed"
 }
 
 # The pid file names a live server started on this state (not a stranger that got the pid

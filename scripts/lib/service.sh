@@ -34,3 +34,19 @@ maven_install() {
   # Closed before the server starts, which would otherwise hold the lock for its lifetime.
   exec 9>&-
 }
+
+# Two test runs at once (scripts/tests/services-twice.sh does this on purpose) may both find a
+# Debian package missing: one apt-get at a time, under a lock of ours, waiting (not failing) on
+# apt's own; the second finds the package in place. Calls `present`, the script's own check.
+#   apt_install_once PACKAGE... (apt-get install's options may come first)
+apt_install_once() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo="sudo -n"
+  (
+    flock 8
+    present && exit 0
+    $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >/dev/null
+  ) 8>>"${TMPDIR:-/tmp}/riffle-apt.lock"
+}
+
