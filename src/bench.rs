@@ -32,16 +32,14 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
     let pipeline = Arc::new(riffle_pipelines::load(&args.file, Some(&output))?);
     let workers = args.workers.unwrap_or(pipeline.runtime.workers);
     let threads = workers * pipeline.runtime.intra_op_threads;
-    let model_at = pipeline
+    // The model is the stage that merges batches.
+    let (model_at, max_size) = pipeline
         .spec
         .stages
         .iter()
-        .position(|s| matches!(s.value, StageSpec::Model(_)))
+        .enumerate()
+        .find_map(|(i, s)| Some((i, s.value.stage()?.batching()?.max_size)))
         .context("bench needs a pipeline with a `model` stage")?;
-    let max_size = match &pipeline.spec.stages[model_at].value {
-        StageSpec::Model(m) => m.batch.max_size,
-        _ => 1,
-    };
     let records = count_records(&pipeline)?;
     println!(
         "bench {}: {records} records, pipeline {workers} worker(s) × {} ORT thread(s); loop and ORT-alone 1 session × {threads} thread(s); model batch {max_size}; {} interleaved round(s), median (min–max)",
@@ -202,15 +200,11 @@ fn stages(
     };
     let mut out = Vec::new();
     for spec in &pipeline.spec.stages[range] {
-        let spec = match &spec.value {
-            // One session with all the threads, whatever the file says per worker.
-            StageSpec::Model(m) => {
-                let mut m = m.clone();
-                m.intra_op_threads = Some(threads);
-                StageSpec::Model(m)
-            }
-            other => other.clone(),
-        };
+        let mut spec = spec.value.clone();
+        // One engine with all the threads, whatever the file says per worker.
+        if let Some(stage) = spec.stage_mut() {
+            stage.set_intra_op_threads(threads);
+        }
         if let Some(stage) = build_stage(&spec, &runtime, 0)? {
             out.push(stage);
         }

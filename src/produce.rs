@@ -1,11 +1,8 @@
 //! `riffle produce`: replay bundled frames or clicks into a Kafka topic at a chosen rate.
 
 use anyhow::{bail, Result};
-use riffle_connectors::kafka::replay::{replay, Pace};
+use riffle_connectors::kafka::replay::{replay, Pace, ReplayInput};
 use riffle_connectors::kafka::topics::{ensure_topic, TopicSpec};
-use riffle_connectors::{
-    CsvSourceConfig, ImagesConfig, JsonlSourceConfig, PartitionBy, SourceConfig,
-};
 
 use crate::cli::{ProduceArgs, ProduceFormat};
 
@@ -13,50 +10,21 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
     if args.format != ProduceFormat::Json {
         return produce_schemaful(&args);
     }
-    let (source, per_second) = match (&args.frames, &args.csv, &args.jsonl) {
-        (Some(dir), None, None) => {
-            let cameras = args.cameras.unwrap_or(1);
-            let config = ImagesConfig {
-                path: dir.clone(),
+    let (input, per_second) = match (&args.frames, &args.csv, &args.jsonl) {
+        (Some(dir), None, None) => (
+            ReplayInput::Frames {
+                dir,
                 cameras: args.cameras,
-                batch_size: 64,
                 repeat: args.repeat,
-                extensions: vec!["jpg".into(), "jpeg".into(), "png".into()],
-                // Cameras stream side by side: interleave their frames in time order.
-                partition_by: PartitionBy::Camera,
-                // Paced by the producer itself (--fps).
-                max_records_per_second: None,
-                fps: None,
-                max_file_bytes: riffle_connectors::images::DEFAULT_MAX_FILE_BYTES,
-            };
+            },
             // --fps is per camera, as each camera streams at its own frame rate.
-            (
-                SourceConfig::Images(config),
-                args.fps.map(|f| f * cameras as f64),
-            )
-        }
-        (None, Some(file), None) => (
-            SourceConfig::Csv(CsvSourceConfig {
-                path: file.clone(),
-                has_header: true,
-                batch_size: 1024,
-                delimiter: None,
-                max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
-                schema: None,
-            }),
-            args.rate,
+            args.fps.map(|f| f * args.cameras.unwrap_or(1) as f64),
         ),
-        (None, None, Some(file)) => (
-            SourceConfig::Jsonl(JsonlSourceConfig {
-                path: file.clone(),
-                batch_size: 1024,
-                max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
-                schema: None,
-            }),
-            args.rate,
-        ),
+        (None, Some(file), None) => (ReplayInput::Csv(file), args.rate),
+        (None, None, Some(file)) => (ReplayInput::Jsonl(file), args.rate),
         _ => bail!("give exactly one of --frames DIR, --csv FILE, --jsonl FILE"),
     };
+    let source = input.source();
     let factory = source.build()?;
     let options = args.kafka.map();
     ensure_topic(
@@ -94,20 +62,8 @@ pub fn produce_command(args: ProduceArgs) -> Result<()> {
 /// through the Kafka sink's encoder (so keys, registration and framing are the sink's).
 fn produce_schemaful(args: &ProduceArgs) -> Result<()> {
     let source = match (&args.csv, &args.jsonl) {
-        (Some(file), None) => SourceConfig::Csv(CsvSourceConfig {
-            path: file.clone(),
-            has_header: true,
-            batch_size: 1024,
-            delimiter: None,
-            max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
-            schema: None,
-        }),
-        (None, Some(file)) => SourceConfig::Jsonl(JsonlSourceConfig {
-            path: file.clone(),
-            batch_size: 1024,
-            max_line_bytes: riffle_connectors::DEFAULT_MAX_LINE_BYTES,
-            schema: None,
-        }),
+        (Some(file), None) => ReplayInput::Csv(file).source(),
+        (None, Some(file)) => ReplayInput::Jsonl(file).source(),
         _ => bail!(
             "--format avro/protobuf writes the rows of a file: expected --jsonl FILE or --csv FILE"
         ),

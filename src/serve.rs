@@ -39,8 +39,8 @@ impl Endpoints {
         {
             if let Some(file) = control.watched_file() {
                 return Err(anyhow!(
-                    "{}: source.video.cameras_file ({}) across {} processes needs --ui: process \
-                     0's view holds the camera set and the other processes follow it",
+                    "{}: the source's watched camera file ({}) across {} processes needs --ui: \
+                     process 0's view holds the camera set and the other processes follow it",
                     args.file.display(),
                     file.display(),
                     cluster.processes()

@@ -40,6 +40,18 @@ pub trait SourceKind: fmt::Debug + Send + Sync {
     /// unusable input is reported before the dataflow starts. The factory splits it across
     /// workers (`SourceFactory::partition`) and says whether it resumes from checkpoints.
     fn build(&self) -> DataflowResult<Box<dyn SourceFactory>>;
+
+    /// Offered a first stage that only scales the picture in `column` to `width`×`height`
+    /// (`riffle_operators::StageKind::scale_only`): true when the source does it as it decodes,
+    /// the stage then finding its pictures at that size already.
+    fn absorb_scale(&mut self, _column: &str, _width: u32, _height: u32) -> bool {
+        false
+    }
+
+    /// A line for `riffle plan` on what it does beyond reading (after [`SourceKind::absorb_scale`]).
+    fn plan_note(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A consumer group of a source, with the key that asks for it and what the rest of the

@@ -64,6 +64,12 @@ impl<T: SourceKind> SourceKind for Box<T> {
     fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
         (**self).build()
     }
+    fn absorb_scale(&mut self, column: &str, width: u32, height: u32) -> bool {
+        (**self).absorb_scale(column, width, height)
+    }
+    fn plan_note(&self) -> Option<String> {
+        (**self).plan_note()
+    }
 }
 
 macro_rules! source_kinds {

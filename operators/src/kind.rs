@@ -148,6 +148,28 @@ pub trait StageKind: fmt::Debug + Send + Sync {
     fn stateful(&self) -> bool {
         false
     }
+
+    /// The stage as it runs outside the dataflow (a benchmark's straight loop); by default
+    /// [`StageKind::build`].
+    fn build_alone(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
+        self.build(ctx)
+    }
+
+    /// Sets the engine threads one instance of it uses, where it has an engine (a benchmark
+    /// gives one instance every core).
+    fn set_intra_op_threads(&mut self, _threads: usize) {}
+
+    /// `(column, width, height)` when all it does is scale the picture in `column` to
+    /// `width`×`height` as a decoder's scaler would (CPU, bilinear, antialiased, the full-size
+    /// picture not kept): a source that decodes may then do it while converting its frames.
+    fn scale_only(&self) -> Option<(&str, u32, u32)> {
+        None
+    }
+
+    /// The folder of live streams (`<camera>/live/index.m3u8`) it writes, for the live view.
+    fn live_stream_dir(&self) -> Option<PathBuf> {
+        None
+    }
 }
 
 /// A file a stage's configuration names.

@@ -113,14 +113,9 @@ pub fn build_stage(
         intra_op_threads: runtime.intra_op_threads,
         gpus: &runtime.gpus,
     };
-    // A model read from a repository, or with variants or a shadow, runs operators of its
-    // own in the dataflow; outside it, the model serving now stands for it.
-    let step = match spec {
-        StageSpec::Model(model) => model.serving_now()?.build(&ctx)?,
-        other => match other.stage() {
-            Some(stage) => stage.build(&ctx)?,
-            None => return Ok(None),
-        },
+    let step = match spec.stage() {
+        Some(stage) => stage.build_alone(&ctx)?,
+        None => return Ok(None),
     };
     Ok(match step {
         Step::Apply(stage) | Step::Batched(stage, _) => Some(stage),
@@ -198,13 +193,8 @@ pub fn describe(pipeline: &Pipeline, threads: usize, processes: usize) -> String
     out.push_str(&format!(
         "source: {total} records, partitioned across all workers\n"
     ));
-    if let riffle_connectors::SourceConfig::Video(video) = &pipeline.spec.source.value {
-        if let Some((w, h)) = video.scale_to {
-            out.push_str(&format!(
-                "  frames go from the decoder's YUV to {w}x{h} RGB in one pass (the first \
-                 stage's size; `scale: off` gives full-size frames)\n"
-            ));
-        }
+    if let Some(note) = pipeline.spec.source.value.kind().plan_note() {
+        out.push_str(&format!("  {note}\n"));
     }
     out.push_str(&format!(
         "epochs: {} records per source worker, at most {} in flight\n",

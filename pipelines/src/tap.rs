@@ -25,10 +25,6 @@ use serde::Deserialize;
 pub struct TapConfig(pub SinkConfig);
 
 impl TapConfig {
-    /// The folder of live streams its sink writes, which the live view serves.
-    pub fn live_stream_dir(&self) -> Option<PathBuf> {
-        self.0.kind().build().ok()?.live_stream_dir()
-    }
 
     fn per_worker(&self) -> DataflowResult<()> {
         let kind = self.0.kind();
@@ -47,6 +43,11 @@ impl TapConfig {
 impl StageKind for TapConfig {
     fn kind(&self) -> &'static str {
         "tap"
+    }
+
+    /// The folder of live streams its sink writes, which the live view serves.
+    fn live_stream_dir(&self) -> Option<PathBuf> {
+        self.0.kind().build().ok()?.live_stream_dir()
     }
 
     fn files_mut(&mut self) -> Vec<ConfigFile<'_>> {

@@ -47,10 +47,10 @@ impl Pipeline {
     /// sink's, else a `tap` stage's.
     pub fn live_stream_dir(&self) -> Option<PathBuf> {
         self.sink.live_stream_dir().or_else(|| {
-            self.spec.stages.iter().find_map(|s| match &s.value {
-                StageSpec::Tap(tap) => tap.live_stream_dir(),
-                _ => None,
-            })
+            self.spec
+                .stages
+                .iter()
+                .find_map(|s| s.value.stage()?.live_stream_dir())
         })
     }
 
@@ -243,24 +243,18 @@ fn line_of<T>(spanned: &Spanned<T>) -> Option<u64> {
     (line > 0).then_some(line)
 }
 
-/// The size a video source may scale its frames to while converting them (one swscale pass
-/// from the decoder's YUV, no full-size RGB frame): the first stage's, when it is a `resize`
-/// swscale does as well (a CPU stretch: swscale's bilinear filter widens with the ratio, so it
-/// antialiases like the stage's) and nothing after it reads the full-size pixels.
-fn decoder_scale(spec: &PipelineSpec) -> Option<(u32, u32)> {
-    let SourceConfig::Video(video) = &spec.source.value else {
-        return None;
+/// Offers the first stage to the source when all it does is scale a picture (a source that
+/// decodes does it while converting its frames: one pass, no full-size frame).
+fn fuse_first_scale(spec: &mut PipelineSpec) {
+    let Some(first) = spec.stages.first().and_then(|s| s.value.stage()) else {
+        return;
     };
-    let Some(StageSpec::Resize(resize)) = spec.stages.first().map(|s| &s.value) else {
-        return None;
-    };
-    let fits = video.scale == ScaleMode::Auto
-        && resize.input == riffle_connectors::video::PIXELS
-        && resize.mode == ResizeMode::Stretch
-        && resize.antialiased()
-        && resize.device == DeviceSpec::Cpu
-        && !resize.keep_input;
-    fits.then_some((resize.width, resize.height))
+    if let Some((column, width, height)) = first.scale_only() {
+        spec.source
+            .value
+            .kind_mut()
+            .absorb_scale(column, width, height);
+    }
 }
 
 fn validate(
@@ -336,10 +330,7 @@ fn validate(
             ));
         }
     }
-    let scale_to = decoder_scale(&spec);
-    if let SourceConfig::Video(video) = &mut spec.source.value {
-        video.scale_to = scale_to;
-    }
+    fuse_first_scale(&mut spec);
     let source: Arc<dyn SourceFactory> = Arc::from(
         spec.source
             .value

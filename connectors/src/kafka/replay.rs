@@ -12,6 +12,10 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
 
 use super::client::{client_config, Role};
+use crate::csv::CsvSourceConfig;
+use crate::images::{ImagesConfig, PartitionBy, DEFAULT_MAX_FILE_BYTES};
+use crate::jsonl::JsonlSourceConfig;
+use crate::registry::SourceConfig;
 use super::topics::kafka_error;
 
 /// How fast to replay: messages per second in total, or as fast as the broker takes them.
@@ -256,3 +260,54 @@ pub fn replay_schemaful(
     done.elapsed = started.elapsed();
     Ok(done)
 }
+
+/// What `riffle produce` replays: a folder of frames as cameras, or the rows of a file.
+pub enum ReplayInput<'a> {
+    Frames {
+        dir: &'a std::path::Path,
+        cameras: Option<usize>,
+        repeat: usize,
+    },
+    Csv(&'a std::path::Path),
+    Jsonl(&'a std::path::Path),
+}
+
+impl ReplayInput<'_> {
+    /// The source that reads it.
+    pub fn source(&self) -> SourceConfig {
+        match *self {
+            ReplayInput::Frames {
+                dir,
+                cameras,
+                repeat,
+            } => SourceConfig::Images(ImagesConfig {
+                path: dir.to_path_buf(),
+                cameras,
+                batch_size: 64,
+                repeat,
+                extensions: vec!["jpg".into(), "jpeg".into(), "png".into()],
+                // Cameras stream side by side: interleave their frames in time order.
+                partition_by: PartitionBy::Camera,
+                // Paced by the producer itself.
+                max_records_per_second: None,
+                fps: None,
+                max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            }),
+            ReplayInput::Csv(path) => SourceConfig::Csv(CsvSourceConfig {
+                path: path.to_path_buf(),
+                has_header: true,
+                batch_size: 1024,
+                delimiter: None,
+                max_line_bytes: crate::DEFAULT_MAX_LINE_BYTES,
+                schema: None,
+            }),
+            ReplayInput::Jsonl(path) => SourceConfig::Jsonl(JsonlSourceConfig {
+                path: path.to_path_buf(),
+                batch_size: 1024,
+                max_line_bytes: crate::DEFAULT_MAX_LINE_BYTES,
+                schema: None,
+            }),
+        }
+    }
+}
+

@@ -103,6 +103,20 @@ impl crate::kind::SourceKind for VideoConfig {
     fn build(&self) -> DataflowResult<Box<dyn SourceFactory>> {
         build(self)
     }
+    /// One swscale pass from the decoder's YUV to the first stage's size: no full-size RGB
+    /// frame (`scale: off` keeps them).
+    fn absorb_scale(&mut self, column: &str, width: u32, height: u32) -> bool {
+        let absorbed = self.scale == ScaleMode::Auto && column == PIXELS;
+        self.scale_to = absorbed.then_some((width, height));
+        absorbed
+    }
+    fn plan_note(&self) -> Option<String> {
+        let (w, h) = self.scale_to?;
+        Some(format!(
+            "frames go from the decoder's YUV to {w}x{h} RGB in one pass (the first stage's \
+             size; `scale: off` gives full-size frames)"
+        ))
+    }
 }
 
 impl crate::kind::Limits for VideoConfig {

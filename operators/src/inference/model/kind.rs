@@ -19,6 +19,16 @@ impl StageKind for ModelConfig {
         "model"
     }
 
+    /// A model read from a repository, or with variants or a shadow, runs operators of its own
+    /// in the dataflow; outside it, the model serving now stands for it.
+    fn build_alone(&self, ctx: &StageContext<'_>) -> DataflowResult<Step> {
+        self.serving_now()?.build(ctx)
+    }
+
+    fn set_intra_op_threads(&mut self, threads: usize) {
+        self.intra_op_threads = Some(threads);
+    }
+
     fn files_mut(&mut self) -> Vec<ConfigFile<'_>> {
         use crate::kind::FileKind;
         let mut files = vec![ConfigFile {

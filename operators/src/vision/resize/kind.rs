@@ -50,6 +50,16 @@ impl StageKind for ResizeConfig {
     fn follows_gpu_map(&self) -> bool {
         self.device == DeviceSpec::Auto
     }
+
+    /// A CPU stretch that antialiases like a decoder's bilinear scaler (whose filter widens
+    /// with the ratio) and keeps no full-size picture.
+    fn scale_only(&self) -> Option<(&str, u32, u32)> {
+        let fits = self.mode == super::ResizeMode::Stretch
+            && self.antialiased()
+            && self.device == DeviceSpec::Cpu
+            && !self.keep_input;
+        fits.then_some((self.input.as_str(), self.width, self.height))
+    }
 }
 
 impl ResizeConfig {
