@@ -21,7 +21,7 @@ use riffle_dataflow::cluster::ClusterConfig;
 use riffle_dataflow::observe::registry::Metrics;
 use riffle_dataflow::Stage;
 use riffle_pipelines::plan::build_stage;
-use riffle_pipelines::spec::{RuntimeConfig, StageSpec};
+use riffle_pipelines::spec::RuntimeConfig;
 use riffle_pipelines::Pipeline;
 
 use crate::cli::BenchArgs;

@@ -98,7 +98,7 @@ fn produce_schemaful(args: &ProduceArgs) -> Result<()> {
     if let Some(url) = &args.schema_registry {
         sink["schema_registry"] = serde_json::json!({ "url": url });
     }
-    let config: riffle_connectors::kafka::KafkaSinkConfig = serde_json::from_value(sink)?;
+    let config = serde_json::from_value(sink)?;
     let factory = source.build()?;
     let done = riffle_connectors::kafka::replay::replay_schemaful(
         &config,

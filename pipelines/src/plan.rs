@@ -7,7 +7,7 @@ use riffle_dataflow::runtime::{
     BuildStep, CheckpointPolicy, EpochPolicy, Job, JobStep, Route, SlowWorker, Step, StepKind,
 };
 use riffle_dataflow::{DataflowError, DataflowResult, Stage};
-use riffle_operators::{StageContext, StageKind};
+use riffle_operators::StageContext;
 
 use crate::spec::{ExchangeConfig, RuntimeConfig, StageSpec};
 use crate::validate::Pipeline;

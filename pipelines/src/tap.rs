@@ -25,7 +25,6 @@ use serde::Deserialize;
 pub struct TapConfig(pub SinkConfig);
 
 impl TapConfig {
-
     fn per_worker(&self) -> DataflowResult<()> {
         let kind = self.0.kind();
         if kind.per_worker() {

@@ -6,12 +6,9 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 use riffle_connectors::formats::excerpt_within;
-use riffle_connectors::video::ScaleMode;
-use riffle_connectors::{SinkConfig, SinkContext, SinkRole, SourceConfig};
+use riffle_connectors::{SinkConfig, SinkContext, SinkRole};
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
-use riffle_gpu::DeviceSpec;
-use riffle_operators::vision::resize::ResizeMode;
 use serde_saphyr::Spanned;
 
 use riffle_operators::{FileKind, StageContext};

@@ -71,7 +71,12 @@ fn validation_planning_and_the_cli_name_no_kind() {
         let text = std::fs::read_to_string(file).unwrap();
         for (n, line) in text.lines().enumerate() {
             if let Some(name) = names_a_variant(line) {
-                found.push(format!("{}:{}: `{name}`: {}", file.display(), n + 1, line.trim()));
+                found.push(format!(
+                    "{}:{}: `{name}`: {}",
+                    file.display(),
+                    n + 1,
+                    line.trim()
+                ));
             }
         }
     }

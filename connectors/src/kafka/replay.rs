@@ -12,11 +12,11 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use riffle_dataflow::{DataflowError, DataflowResult, SourceFactory};
 
 use super::client::{client_config, Role};
+use super::topics::kafka_error;
 use crate::csv::CsvSourceConfig;
 use crate::images::{ImagesConfig, PartitionBy, DEFAULT_MAX_FILE_BYTES};
 use crate::jsonl::JsonlSourceConfig;
 use crate::registry::SourceConfig;
-use super::topics::kafka_error;
 
 /// How fast to replay: messages per second in total, or as fast as the broker takes them.
 #[derive(Clone, Copy, Debug)]
@@ -310,4 +310,3 @@ impl ReplayInput<'_> {
         }
     }
 }
-
