@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use riffle_dataflow::observe::live::Drained;
+use crate::tap::Drained;
 use serde::Serialize;
 use serde_json::Value;
 

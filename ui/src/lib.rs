@@ -22,9 +22,10 @@
 //! sampled frames to process 0.
 //!
 //! Where the feed comes from, in one hop: [`serve`] (with the page on) and
-//! [`PeerReporter::start`] put a [`LiveTap`] (`riffle_dataflow::observe::live`) in the
-//! [`RunContext`]'s `live` field (`riffle_dataflow::observe`, where both are defined). The
-//! caller hands that context to the run (`riffle_dataflow::runtime::run`), which feeds the tap
+//! [`PeerReporter::start`] put a [`LiveTap`] ([`tap`]: what a camera frame is, known here) in
+//! the [`RunContext`]'s `live` field as its watcher (`riffle_dataflow::observe::live`, the
+//! engine's generic hook). The caller hands that context to the run
+//! (`riffle_dataflow::runtime::run`), which offers the tap what passes
 //! from the source step (`dataflow/src/runtime/worker.rs`) and the sink operator
 //! (`dataflow/src/operators/write_to_sink.rs`). `/metrics` and `/readyz` read the same
 //! context's registry and readiness.
@@ -53,6 +54,7 @@
 mod control;
 pub mod hub;
 pub mod report;
+pub mod tap;
 pub mod thumb;
 mod video;
 
@@ -69,7 +71,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use riffle_dataflow::control::InputControl;
-use riffle_dataflow::observe::live::LiveTap;
+use crate::tap::LiveTap;
 use riffle_dataflow::observe::RunContext;
 use serde::Deserialize;
 use tokio_stream::wrappers::WatchStream;
@@ -268,10 +270,13 @@ fn tick(shared: &Shared, tap: &LiveTap, reporter: &mut Reporter, last: bool) {
 /// The tap in `context.live`, put there first if there is none: the run handed `context`
 /// feeds it.
 fn live_tap(context: &mut RunContext) -> Arc<LiveTap> {
-    context
-        .live
-        .get_or_insert_with(|| Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN)))
-        .clone()
+    let there = context.live.clone().map(|l| l.into_any().downcast::<LiveTap>());
+    if let Some(Ok(tap)) = there {
+        return tap;
+    }
+    let tap = Arc::new(LiveTap::new(FRAMES_PER_SECOND, hub::ROWS_SHOWN));
+    context.live = Some(tap.clone());
+    tap
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

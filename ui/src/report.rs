@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use hdrhistogram::Histogram;
-use riffle_dataflow::observe::live::{Frame, FrameImage};
+use crate::tap::{Frame, FrameImage};
 use riffle_dataflow::observe::RunContext;
 use serde::{Deserialize, Serialize};
 

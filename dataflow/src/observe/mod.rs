@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use self::dead_letters::DeadLetterReasons;
-use self::live::LiveTap;
+use self::live::LiveObserver;
 use self::readiness::Readiness;
 use self::registry::Metrics;
 use self::summary::Summary;
@@ -33,15 +33,30 @@ use crate::DataflowResult;
 ///
 /// # Examples
 /// ```
+/// use std::any::Any;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::sync::Arc;
-/// use riffle_dataflow::observe::live::LiveTap;
+/// use arrow_array::RecordBatch;
+/// use riffle_dataflow::observe::live::LiveObserver;
 /// use riffle_dataflow::observe::RunContext;
 ///
-/// // A viewer's tap goes into the context; `runtime::run(job, &cluster, context.clone())`
-/// // then samples frames into it at the source and copies results into it at the sink.
-/// let context = RunContext::new()?.with_live(Arc::new(LiveTap::new(2.0, 50)));
-/// let drained = context.live.as_ref().map(|tap| tap.drain());
-/// assert!(drained.is_some_and(|d| d.frames.is_empty()));
+/// // A watcher counting results; `runtime::run(job, &cluster, context.clone())` would offer
+/// // it each batch read and each result and dead letter at the sink.
+/// #[derive(Default)]
+/// struct Count(AtomicUsize);
+/// impl LiveObserver for Count {
+///     fn source_batch(&self, _: &RecordBatch) {}
+///     fn results(&self, batch: &RecordBatch) {
+///         self.0.fetch_add(batch.num_rows(), Ordering::Relaxed);
+///     }
+///     fn dead_letters(&self, _: &RecordBatch) {}
+///     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+///         self
+///     }
+/// }
+/// let context = RunContext::new()?.with_live(Arc::new(Count::default()));
+/// let count = context.live.clone().and_then(|l| l.into_any().downcast::<Count>().ok());
+/// assert_eq!(count.map(|c| c.0.load(Ordering::Relaxed)), Some(0));
 /// assert_eq!(context.readiness.ready_workers(), 0);
 /// # Ok::<(), riffle_dataflow::DataflowError>(())
 /// ```
@@ -53,9 +68,9 @@ pub struct RunContext {
     pub readiness: Arc<Readiness>,
     /// Dead letters by stage and reason.
     pub dead_letters: Arc<DeadLetterReasons>,
-    /// A viewer's tap, fed by the source step and the sink operator; `None`: nothing is
-    /// sampled or copied for a viewer.
-    pub live: Option<Arc<LiveTap>>,
+    /// A watcher, offered each batch read and each result and dead letter at the sink;
+    /// `None`: nothing is offered.
+    pub live: Option<Arc<dyn LiveObserver>>,
     /// The source's inputs, changed while it runs (`/api/cameras`); `None` when its inputs are
     /// fixed or nobody serves the control.
     pub control: Option<Arc<dyn crate::control::InputControl>>,
@@ -67,9 +82,9 @@ impl RunContext {
         Ok(Metrics::new()?.into())
     }
 
-    /// The same context, feeding `tap`.
-    pub fn with_live(mut self, tap: Arc<LiveTap>) -> Self {
-        self.live = Some(tap);
+    /// The same context, offering what passes to `watcher`.
+    pub fn with_live(mut self, watcher: Arc<dyn LiveObserver>) -> Self {
+        self.live = Some(watcher);
         self
     }
 

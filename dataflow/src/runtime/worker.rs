@@ -357,7 +357,7 @@ impl Reader<'_> {
             return Ok(Read::Nothing);
         }
         if let Some(live) = &self.context.live {
-            live.sample_frames(&batch.records);
+            live.source_batch(&batch.records);
         }
         let (rejected, took) = (batch.rejected.len(), started.elapsed());
         self.source_metrics.record_batch(rows, rows, rejected, took);
