@@ -34,7 +34,8 @@ pub mod avro;
 pub mod csv;
 mod draw;
 mod files;
-pub mod formats;
+/// Payload formats (their own crate, `riffle-formats`; the path kept for the connectors).
+pub use riffle_formats as formats;
 pub mod http;
 pub mod images;
 pub mod ipc;
@@ -51,12 +52,12 @@ pub mod postgres;
 pub mod redis;
 pub mod registry;
 #[cfg(feature = "schemas")]
-pub mod schema_registry;
+pub use riffle_formats::schema_registry;
 pub mod stdout;
 mod text;
 pub mod video;
 pub mod video_sink;
-mod web;
+use riffle_formats::web;
 
 use riffle_dataflow::DataflowResult;
 

@@ -219,7 +219,7 @@ fn decode(decoder: &ProtobufDecoder, payloads: &[Vec<u8>]) -> formats::Decoded {
     decoder.decode_or_reject(&slices, letter).unwrap()
 }
 
-use crate::formats;
+use crate as formats;
 
 fn column<'a>(batch: &'a RecordBatch, name: &str) -> &'a ArrayRef {
     batch.column_by_name(name).unwrap()

@@ -4,7 +4,7 @@
 use ureq::tls::{Certificate, PemItem};
 
 /// Connection failures, timeouts and cut-off responses may pass; TLS and protocol misuse won't.
-pub(crate) fn retryable(error: &ureq::Error) -> bool {
+pub fn retryable(error: &ureq::Error) -> bool {
     match error {
         // rustls reports certificate and handshake failures as InvalidData.
         ureq::Error::Io(e) => e.kind() != std::io::ErrorKind::InvalidData,
@@ -18,7 +18,7 @@ pub(crate) fn retryable(error: &ureq::Error) -> bool {
 
 /// The certificates of a CA PEM file, each checked to be a usable trust anchor; the error
 /// names the path, what is wrong and what was expected.
-pub(crate) fn read_ca_file(path: &std::path::Path) -> Result<Vec<Certificate<'static>>, String> {
+pub fn read_ca_file(path: &std::path::Path) -> Result<Vec<Certificate<'static>>, String> {
     let bad = |why: String| {
         format!(
             "{}: {why}; expected a PEM file with the CA certificate",

@@ -6,7 +6,7 @@
 //! compatible version of a schema (fields added with defaults, fields removed, promotions) is
 //! read into the one reader schema, so every batch has the same columns.
 //!
-//! Object container files (`.avro`) are a source of their own: [`crate::avro`].
+//! Object container files (`.avro`) are a source of their own: `riffle_connectors::avro`.
 
 mod decode;
 mod encode;

@@ -1,6 +1,9 @@
 //! Payload formats: how the bytes of a record (a line or CSV record of a file, the value of a
-//! Kafka message) become rows of an Arrow [`RecordBatch`]. Every source that decodes payloads
-//! uses this module: the `csv` and `jsonl` file sources and the Kafka source.
+//! Kafka message) become rows of an Arrow [`RecordBatch`], and back. Every connector that
+//! decodes or encodes payloads uses this crate: the `csv`, `jsonl` and `avro` file sources, the
+//! Kafka source and sink, `riffle produce`. The schema-registry client lives here too
+//! ([`schema_registry`], the `schemas` feature), with the HTTP helpers it shares with the
+//! webhook sink ([`web`]).
 //!
 //! - [`json`]: one JSON object per record; schema inferred from sample records.
 //! - [`csv`]: one CSV record per record; schema inferred from sample records.
@@ -12,6 +15,13 @@
 //! records at once and, if any record is bad, decodes them one by one so that each bad record
 //! becomes a [`DeadLetter`] with its reason while the others are kept.
 
+// No panic on data or configuration in library code (its unit tests may unwrap): this crate
+// reads what comes from outside.
+#![cfg_attr(
+    not(test),
+    deny(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
+
 #[cfg(feature = "schemas")]
 pub mod avro;
 pub mod csv;
@@ -21,7 +31,10 @@ pub mod protobuf;
 pub mod raw;
 mod schema;
 #[cfg(feature = "schemas")]
+pub mod schema_registry;
+#[cfg(feature = "schemas")]
 pub mod value;
+pub mod web;
 
 #[cfg(test)]
 mod tests;

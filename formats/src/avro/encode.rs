@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::decode::unframed;
 use super::{AvroFormatError, EncodeFraming};
-use crate::formats::excerpt;
+use crate::excerpt;
 
 /// Encodes each row of a batch as one Avro datum, framed or not.
 ///

@@ -14,7 +14,7 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 use super::{AvroFormatError, AvroFraming};
-use crate::formats::{excerpt, Decoded};
+use crate::{excerpt, Decoded};
 use crate::schema_registry::{wire, RegistryError, SchemaLookup, SchemaType};
 
 /// Decodes Avro payloads into batches of the reader schema's columns.

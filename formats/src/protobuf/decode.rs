@@ -26,7 +26,7 @@ use super::schema::{
     Shape, UTC,
 };
 use super::{read_message_indexes, ProtoFormatError, ProtoSchema};
-use crate::formats::{excerpt, Decoded};
+use crate::{excerpt, Decoded};
 use crate::schema_registry::{wire, RegistryError, SchemaLookup, SchemaType};
 
 /// What a payload holds around the message.

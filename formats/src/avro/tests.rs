@@ -12,7 +12,7 @@ use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use riffle_dataflow::dead_letter::DeadLetter;
 
 use super::*;
-use crate::formats::Decoded;
+use crate::Decoded;
 use crate::schema_registry::{
     wire, RegisteredSchema, RegistryError, SchemaLookup, SchemaReference, SchemaType, StaticSchemas,
 };
