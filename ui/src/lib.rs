@@ -64,6 +64,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::tap::LiveTap;
 use axum::extract::{Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -71,7 +72,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use riffle_dataflow::control::InputControl;
-use crate::tap::LiveTap;
 use riffle_dataflow::observe::RunContext;
 use serde::Deserialize;
 use tokio_stream::wrappers::WatchStream;
@@ -270,7 +270,10 @@ fn tick(shared: &Shared, tap: &LiveTap, reporter: &mut Reporter, last: bool) {
 /// The tap in `context.live`, put there first if there is none: the run handed `context`
 /// feeds it.
 fn live_tap(context: &mut RunContext) -> Arc<LiveTap> {
-    let there = context.live.clone().map(|l| l.into_any().downcast::<LiveTap>());
+    let there = context
+        .live
+        .clone()
+        .map(|l| l.into_any().downcast::<LiveTap>());
     if let Some(Ok(tap)) = there {
         return tap;
     }

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use hdrhistogram::Histogram;
 use crate::tap::{Frame, FrameImage};
+use hdrhistogram::Histogram;
 use riffle_dataflow::observe::RunContext;
 use serde::{Deserialize, Serialize};
 

@@ -10,8 +10,8 @@
 //! never a stalled worker. What a camera frame is (`camera_id`, `frame`, `bytes` or `pixels`
 //! with `width` and `height`) is known here, not in the engine.
 
-use std::collections::{HashMap, VecDeque};
 use std::any::Any;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

@@ -14,8 +14,8 @@ use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::{DataflowError, DataflowResult};
 
 use super::{AvroFormatError, AvroFraming};
-use crate::{excerpt, Decoded};
 use crate::schema_registry::{wire, RegistryError, SchemaLookup, SchemaType};
+use crate::{excerpt, Decoded};
 
 /// Decodes Avro payloads into batches of the reader schema's columns.
 ///

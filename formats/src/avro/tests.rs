@@ -12,10 +12,10 @@ use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use riffle_dataflow::dead_letter::DeadLetter;
 
 use super::*;
-use crate::Decoded;
 use crate::schema_registry::{
     wire, RegisteredSchema, RegistryError, SchemaLookup, SchemaReference, SchemaType, StaticSchemas,
 };
+use crate::Decoded;
 
 const V1: &str = r#"{"type": "record", "name": "Click", "namespace": "com.example", "fields": [
     {"name": "id", "type": "long"},

@@ -26,8 +26,8 @@ use super::schema::{
     Shape, UTC,
 };
 use super::{read_message_indexes, ProtoFormatError, ProtoSchema};
-use crate::{excerpt, Decoded};
 use crate::schema_registry::{wire, RegistryError, SchemaLookup, SchemaType};
+use crate::{excerpt, Decoded};
 
 /// What a payload holds around the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
