@@ -144,7 +144,7 @@ impl IpcFileSink {
     /// Creates the file (and its directory), replacing any earlier one, so a stale file never
     /// passes for this run's results.
     pub fn create(path: &Path) -> DataflowResult<Self> {
-        crate::jsonl::create_parent(path)?;
+        crate::lines::create_parent(path)?;
         let file = File::create(path)
             .map_err(|e| DataflowError::io(format!("creating {}", path.display()), e))?;
         Ok(IpcFileSink {

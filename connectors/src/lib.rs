@@ -43,6 +43,7 @@ pub mod jsonl;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod kind;
+pub mod lines;
 mod pace;
 #[cfg(feature = "parquet")]
 pub mod parquet;
@@ -65,8 +66,9 @@ pub use crate::annotate::AnnotateSinkConfig;
 pub use crate::csv::{CsvSource, CsvSourceConfig};
 pub use crate::images::{ImagesConfig, ImagesSource, PartitionBy};
 pub use crate::ipc::{IpcFileSink, IpcSinkConfig, IpcSource, IpcSourceConfig};
-pub use crate::jsonl::{JsonLinesSink, JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
+pub use crate::jsonl::{JsonlSinkConfig, JsonlSource, JsonlSourceConfig};
 pub use crate::kind::{Limits, SinkContext, SinkKind, SinkRole, SourceKind};
+pub use crate::lines::JsonLinesSink;
 pub use crate::registry::{sink_ranges, source_ranges, SinkConfig, SourceConfig};
 pub use crate::stdout::StdoutSinkConfig;
 pub use crate::text::DEFAULT_MAX_LINE_BYTES;

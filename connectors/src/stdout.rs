@@ -6,7 +6,7 @@ use riffle_dataflow::sink::{Sink, SinkFactory};
 use riffle_dataflow::DataflowResult;
 use serde::Deserialize;
 
-use crate::jsonl::JsonLinesSink;
+use crate::lines::JsonLinesSink;
 
 use crate::kind::Limits;
 use crate::kind::SinkKind;

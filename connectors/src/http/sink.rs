@@ -47,7 +47,7 @@ pub struct HttpSink {
     epoch: Epoch,
     /// Requests sent in this epoch (in the whole run without checkpoints).
     sent_in_epoch: u64,
-    dead_letters: crate::jsonl::AppendLines,
+    dead_letters: crate::lines::AppendLines,
     /// Rows refused, per status, for one warning each and the total at the end.
     refused: BTreeMap<u16, u64>,
     tally: Tally,
@@ -72,7 +72,7 @@ impl HttpSink {
             prefix: format!("{}@{}", config.pipeline, run_start_ms()),
             epoch: 0,
             sent_in_epoch: 0,
-            dead_letters: crate::jsonl::AppendLines::new(config.dead_letter_path.clone()),
+            dead_letters: crate::lines::AppendLines::new(config.dead_letter_path.clone()),
             refused: BTreeMap::new(),
             tally: Tally::default(),
         })
@@ -158,7 +158,7 @@ impl HttpSink {
 
 impl Sink for HttpSink {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
-        let lines = crate::jsonl::json_lines(batch)
+        let lines = crate::lines::json_lines(batch)
             .map_err(|e| self.config.sink_error(format!("encoding JSON: {e}")))?;
         self.pending.extend(
             lines

@@ -223,7 +223,7 @@ pub fn replay_schemaful(
     while let Some(batch) = reader.next_batch()? {
         // Rows go through JSON so that columns meet the schema's fields by name, with JSON's
         // conversions (an inferred int64 into an Avro int, a number into a double).
-        let lines = crate::jsonl::json_lines(&batch.records)?;
+        let lines = crate::lines::json_lines(&batch.records)?;
         let mut decoder = arrow_json::ReaderBuilder::new(schema.clone())
             .with_batch_size(batch.records.num_rows().max(1))
             .build_decoder()?;

@@ -211,7 +211,7 @@ impl KafkaSink {
     }
 
     fn write_json(&self, batch: &RecordBatch) -> DataflowResult<()> {
-        let lines = crate::jsonl::json_lines(batch).map_err(|e| {
+        let lines = crate::lines::json_lines(batch).map_err(|e| {
             self.config
                 .sink_error(format!("encoding rows as JSON: {e}"))
         })?;

@@ -254,7 +254,7 @@ fn values(batch: &RecordBatch, value: &ValueSpec, out: &mut Rendered) -> Result<
     let name = match value {
         ValueSpec::Json => {
             // The batch's JSON lines are kept whole: each row's value is its line.
-            out.values = crate::jsonl::json_lines(batch).map_err(|e| e.to_string())?;
+            out.values = crate::lines::json_lines(batch).map_err(|e| e.to_string())?;
             out.value_spans.reserve(rows);
             let mut start = 0;
             for line in out.values.split(|&b| b == b'\n').take(rows) {
@@ -300,7 +300,7 @@ fn nested_json(batch: &RecordBatch, name: &str, array: &dyn Array) -> Result<Vec
         vec![arrow_array::make_array(array.to_data())],
     )
     .map_err(|e| e.to_string())?;
-    let text = crate::jsonl::json_lines(&one).map_err(|e| e.to_string())?;
+    let text = crate::lines::json_lines(&one).map_err(|e| e.to_string())?;
     text.split(|&b| b == b'\n')
         .take(batch.num_rows())
         .map(|line| {

@@ -14,7 +14,7 @@ use riffle_dataflow::sink::{Sink, SinkFactory};
 use super::encoder::{EncodeError, Live, Segment, Settings};
 use super::VideoSinkConfig;
 use crate::draw::{self, sanitize, Picture};
-use crate::jsonl::AppendLines;
+use crate::lines::AppendLines;
 
 /// The stage named in this sink's dead letters.
 const STAGE: &str = "sink.video";
