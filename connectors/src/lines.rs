@@ -1,7 +1,7 @@
 //! Writing JSON lines, shared by every sink that writes JSON (the `jsonl` and `stdout` sinks,
 //! Kafka's JSON values, Redis values, webhook bodies) and by the sinks' own dead-letter files:
-//! the row encoder ([`json_lines`]), a sink over any writer ([`JsonLinesSink`]) and an
-//! append-only file made at the first line ([`AppendLines`]).
+//! the row encoder (`json_lines`), a sink over any writer ([`JsonLinesSink`]) and an
+//! append-only file made at the first line (`AppendLines`).
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
