@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 use riffle_connectors::formats::excerpt_within;
-use riffle_connectors::{SinkConfig, SinkContext, SinkRole};
+use riffle_connectors::SinkConfig;
 use riffle_dataflow::sink::SinkFactory;
 use riffle_dataflow::{DataflowError, SourceFactory};
 use serde_saphyr::Spanned;
@@ -375,7 +375,7 @@ fn open_source(
             ));
         }
     }
-    fuse_first_scale(&mut spec);
+    fuse_first_scale(spec);
     let source: Arc<dyn SourceFactory> = Arc::from(
         spec.source
             .value
@@ -460,7 +460,7 @@ fn stage_schemas(
                 stage
                     .check(&context)
                     .and_then(|()| stage.output_schema(&previous))
-                    .map_err(|e| stage_error(&at, line, &field, with_columns(e, &previous)))?
+                    .map_err(|e| stage_error(at, line, &field, with_columns(e, &previous)))?
             }
         };
         schemas.push(next);

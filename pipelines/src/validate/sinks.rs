@@ -13,6 +13,9 @@ use crate::error::PipelineError;
 use crate::locate::Locator;
 use crate::spec::{PipelineSpec, RuntimeConfig};
 
+/// The results' sink and the dead letters', opened.
+type Opened = (Arc<dyn SinkFactory>, Arc<dyn SinkFactory>);
+
 /// The sink's and the dead letters' configurations as they will run: paths resolved (and
 /// moved by `--output`), prepared for this pipeline, a consumer group's offsets taken by the
 /// sink. Returns the dead letters'.
@@ -89,7 +92,7 @@ pub(super) fn open_sinks(
     runtime: &RuntimeConfig,
     dead_letter_config: &SinkConfig,
     results: Option<&SchemaRef>,
-) -> Result<(Arc<dyn SinkFactory>, Arc<dyn SinkFactory>), PipelineError> {
+) -> Result<Opened, PipelineError> {
     let sink_line = line_of(&spec.sink);
     // Settings that depend on the checkpoints (a Kafka transaction's timeout).
     let interval = runtime.checkpoint.as_ref().map(|c| c.interval_ms);
