@@ -114,164 +114,56 @@ impl CameraTracks {
         self.advance(frame, detections, p)
     }
 
-    #[allow(
-        clippy::indexing_slicing,
-        reason = "a `Slot` or a hit list indexes `tracked` or `lost`, enumerated from them (the hit \
-                  lists and slot lists have their lengths); `assign` returns (row, column) pairs \
-                  within `sim`, whose rows are `pool`/`remaining`/`unconfirmed` and columns \
-                  `high`/`low`/`left`; those hold indices enumerated from `dets`, the length of `ids`"
-    )]
+    /// One frame: predict, the three associations, new tracks, the lists for the next frame.
     fn advance(&mut self, frame: i64, dets: &[Detection], p: &Params) -> Vec<Option<i64>> {
         let first_frame = self.last_frame.is_none();
         self.last_frame = Some(frame);
-        // Boxes without area cannot be tracked (aspect = w / h); they keep a null id.
-        let usable = |d: &Detection| d.rect[2] > d.rect[0] && d.rect[3] > d.rect[1];
-        let high: Vec<usize> = dets
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| usable(d) && d.score >= p.high_threshold)
-            .map(|(i, _)| i)
-            .collect();
-        let low: Vec<usize> = dets
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| usable(d) && d.score >= p.low_threshold && d.score < p.high_threshold)
-            .map(|(i, _)| i)
-            .collect();
-
-        let mut tracked = std::mem::take(&mut self.tracked);
-        let mut lost = std::mem::take(&mut self.lost);
-        // The detection each track was matched to in this frame.
-        let mut tracked_hit: Vec<Option<usize>> = vec![None; tracked.len()];
-        let mut lost_hit: Vec<Option<usize>> = vec![None; lost.len()];
-
-        // Confirmed and lost tracks form the pool; unconfirmed ones are matched last.
-        let pool: Vec<Slot> = tracked
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.id.is_some())
-            .map(|(i, _)| Slot::Tracked(i))
-            .chain((0..lost.len()).map(Slot::Lost))
-            .collect();
-        for t in tracked.iter_mut().filter(|t| t.id.is_some()) {
-            kalman::predict(&mut t.mean, &mut t.covariance);
-        }
-        for t in &mut lost {
-            // A lost track keeps drifting but stops growing or shrinking.
-            t.mean[7] = 0.0;
-            kalman::predict(&mut t.mean, &mut t.covariance);
-        }
-
-        // 1. Pool × high-score detections, IoU weighted by score.
-        let sim = similarity(
-            pool.iter().map(|&s| {
-                let t = match s {
-                    Slot::Tracked(i) => &tracked[i],
-                    Slot::Lost(i) => &lost[i],
-                };
-                (t.rect(), t.class_id)
-            }),
-            &high,
+        let (high, low) = by_score(dets, p);
+        let mut round = Round::new(
+            frame,
             dets,
-            true,
-            p.class_aware,
+            std::mem::take(&mut self.tracked),
+            std::mem::take(&mut self.lost),
         );
-        let first = assign(&sim, p.match_iou);
-        let mut pool_matched = vec![false; pool.len()];
-        let mut high_matched = vec![false; high.len()];
-        let mut refound: Vec<usize> = Vec::new();
-        for &(k, j) in &first {
-            pool_matched[k] = true;
-            high_matched[j] = true;
-            let d = high[j];
-            match pool[k] {
-                Slot::Tracked(i) => {
-                    tracked[i].update(&dets[d], frame);
-                    tracked_hit[i] = Some(d);
-                }
-                Slot::Lost(i) => {
-                    lost[i].update(&dets[d], frame);
-                    lost_hit[i] = Some(d);
-                    refound.push(i);
+        let pool = round.predict();
+        let (pool_matched, high_matched) = round.match_high(&pool, &high, p);
+        let newly_lost = round.match_low(&pool, &pool_matched, &low, p);
+        let left = unmatched(&high, &high_matched);
+        let left_matched = round.confirm(&left, p, &mut self.last_id);
+        let started = self.start(&left, &left_matched, dets, frame, first_frame, p);
+        let (next, next_lost) = round.next_lists(started, &newly_lost, p.track_buffer);
+
+        let mut ids = vec![None; dets.len()];
+        for (t, d) in &next {
+            if let (Some(&d), Some(id)) = (d.as_ref(), t.id) {
+                if let Some(slot) = ids.get_mut(d) {
+                    *slot = Some(id);
                 }
             }
         }
+        self.tracked = next.into_iter().map(|(t, _)| t).collect();
+        self.lost = next_lost;
+        ids
+    }
 
-        // 2. Tracked tracks still unmatched × low-score detections, plain IoU.
-        let remaining: Vec<usize> = pool
-            .iter()
-            .zip(&pool_matched)
-            .filter(|&(_, &matched)| !matched)
-            .filter_map(|(s, _)| match *s {
-                Slot::Tracked(i) => Some(i),
-                Slot::Lost(_) => None,
-            })
-            .collect();
-        let sim = similarity(
-            remaining
-                .iter()
-                .map(|&i| (tracked[i].rect(), tracked[i].class_id)),
-            &low,
-            dets,
-            false,
-            p.class_aware,
-        );
-        let second = assign(&sim, SECOND_MATCH_IOU);
-        let mut second_matched = vec![false; remaining.len()];
-        for &(k, j) in &second {
-            second_matched[k] = true;
-            let i = remaining[k];
-            tracked[i].update(&dets[low[j]], frame);
-            tracked_hit[i] = Some(low[j]);
-        }
-        let newly_lost: Vec<usize> = remaining
-            .iter()
-            .zip(&second_matched)
-            .filter(|&(_, &matched)| !matched)
-            .map(|(&i, _)| i)
-            .collect();
-
-        // 3. Unconfirmed tracks × high-score detections left: a match confirms the track.
-        let unconfirmed: Vec<usize> = tracked
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.id.is_none())
-            .map(|(i, _)| i)
-            .collect();
-        let left: Vec<usize> = high
-            .iter()
-            .zip(&high_matched)
-            .filter(|&(_, &matched)| !matched)
-            .map(|(&d, _)| d)
-            .collect();
-        let sim = similarity(
-            unconfirmed
-                .iter()
-                .map(|&i| (tracked[i].rect(), tracked[i].class_id)),
-            &left,
-            dets,
-            true,
-            p.class_aware,
-        );
-        let mut left_matched = vec![false; left.len()];
-        for (k, j) in assign(&sim, CONFIRM_MATCH_IOU) {
-            left_matched[j] = true;
-            let i = unconfirmed[k];
-            tracked[i].update(&dets[left[j]], frame);
-            tracked_hit[i] = Some(left[j]);
-            self.last_id += 1;
-            tracked[i].id = Some(self.last_id);
-        }
-
-        // 4. New tracks from the high-score detections nobody took.
-        let mut started: Vec<(Track, usize)> = Vec::new();
-        for (&d, &matched) in left.iter().zip(&left_matched) {
-            let det = &dets[d];
+    /// 4. New tracks from the high-score detections nobody took (`left`, `matched` beside it),
+    /// confirmed at once on a camera's first frame (nothing to confirm against).
+    fn start(
+        &mut self,
+        left: &[usize],
+        matched: &[bool],
+        dets: &[Detection],
+        frame: i64,
+        first_frame: bool,
+        p: &Params,
+    ) -> Vec<(Track, usize)> {
+        let mut started = Vec::new();
+        for (&d, &matched) in left.iter().zip(matched) {
+            let Some(det) = dets.get(d) else { continue };
             if matched || det.score < p.new_track_threshold {
                 continue;
             }
             let (mean, covariance) = kalman::initiate(kalman::measure(det.rect));
-            // On a camera's first frame there is nothing to confirm against: start confirmed.
             let id = first_frame.then(|| {
                 self.last_id += 1;
                 self.last_id
@@ -286,14 +178,215 @@ impl CameraTracks {
             };
             started.push((track, d));
         }
+        started
+    }
+}
 
-        // 5. The lists for the next frame, in a stable order: surviving tracked tracks, new
-        // ones, re-found ones; then lost ones still within the buffer, newly lost ones.
+/// The high- and low-score detections (indices into `dets`). Boxes without area cannot be
+/// tracked (aspect = w / h): they are in neither and keep a null id.
+fn by_score(dets: &[Detection], p: &Params) -> (Vec<usize>, Vec<usize>) {
+    let usable = |d: &Detection| d.rect[2] > d.rect[0] && d.rect[3] > d.rect[1];
+    let pick = |keep: &dyn Fn(f32) -> bool| -> Vec<usize> {
+        dets.iter()
+            .enumerate()
+            .filter(|(_, d)| usable(d) && keep(d.score))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    (
+        pick(&|s| s >= p.high_threshold),
+        pick(&|s| s >= p.low_threshold && s < p.high_threshold),
+    )
+}
+
+/// The items of `of` whose flag beside them is false.
+fn unmatched(of: &[usize], matched: &[bool]) -> Vec<usize> {
+    of.iter()
+        .zip(matched)
+        .filter(|&(_, &m)| !m)
+        .map(|(&d, _)| d)
+        .collect()
+}
+
+/// One frame's associations: the tracks as they came in and which detection each took.
+struct Round<'a> {
+    frame: i64,
+    dets: &'a [Detection],
+    tracked: Vec<Track>,
+    lost: Vec<Track>,
+    tracked_hit: Vec<Option<usize>>,
+    lost_hit: Vec<Option<usize>>,
+    /// Lost tracks matched again, in the order they were.
+    refound: Vec<usize>,
+}
+
+#[allow(
+    clippy::indexing_slicing,
+    reason = "a `Slot` or a hit list indexes `tracked` or `lost`, enumerated from them (the hit \
+              lists and slot lists have their lengths); `assign` returns (row, column) pairs \
+              within `sim`, whose rows are `pool`/`remaining`/`unconfirmed` and columns \
+              `high`/`low`/`left`; those hold indices enumerated from `dets`"
+)]
+impl<'a> Round<'a> {
+    fn new(frame: i64, dets: &'a [Detection], tracked: Vec<Track>, lost: Vec<Track>) -> Self {
+        Round {
+            frame,
+            dets,
+            tracked_hit: vec![None; tracked.len()],
+            lost_hit: vec![None; lost.len()],
+            tracked,
+            lost,
+            refound: Vec::new(),
+        }
+    }
+
+    /// Kalman-predicts the pool (confirmed and lost tracks; unconfirmed ones are matched
+    /// last) and returns it.
+    fn predict(&mut self) -> Vec<Slot> {
+        let pool: Vec<Slot> = self
+            .tracked
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.id.is_some())
+            .map(|(i, _)| Slot::Tracked(i))
+            .chain((0..self.lost.len()).map(Slot::Lost))
+            .collect();
+        for t in self.tracked.iter_mut().filter(|t| t.id.is_some()) {
+            kalman::predict(&mut t.mean, &mut t.covariance);
+        }
+        for t in &mut self.lost {
+            // A lost track keeps drifting but stops growing or shrinking.
+            t.mean[7] = 0.0;
+            kalman::predict(&mut t.mean, &mut t.covariance);
+        }
+        pool
+    }
+
+    fn track(&self, slot: Slot) -> &Track {
+        match slot {
+            Slot::Tracked(i) => &self.tracked[i],
+            Slot::Lost(i) => &self.lost[i],
+        }
+    }
+
+    /// 1. Pool × high-score detections, IoU weighted by score. Which of the pool and of `high`
+    /// were matched.
+    fn match_high(&mut self, pool: &[Slot], high: &[usize], p: &Params) -> (Vec<bool>, Vec<bool>) {
+        let sim = similarity(
+            pool.iter().map(|&s| {
+                let t = self.track(s);
+                (t.rect(), t.class_id)
+            }),
+            high,
+            self.dets,
+            true,
+            p.class_aware,
+        );
+        let mut pool_matched = vec![false; pool.len()];
+        let mut high_matched = vec![false; high.len()];
+        for (k, j) in assign(&sim, p.match_iou) {
+            pool_matched[k] = true;
+            high_matched[j] = true;
+            let d = high[j];
+            match pool[k] {
+                Slot::Tracked(i) => {
+                    self.tracked[i].update(&self.dets[d], self.frame);
+                    self.tracked_hit[i] = Some(d);
+                }
+                Slot::Lost(i) => {
+                    self.lost[i].update(&self.dets[d], self.frame);
+                    self.lost_hit[i] = Some(d);
+                    self.refound.push(i);
+                }
+            }
+        }
+        (pool_matched, high_matched)
+    }
+
+    /// 2. Tracked tracks still unmatched × low-score detections, plain IoU. Returns those
+    /// still unmatched: lost from now on.
+    fn match_low(
+        &mut self,
+        pool: &[Slot],
+        pool_matched: &[bool],
+        low: &[usize],
+        p: &Params,
+    ) -> Vec<usize> {
+        let remaining: Vec<usize> = pool
+            .iter()
+            .zip(pool_matched)
+            .filter(|&(_, &matched)| !matched)
+            .filter_map(|(s, _)| match *s {
+                Slot::Tracked(i) => Some(i),
+                Slot::Lost(_) => None,
+            })
+            .collect();
+        let sim = self.similarity_of(&remaining, low, false, p);
+        let mut second_matched = vec![false; remaining.len()];
+        for (k, j) in assign(&sim, SECOND_MATCH_IOU) {
+            second_matched[k] = true;
+            let i = remaining[k];
+            self.tracked[i].update(&self.dets[low[j]], self.frame);
+            self.tracked_hit[i] = Some(low[j]);
+        }
+        unmatched(&remaining, &second_matched)
+    }
+
+    /// 3. Unconfirmed tracks × the high-score detections `left`: a match confirms the track
+    /// (its id the next of `last_id`). Which of `left` were matched.
+    fn confirm(&mut self, left: &[usize], p: &Params, last_id: &mut i64) -> Vec<bool> {
+        let unconfirmed: Vec<usize> = self
+            .tracked
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.id.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        let sim = self.similarity_of(&unconfirmed, left, true, p);
+        let mut left_matched = vec![false; left.len()];
+        for (k, j) in assign(&sim, CONFIRM_MATCH_IOU) {
+            left_matched[j] = true;
+            let i = unconfirmed[k];
+            self.tracked[i].update(&self.dets[left[j]], self.frame);
+            self.tracked_hit[i] = Some(left[j]);
+            *last_id += 1;
+            self.tracked[i].id = Some(*last_id);
+        }
+        left_matched
+    }
+
+    /// Tracked tracks `rows` × detections `columns`.
+    fn similarity_of(
+        &self,
+        rows: &[usize],
+        columns: &[usize],
+        weighted: bool,
+        p: &Params,
+    ) -> Vec<Vec<f64>> {
+        similarity(
+            rows.iter()
+                .map(|&i| (self.tracked[i].rect(), self.tracked[i].class_id)),
+            columns,
+            self.dets,
+            weighted,
+            p.class_aware,
+        )
+    }
+
+    /// 5. The lists for the next frame, in a stable order: surviving tracked tracks, new
+    /// ones, re-found ones; then lost ones still within the buffer, newly lost ones. Each
+    /// tracked one with the detection it took.
+    fn next_lists(
+        self,
+        started: Vec<(Track, usize)>,
+        newly_lost: &[usize],
+        track_buffer: i64,
+    ) -> (Vec<(Track, Option<usize>)>, Vec<Track>) {
         let mut next: Vec<(Track, Option<usize>)> = Vec::new();
         let mut next_lost: Vec<Track> = Vec::new();
-        let mut tracked_slots: Vec<Option<Track>> = tracked.into_iter().map(Some).collect();
-        let mut lost_slots: Vec<Option<Track>> = lost.into_iter().map(Some).collect();
-        for (slot, &hit) in tracked_slots.iter_mut().zip(&tracked_hit) {
+        let mut tracked_slots: Vec<Option<Track>> = self.tracked.into_iter().map(Some).collect();
+        let mut lost_slots: Vec<Option<Track>> = self.lost.into_iter().map(Some).collect();
+        for (slot, &hit) in tracked_slots.iter_mut().zip(&self.tracked_hit) {
             // Matched tracks stay (unmatched unconfirmed ones are dropped here).
             if hit.is_some() {
                 if let Some(t) = slot.take() {
@@ -302,32 +395,22 @@ impl CameraTracks {
             }
         }
         next.extend(started.into_iter().map(|(t, d)| (t, Some(d))));
-        for &i in &refound {
+        for &i in &self.refound {
             if let Some(t) = lost_slots[i].take() {
-                next.push((t, lost_hit[i]));
+                next.push((t, self.lost_hit[i]));
             }
         }
         for t in lost_slots.into_iter().flatten() {
-            if frame - t.last_seen <= p.track_buffer {
+            if self.frame - t.last_seen <= track_buffer {
                 next_lost.push(t);
             }
         }
-        for &i in &newly_lost {
+        for &i in newly_lost {
             if let Some(t) = tracked_slots[i].take() {
                 next_lost.push(t);
             }
         }
-        let (next, next_lost) = drop_duplicates(next, next_lost);
-
-        let mut ids = vec![None; dets.len()];
-        for (t, d) in &next {
-            if let (Some(d), Some(id)) = (d, t.id) {
-                ids[*d] = Some(id);
-            }
-        }
-        self.tracked = next.into_iter().map(|(t, _)| t).collect();
-        self.lost = next_lost;
-        ids
+        drop_duplicates(next, next_lost)
     }
 }
 
