@@ -146,7 +146,7 @@ impl CameraTracks {
         ids
     }
 
-    /// 4. New tracks from the high-score detections nobody took (`left`, `matched` beside it),
+    /// Step 4: new tracks from the high-score detections nobody took (`left`, `matched` beside it),
     /// confirmed at once on a camera's first frame (nothing to confirm against).
     fn start(
         &mut self,
@@ -269,7 +269,7 @@ impl<'a> Round<'a> {
         }
     }
 
-    /// 1. Pool × high-score detections, IoU weighted by score. Which of the pool and of `high`
+    /// Step 1: pool × high-score detections, IoU weighted by score. Which of the pool and of `high`
     /// were matched.
     fn match_high(&mut self, pool: &[Slot], high: &[usize], p: &Params) -> (Vec<bool>, Vec<bool>) {
         let sim = similarity(
@@ -303,7 +303,7 @@ impl<'a> Round<'a> {
         (pool_matched, high_matched)
     }
 
-    /// 2. Tracked tracks still unmatched × low-score detections, plain IoU. Returns those
+    /// Step 2: tracked tracks still unmatched × low-score detections, plain IoU. Returns those
     /// still unmatched: lost from now on.
     fn match_low(
         &mut self,
@@ -332,7 +332,7 @@ impl<'a> Round<'a> {
         unmatched(&remaining, &second_matched)
     }
 
-    /// 3. Unconfirmed tracks × the high-score detections `left`: a match confirms the track
+    /// Step 3: unconfirmed tracks × the high-score detections `left`: a match confirms the track
     /// (its id the next of `last_id`). Which of `left` were matched.
     fn confirm(&mut self, left: &[usize], p: &Params, last_id: &mut i64) -> Vec<bool> {
         let unconfirmed: Vec<usize> = self
@@ -373,7 +373,7 @@ impl<'a> Round<'a> {
         )
     }
 
-    /// 5. The lists for the next frame, in a stable order: surviving tracked tracks, new
+    /// Step 5: the lists for the next frame, in a stable order: surviving tracked tracks, new
     /// ones, re-found ones; then lost ones still within the buffer, newly lost ones. Each
     /// tracked one with the detection it took.
     fn next_lists(
