@@ -134,7 +134,8 @@ impl<W: Write + Send> Sink for JsonLinesSink<W> {
     }
 }
 
-fn is_binary(data_type: &DataType) -> bool {
+/// Bytes of any Arrow binary type: left out of JSON (and of Redis values' scalars).
+pub(crate) fn is_binary(data_type: &DataType) -> bool {
     matches!(
         data_type,
         DataType::Binary

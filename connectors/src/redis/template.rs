@@ -164,18 +164,8 @@ pub(super) fn nested(data_type: &DataType) -> bool {
     )
 }
 
-fn binary(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Binary
-            | DataType::LargeBinary
-            | DataType::BinaryView
-            | DataType::FixedSizeBinary(_)
-    )
-}
-
 fn scalar(data_type: &DataType) -> bool {
-    !nested(data_type) && !binary(data_type)
+    !nested(data_type) && !crate::lines::is_binary(data_type)
 }
 
 #[cfg(test)]
