@@ -42,8 +42,7 @@ fn main() {
         Command::Consume(args) => consume::consume_command(args).map(|()| exit::OK),
         #[cfg(not(feature = "kafka"))]
         Command::Produce(_) | Command::Consume(_) => Err(anyhow::anyhow!(
-            "this riffle was built without the `kafka` feature; rebuild with default features: \
-             cargo build --release"
+            riffle_connectors::kind::not_built("riffle produce/consume", "kafka")
         )),
         Command::Devices => devices_command().map(|()| exit::OK),
         Command::GpuCheck {

@@ -197,14 +197,17 @@ pub trait Feature: fmt::Debug + Clone + Send + Sync + 'static {
     const FEATURE: &'static str;
 }
 
+/// What every kind or command left out of a build says: which, and the feature that builds it.
+pub fn not_built(kind: &str, feature: &str) -> String {
+    format!(
+        "`{kind}` is not in this build of riffle (built without the `{feature}` feature); \
+         rebuild with default features: cargo build --release"
+    )
+}
+
 impl<F: Feature> Unbuilt<F> {
     fn why() -> String {
-        format!(
-            "`{}` is not in this build of riffle (built without the `{}` feature); rebuild \
-             with default features: cargo build --release",
-            F::KIND,
-            F::FEATURE
-        )
+        not_built(F::KIND, F::FEATURE)
     }
 }
 

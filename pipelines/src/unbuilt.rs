@@ -8,8 +8,9 @@ use riffle_dataflow::runtime::Step;
 use riffle_dataflow::{DataflowError, DataflowResult};
 use riffle_operators::{StageContext, StageKind};
 
-const PYTHON_WHY: &str = "`python` is not in this build of riffle (built without the `python` \
-                          feature); rebuild with default features: cargo build --release";
+fn python_why() -> String {
+    riffle_connectors::kind::not_built("python", "python")
+}
 
 /// The `python:` stage without the `python` feature (no embedded interpreter).
 #[derive(Clone, Debug)]
@@ -18,7 +19,7 @@ pub struct UnbuiltPython;
 impl<'de> serde::Deserialize<'de> for UnbuiltPython {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         serde::de::IgnoredAny::deserialize(d)?;
-        Err(serde::de::Error::custom(PYTHON_WHY))
+        Err(serde::de::Error::custom(python_why()))
     }
 }
 
@@ -27,9 +28,9 @@ impl StageKind for UnbuiltPython {
         "python"
     }
     fn output_schema(&self, _input: &SchemaRef) -> DataflowResult<SchemaRef> {
-        Err(DataflowError::Config(PYTHON_WHY.into()))
+        Err(DataflowError::Config(python_why()))
     }
     fn build(&self, _ctx: &StageContext<'_>) -> DataflowResult<Step> {
-        Err(DataflowError::Config(PYTHON_WHY.into()))
+        Err(DataflowError::Config(python_why()))
     }
 }

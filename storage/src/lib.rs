@@ -145,8 +145,10 @@ impl Location {
             if bucket.is_empty() {
                 return Err(config("no bucket (expected s3://bucket/prefix)".into()));
             }
-            let store = s3(bucket, options).map_err(|e| config(e.to_string()))?;
-            (Arc::new(store), ObjectPath::from(prefix))
+            (
+                s3(bucket, options).map_err(config)?,
+                ObjectPath::from(prefix),
+            )
         } else if let Some(rest) = url.strip_prefix("memory://") {
             let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
             (in_memory(name), ObjectPath::from(prefix))
@@ -383,7 +385,7 @@ fn in_memory(name: &str) -> Arc<dyn ObjectStore> {
 
 /// Without the `s3` feature (a build for local checkpoints only) an `s3://` URL says so.
 #[cfg(not(feature = "s3"))]
-fn s3(_bucket: &str, _options: &StoreOptions) -> Result<object_store::memory::InMemory, String> {
+fn s3(_bucket: &str, _options: &StoreOptions) -> Result<Arc<dyn ObjectStore>, String> {
     Err(
         "this riffle was built without the `s3` feature: rebuild with default features \
          (cargo build --release) for S3 stores"
@@ -393,7 +395,7 @@ fn s3(_bucket: &str, _options: &StoreOptions) -> Result<object_store::memory::In
 
 /// An S3 client for `bucket`: `options` first, then the usual AWS variables.
 #[cfg(feature = "s3")]
-fn s3(bucket: &str, options: &StoreOptions) -> object_store::Result<object_store::aws::AmazonS3> {
+fn s3(bucket: &str, options: &StoreOptions) -> Result<Arc<dyn ObjectStore>, String> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
     use object_store::{BackoffConfig, ClientConfigKey, RetryConfig};
     use std::time::Duration;
@@ -448,7 +450,8 @@ fn s3(bucket: &str, options: &StoreOptions) -> object_store::Result<object_store
             AmazonS3ConfigKey::Client(ClientConfigKey::DefaultContentType),
             "application/octet-stream",
         );
-    builder.build()
+    let store = builder.build().map_err(|e| e.to_string())?;
+    Ok(Arc::new(store))
 }
 
 #[cfg(test)]

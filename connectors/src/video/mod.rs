@@ -147,10 +147,9 @@ pub fn build(config: &VideoConfig) -> DataflowResult<Box<dyn SourceFactory>> {
     #[cfg(not(feature = "video"))]
     {
         config.resolve()?;
-        Err(riffle_dataflow::DataflowError::Config(
-            "video source: `video` is not in this build of riffle (built without the `video` \
-             feature: FFmpeg); rebuild with default features: cargo build --release"
-                .into(),
-        ))
+        Err(riffle_dataflow::DataflowError::Config(format!(
+            "video source (FFmpeg): {}",
+            crate::kind::not_built("video", "video")
+        )))
     }
 }

@@ -161,11 +161,10 @@ impl SinkKind for VideoSinkConfig {
         }
         #[cfg(not(feature = "video"))]
         {
-            Err(DataflowError::Config(
-                "video sink: `video` is not in this build of riffle (built without the `video` \
-                 feature: FFmpeg); rebuild with default features: cargo build --release"
-                    .into(),
-            ))
+            Err(DataflowError::Config(format!(
+                "video sink (FFmpeg): {}",
+                crate::kind::not_built("video", "video")
+            )))
         }
     }
 }
