@@ -32,7 +32,6 @@ pub mod credit;
 pub mod dead_letter;
 pub mod error;
 pub mod events;
-pub mod image;
 pub mod observe;
 pub mod operators;
 pub mod range;

@@ -8,6 +8,8 @@
 //! - [`json`]: one JSON object per record; schema inferred from sample records.
 //! - [`csv`]: one CSV record per record; schema inferred from sample records.
 //! - [`raw`]: `raw` and `jpeg` payloads, kept whole in a `bytes` column.
+//! - [`picture`]: how a decoded picture travels (RGB8 pixels beside `width` and `height`), the
+//!   contract between the sources that make pictures and the vision stages that read them.
 //! - [`ColumnType`], [`DeclaredSchema`] and [`declared_schema`]: columns declared in the
 //!   pipeline file instead of inferred (scalars, and fixed-size lists of numbers for JSON).
 //!
@@ -26,6 +28,7 @@
 pub mod avro;
 pub mod csv;
 pub mod json;
+pub mod picture;
 #[cfg(feature = "schemas")]
 pub mod protobuf;
 pub mod raw;

@@ -72,11 +72,11 @@ pub const PIXELS: &str = "pixels";
 /// 0), `pts_ms` Int64 (presentation time from the stream's start), `ingest_ms` Int64 (wall
 /// clock when decoded, ms since the Unix epoch), `width` / `height` UInt32, `pixels` Binary
 /// (RGB8, interleaved, row-major). With `scale_to` every frame's pixels are that size, said on
-/// the `pixels` field ([`riffle_dataflow::image`]), while `width` / `height` keep the camera's.
+/// the `pixels` field ([`riffle_formats::picture`]), while `width` / `height` keep the camera's.
 pub fn schema(scale_to: Option<(u32, u32)>) -> SchemaRef {
     let pixels = Field::new(PIXELS, DataType::Binary, false);
     let pixels = match scale_to {
-        Some(size) => riffle_dataflow::image::with_pixels_size(pixels, size),
+        Some(size) => riffle_formats::picture::with_pixels_size(pixels, size),
         None => pixels,
     };
     Arc::new(Schema::new(vec![

@@ -319,7 +319,7 @@ fn frames_scaled_while_converted_are_the_ffmpeg_commands_one_pass_and_keep_their
         let s = VideoSource::new(&c).unwrap();
         let field = s.schema().unwrap().field_with_name(PIXELS).unwrap().clone();
         assert_eq!(
-            riffle_dataflow::image::pixels_size(&field),
+            riffle_formats::picture::pixels_size(&field),
             Some((300, 300))
         );
         let (rows, dead) = read_all(&s, 0, 1);

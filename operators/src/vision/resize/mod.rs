@@ -29,9 +29,9 @@ use fast_image_resize::images::Image;
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use riffle_dataflow::dead_letter::DeadLetter;
 use riffle_dataflow::error::{DataflowError, DataflowResult};
-use riffle_dataflow::image::pixels_size;
 use riffle_dataflow::stage::{Stage, StageOutput};
 use riffle_dataflow::tensor::{tensor_column, tensor_field};
+use riffle_formats::picture::pixels_size;
 
 use riffle_gpu::DeviceSpec;
 use serde_inline_default::serde_inline_default;

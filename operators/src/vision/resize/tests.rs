@@ -493,7 +493,7 @@ fn prescaled(batch: RecordBatch, size: (u32, u32)) -> RecordBatch {
         .fields()
         .iter()
         .map(|f| match f.name().as_str() {
-            "pixels" => riffle_dataflow::image::with_pixels_size(f.as_ref().clone(), size),
+            "pixels" => riffle_formats::picture::with_pixels_size(f.as_ref().clone(), size),
             _ => f.as_ref().clone(),
         })
         .collect();

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use arrow_schema::{DataType, Field};
-//! use riffle_dataflow::image::{pixels_size, with_pixels_size};
+//! use riffle_formats::picture::{pixels_size, with_pixels_size};
 //!
 //! let field = Field::new("pixels", DataType::Binary, false);
 //! assert_eq!(pixels_size(&field), None);
