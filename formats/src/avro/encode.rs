@@ -239,24 +239,45 @@ struct Declared {
 /// every field without a default a column, of a type that arrow-avro writes as that field's
 /// Avro type (its encoder writes what the column's Arrow type says, whatever the schema).
 fn check_declared(input: &Schema, text: &str) -> Result<Declared, AvroFormatError> {
-    let invalid = |what: String| AvroFormatError::WriterSchema(excerpt(&what));
-    let value: Value = serde_json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?;
-    let fields =
-        match (
-            value.get("type").and_then(Value::as_str),
-            value.get("fields"),
-        ) {
-            (Some("record"), Some(Value::Array(fields))) => fields,
-            _ => return Err(invalid(
-                "expected a record (`{\"type\": \"record\", \"name\": …, \"fields\": […]}`), one \
-                 field per column"
-                    .into(),
-            )),
-        };
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| invalid_declared(format!("not JSON: {e}")))?;
+    let fields = record_fields(&value)?;
     let schema = AvroSchema::new(text.to_string());
     let read = unframed(&schema, &schema)
-        .map_err(|e| invalid(e.to_string()))?
+        .map_err(|e| invalid_declared(e.to_string()))?
         .schema();
+    let (declared, defaulted) = classify_fields(input, fields)?;
+    Ok(Declared {
+        fields: fit_columns(input, &read, &declared)?,
+        defaults: defaults(&value, defaulted)?,
+    })
+}
+
+fn invalid_declared(what: String) -> AvroFormatError {
+    AvroFormatError::WriterSchema(excerpt(&what))
+}
+
+/// The fields of the declared schema, which must be a record.
+fn record_fields(value: &Value) -> Result<&[Value], AvroFormatError> {
+    match (
+        value.get("type").and_then(Value::as_str),
+        value.get("fields"),
+    ) {
+        (Some("record"), Some(Value::Array(fields))) => Ok(fields),
+        _ => Err(invalid_declared(
+            "expected a record (`{\"type\": \"record\", \"name\": …, \"fields\": […]}`), one \
+             field per column"
+                .into(),
+        )),
+    }
+}
+
+/// The names of the declared `fields`, and those of them that are not columns but have a
+/// default (written with it); a field that is neither a column nor defaulted is an error.
+fn classify_fields<'a>(
+    input: &Schema,
+    fields: &'a [Value],
+) -> Result<(Vec<&'a str>, Vec<Value>), AvroFormatError> {
     let mut declared = Vec::with_capacity(fields.len());
     let mut required_missing = Vec::new();
     let mut defaulted = Vec::new();
@@ -264,7 +285,7 @@ fn check_declared(input: &Schema, text: &str) -> Result<Declared, AvroFormatErro
         let name = field
             .get("name")
             .and_then(Value::as_str)
-            .ok_or_else(|| invalid("a field has no `name`".into()))?;
+            .ok_or_else(|| invalid_declared("a field has no `name`".into()))?;
         declared.push(name);
         if input.field_with_name(name).is_ok() {
             continue;
@@ -275,7 +296,6 @@ fn check_declared(input: &Schema, text: &str) -> Result<Declared, AvroFormatErro
             required_missing.push(format!("`{name}`"));
         }
     }
-    let columns = || names(input.fields().iter().map(|f| f.as_ref()));
     if !required_missing.is_empty() {
         let many = required_missing.len() > 1;
         return Err(AvroFormatError::Columns(excerpt(&format!(
@@ -285,9 +305,19 @@ fn check_declared(input: &Schema, text: &str) -> Result<Declared, AvroFormatErro
             required_missing.join(", "),
             if many { "have" } else { "has" },
             if many { "are" } else { "is" },
-            columns()
+            names(input.fields().iter().map(|f| f.as_ref()))
         ))));
     }
+    Ok((declared, defaulted))
+}
+
+/// The input's fields, nullable as `read` (the declared schema as arrow-avro reads it) says;
+/// a column that is not a `declared` field, or is not written as its field, is an error.
+fn fit_columns(
+    input: &Schema,
+    read: &Schema,
+    declared: &[&str],
+) -> Result<Vec<Arc<Field>>, AvroFormatError> {
     let mut fitted = Vec::with_capacity(input.fields().len());
     let mut extra = Vec::new();
     let mut mismatched = Vec::new();
@@ -325,10 +355,7 @@ fn check_declared(input: &Schema, text: &str) -> Result<Declared, AvroFormatErro
             mismatched.join("; ")
         ))));
     }
-    Ok(Declared {
-        fields: fitted,
-        defaults: defaults(&value, defaulted)?,
-    })
+    Ok(fitted)
 }
 
 /// One row of the defaults of `defaulted` (fields of the declared record `declared`), as

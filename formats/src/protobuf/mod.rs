@@ -1,12 +1,15 @@
 //! Protobuf payloads: messages decoded with a reader's descriptor into Arrow rows, and rows
 //! encoded back into messages.
 //!
-//! - [`ProtoSchema`] (`schema.rs`): a message type and its descriptor pool, from a `.proto`
-//!   file (compiled in-process with protox), a `FileDescriptorSet` file, or a schema registry's
-//!   `.proto` text with its references; and its Arrow schema.
-//! - [`ProtobufDecoder`] (`decode.rs`): payloads, plain or in the Confluent framing, to batches;
-//!   writer schemas named by the framing are checked once each for compatibility.
-//! - [`ProtobufEncoder`] (`encode.rs`): batches to payloads.
+//! - [`ProtoSchema`] (`schema/`; the Arrow mapping in `mapping.rs`, writer compatibility in
+//!   `compat.rs`): a message type and its descriptor pool, from a `.proto` file (compiled
+//!   in-process with protox), a `FileDescriptorSet` file, or a schema registry's `.proto` text
+//!   with its references; and its Arrow schema.
+//! - [`ProtobufDecoder`] (`decode/`; column builders in `columns.rs`, writer schemas in
+//!   `writers.rs`): payloads, plain or in the Confluent framing, to batches; writer schemas
+//!   named by the framing are checked once each for compatibility.
+//! - [`ProtobufEncoder`] (`encode/`; a plan per column in `plan.rs`, values in `values.rs`):
+//!   batches to payloads.
 //!
 //! # Arrow mapping
 //!

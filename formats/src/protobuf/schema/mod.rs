@@ -1,24 +1,45 @@
 //! Protobuf schemas: loading descriptors (`.proto` files, descriptor sets, registered schemas),
 //! their Arrow schema, and the compatibility of a writer's message with a reader's.
+//!
+//! - `mapping.rs`: the Arrow type of each protobuf type (`Shape`).
+//! - `compat.rs`: whether a writer's message reads as the reader's, field by field.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
-use prost_reflect::{
-    DescriptorPool, EnumDescriptor, FieldDescriptor, FileDescriptor, Kind, MessageDescriptor,
-};
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
+use prost_reflect::{DescriptorPool, FieldDescriptor, FileDescriptor, Kind, MessageDescriptor};
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 use protox::Compiler;
 
 use super::ProtoFormatError;
 use crate::schema_registry::{RegisteredSchema, SchemaType};
 
+mod compat;
+mod mapping;
+
+pub(super) use compat::{first_conflict, message_at};
+pub(super) use mapping::{shape, Shape};
+
+use mapping::message_fields;
+
 /// Time zone of `google.protobuf.Timestamp` columns: UTC as an offset, which Arrow parses
 /// without chrono-tz (`"UTC"` would not).
 pub(super) const UTC: &str = "+00:00";
+
+/// The entries field of a map column.
+pub(super) fn map_entries(key: DataType, value: DataType) -> Arc<Field> {
+    Arc::new(Field::new(
+        "entries",
+        DataType::Struct(Fields::from(vec![
+            Field::new("key", key, false),
+            Field::new("value", value, false),
+        ])),
+        false,
+    ))
+}
 
 /// A message type and the descriptor pool it lives in, with its Arrow schema.
 #[derive(Clone)]
@@ -328,167 +349,6 @@ pub(super) fn declared_fields(message: &MessageDescriptor) -> Vec<FieldDescripto
         .collect()
 }
 
-/// How values of a protobuf type become Arrow values.
-#[derive(Clone, Debug)]
-pub(super) enum Shape {
-    Bool,
-    Int32,
-    Int64,
-    UInt32,
-    UInt64,
-    Float32,
-    Float64,
-    Utf8,
-    Binary,
-    Enum(EnumDescriptor),
-    /// `google.protobuf.Timestamp`.
-    Timestamp(MessageDescriptor),
-    /// `google.protobuf.*Value`: the shape of its field 1, `value`.
-    Wrapper(MessageDescriptor, Box<Shape>),
-    Message(MessageDescriptor),
-}
-
-/// Full names of protobuf's wrapper messages.
-const WRAPPERS: [&str; 9] = [
-    "google.protobuf.DoubleValue",
-    "google.protobuf.FloatValue",
-    "google.protobuf.Int64Value",
-    "google.protobuf.UInt64Value",
-    "google.protobuf.Int32Value",
-    "google.protobuf.UInt32Value",
-    "google.protobuf.BoolValue",
-    "google.protobuf.StringValue",
-    "google.protobuf.BytesValue",
-];
-
-pub(super) fn shape(kind: &Kind) -> Shape {
-    match kind {
-        Kind::Bool => Shape::Bool,
-        Kind::Int32 | Kind::Sint32 | Kind::Sfixed32 => Shape::Int32,
-        Kind::Int64 | Kind::Sint64 | Kind::Sfixed64 => Shape::Int64,
-        Kind::Uint32 | Kind::Fixed32 => Shape::UInt32,
-        Kind::Uint64 | Kind::Fixed64 => Shape::UInt64,
-        Kind::Float => Shape::Float32,
-        Kind::Double => Shape::Float64,
-        Kind::String => Shape::Utf8,
-        Kind::Bytes => Shape::Binary,
-        Kind::Enum(e) => Shape::Enum(e.clone()),
-        Kind::Message(m) => match m.full_name() {
-            "google.protobuf.Timestamp" => Shape::Timestamp(m.clone()),
-            name if WRAPPERS.contains(&name) => match m.get_field(1) {
-                Some(value) => Shape::Wrapper(m.clone(), Box::new(shape(&value.kind()))),
-                None => Shape::Message(m.clone()),
-            },
-            _ => Shape::Message(m.clone()),
-        },
-    }
-}
-
-/// The Arrow fields of `message`'s fields; `stack` holds the messages being expanded, to refuse
-/// recursive types.
-pub(super) fn message_fields(
-    message: &MessageDescriptor,
-    stack: &mut Vec<String>,
-) -> Result<Fields, ProtoFormatError> {
-    stack.push(message.full_name().to_owned());
-    let fields = declared_fields(message)
-        .iter()
-        .map(|f| arrow_field(f, stack))
-        .collect::<Result<Vec<_>, _>>();
-    stack.pop();
-    Ok(fields?.into())
-}
-
-fn arrow_field(
-    field: &FieldDescriptor,
-    stack: &mut Vec<String>,
-) -> Result<Field, ProtoFormatError> {
-    let unsupported = |what: String| ProtoFormatError::Unsupported {
-        message: field.parent_message().full_name().to_owned(),
-        field: field.name().to_owned(),
-        what,
-    };
-    // Errors from deeper down already name their field; a recursion found here does not.
-    let locate = |e: ProtoFormatError| match e {
-        ProtoFormatError::Unsupported { field, what, .. } if field.is_empty() => unsupported(what),
-        other => other,
-    };
-    if field.is_map() {
-        let Kind::Message(entry) = field.kind() else {
-            return Err(unsupported("a map whose entry is not a message".into()));
-        };
-        let key = shape(&entry.map_entry_key_field().kind())
-            .data_type(stack)
-            .map_err(locate)?;
-        let value = shape(&entry.map_entry_value_field().kind())
-            .data_type(stack)
-            .map_err(locate)?;
-        return Ok(Field::new(
-            field.name(),
-            DataType::Map(map_entries(key, value), false),
-            false,
-        ));
-    }
-    let data_type = shape(&field.kind()).data_type(stack).map_err(locate)?;
-    if field.is_list() {
-        return Ok(Field::new(
-            field.name(),
-            DataType::List(Arc::new(Field::new_list_field(data_type, false))),
-            false,
-        ));
-    }
-    Ok(Field::new(
-        field.name(),
-        data_type,
-        field.supports_presence(),
-    ))
-}
-
-/// The entries field of a map column.
-pub(super) fn map_entries(key: DataType, value: DataType) -> Arc<Field> {
-    Arc::new(Field::new(
-        "entries",
-        DataType::Struct(Fields::from(vec![
-            Field::new("key", key, false),
-            Field::new("value", value, false),
-        ])),
-        false,
-    ))
-}
-
-impl Shape {
-    pub(super) fn data_type(&self, stack: &mut Vec<String>) -> Result<DataType, ProtoFormatError> {
-        Ok(match self {
-            Shape::Bool => DataType::Boolean,
-            Shape::Int32 => DataType::Int32,
-            Shape::Int64 => DataType::Int64,
-            Shape::UInt32 => DataType::UInt32,
-            Shape::UInt64 => DataType::UInt64,
-            Shape::Float32 => DataType::Float32,
-            Shape::Float64 => DataType::Float64,
-            Shape::Utf8 | Shape::Enum(_) => DataType::Utf8,
-            Shape::Binary => DataType::Binary,
-            Shape::Timestamp(_) => DataType::Timestamp(TimeUnit::Microsecond, Some(UTC.into())),
-            Shape::Wrapper(_, inner) => inner.data_type(stack)?,
-            Shape::Message(m) => {
-                if stack.iter().any(|s| s == m.full_name()) {
-                    return Err(ProtoFormatError::Unsupported {
-                        message: stack.last().cloned().unwrap_or_default(),
-                        field: String::new(),
-                        what: format!(
-                            "message `{}` contains itself ({} -> {}): recursive types have no Arrow type",
-                            m.full_name(),
-                            stack.join(" -> "),
-                            m.full_name()
-                        ),
-                    });
-                }
-                DataType::Struct(message_fields(m, stack)?)
-            }
-        })
-    }
-}
-
 /// The protobuf name of a field's type, for messages.
 pub(super) fn kind_name(kind: &Kind) -> String {
     match kind {
@@ -510,120 +370,4 @@ pub(super) fn kind_name(kind: &Kind) -> String {
         Kind::Message(m) => format!("message {}", m.full_name()),
         Kind::Enum(e) => format!("enum {}", e.full_name()),
     }
-}
-
-/// Families of field types whose encodings read as each other.
-#[derive(PartialEq, Eq)]
-enum WireFamily {
-    /// int32, int64, uint32, uint64, bool and enums: plain varints, which protobuf reads across
-    /// these types (truncating to 32 bits where the reader's type is narrower).
-    Varint,
-    /// sint32, sint64: zigzag varints.
-    Zigzag,
-    /// fixed32, sfixed32.
-    Fixed32,
-    /// fixed64, sfixed64.
-    Fixed64,
-    Float,
-    Double,
-    String,
-    Bytes,
-    Message,
-}
-
-fn wire_family(kind: &Kind) -> WireFamily {
-    match kind {
-        Kind::Int32 | Kind::Int64 | Kind::Uint32 | Kind::Uint64 | Kind::Bool | Kind::Enum(_) => {
-            WireFamily::Varint
-        }
-        Kind::Sint32 | Kind::Sint64 => WireFamily::Zigzag,
-        Kind::Fixed32 | Kind::Sfixed32 => WireFamily::Fixed32,
-        Kind::Fixed64 | Kind::Sfixed64 => WireFamily::Fixed64,
-        Kind::Float => WireFamily::Float,
-        Kind::Double => WireFamily::Double,
-        Kind::String => WireFamily::String,
-        Kind::Bytes => WireFamily::Bytes,
-        Kind::Message(_) => WireFamily::Message,
-    }
-}
-
-/// The first field that `writer` and `reader` both have (by number) with types that do not
-/// read as each other, described; `None` when the reader reads every writer's field it knows.
-///
-/// Strict: the same type, except within a `WireFamily`; `string`, `bytes` and messages are
-/// never mixed (protobuf would read some of those, but only for some values); repeated and
-/// singular are never mixed; messages are compared field by field.
-pub(super) fn first_conflict(
-    writer: &MessageDescriptor,
-    reader: &MessageDescriptor,
-) -> Option<String> {
-    conflict_in(writer, reader, "", &mut HashSet::new())
-}
-
-fn conflict_in(
-    writer: &MessageDescriptor,
-    reader: &MessageDescriptor,
-    prefix: &str,
-    seen: &mut HashSet<(String, String)>,
-) -> Option<String> {
-    if !seen.insert((writer.full_name().to_owned(), reader.full_name().to_owned())) {
-        return None;
-    }
-    for r in declared_fields(reader) {
-        let Some(w) = writer.get_field(r.number()) else {
-            continue;
-        };
-        let path = format!("{prefix}{}", r.name());
-        let describe = |what: String| format!("field {} `{path}`: {what}", r.number());
-        let shape_of = |f: &FieldDescriptor| {
-            if f.is_map() {
-                "a map"
-            } else if f.is_list() {
-                "repeated"
-            } else {
-                "singular"
-            }
-        };
-        if w.is_map() != r.is_map() || w.is_list() != r.is_list() {
-            return Some(describe(format!(
-                "{} in the writer, {} in the reader",
-                shape_of(&w),
-                shape_of(&r)
-            )));
-        }
-        if w.is_group() != r.is_group() {
-            return Some(describe(
-                "a group in one schema and a message in the other".into(),
-            ));
-        }
-        match (w.kind(), r.kind()) {
-            (Kind::Message(wm), Kind::Message(rm)) => {
-                if let Some(conflict) = conflict_in(&wm, &rm, &format!("{path}."), seen) {
-                    return Some(conflict);
-                }
-            }
-            (wk, rk) if wire_family(&wk) != wire_family(&rk) => {
-                return Some(describe(format!(
-                    "{} in the writer, {} in the reader",
-                    kind_name(&wk),
-                    kind_name(&rk)
-                )));
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
-/// The message at `indexes` (Confluent message indexes) of `file`.
-pub(super) fn message_at(file: &FileDescriptor, indexes: &[i32]) -> Option<MessageDescriptor> {
-    let (first, rest) = indexes.split_first()?;
-    let mut message = file.messages().nth(usize::try_from(*first).ok()?)?;
-    for index in rest {
-        let child = message
-            .child_messages()
-            .nth(usize::try_from(*index).ok()?)?;
-        message = child;
-    }
-    Some(message)
 }
