@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Headers, Message as _};
+use rdkafka::message::{BorrowedMessage, Headers, Message as _};
 use rdkafka::{Offset, TopicPartitionList};
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 
@@ -202,10 +202,35 @@ pub fn read_to_end(
     raw: bool,
     mut show: impl FnMut(&[u8]) -> std::io::Result<()>,
 ) -> DataflowResult<ReadSummary> {
-    let error = |e| kafka_error(brokers, topic, e);
     let consumer: BaseConsumer<ReadsToEnd> = client_config(brokers, options, Role::ResultsReader)
         .create_with_context(ReadsToEnd)
-        .map_err(error)?;
+        .map_err(|e| kafka_error(brokers, topic, e))?;
+    let ends = assign_from_start(&consumer, brokers, topic)?;
+    let mut pass = ReadPass::new(ends, raw);
+    while pass.unfinished() {
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            pass.check_stall(topic)?;
+            continue;
+        };
+        match message {
+            Ok(m) => pass.take(&m, &mut show)?,
+            // The broker says a partition ends here (its high watermark may be read differently
+            // by list-offsets and fetch): take that as its end.
+            Err(KafkaError::PartitionEOF(p)) => pass.ended(p),
+            // Transient (a broker restarting): librdkafka retries itself.
+            Err(e) => tracing::warn!("consume: {e}"),
+        }
+    }
+    Ok(pass.finish())
+}
+
+/// Assigns every partition of `topic` from its beginning, and returns the end each has now.
+fn assign_from_start(
+    consumer: &BaseConsumer<ReadsToEnd>,
+    brokers: &str,
+    topic: &str,
+) -> DataflowResult<BTreeMap<i32, i64>> {
+    let error = |e| kafka_error(brokers, topic, e);
     let metadata = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
         .map_err(error)?;
@@ -230,65 +255,93 @@ pub fn read_to_end(
             .map_err(error)?;
     }
     consumer.assign(&list).map_err(error)?;
-    let mut next: BTreeMap<i32, i64> = partitions.iter().map(|p| (*p, 0)).collect();
-    let mut view = Committed::default();
-    let mut summary = ReadSummary::default();
-    let mut last_progress = Instant::now();
-    while next
-        .iter()
-        .any(|(p, n)| ends.get(p).is_some_and(|end| n < end))
-    {
-        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
-            if last_progress.elapsed() > STALL_LIMIT {
-                return Err(DataflowError::stage(
-                    "consume",
-                    format!(
-                        "no progress for {} s reading `{topic}`: at {next:?} of {ends:?}",
-                        STALL_LIMIT.as_secs()
-                    ),
-                ));
-            }
-            continue;
-        };
-        let message = match message {
-            Ok(m) => m,
-            // The broker says a partition ends here (its high watermark may be read differently
-            // by list-offsets and fetch): take that as its end.
-            Err(KafkaError::PartitionEOF(p)) => {
-                if let Some(end) = ends.get(&p).copied() {
-                    next.insert(p, end);
-                }
-                last_progress = Instant::now();
-                continue;
-            }
-            // Transient (a broker restarting): librdkafka retries itself.
-            Err(e) => {
-                tracing::warn!("consume: {e}");
-                continue;
-            }
-        };
-        last_progress = Instant::now();
-        next.insert(message.partition(), message.offset() + 1);
-        summary.messages += 1;
+    Ok(ends)
+}
+
+/// Where one [`read_to_end`] stands: each partition's next offset against its end, and what
+/// was shown.
+struct ReadPass {
+    ends: BTreeMap<i32, i64>,
+    next: BTreeMap<i32, i64>,
+    raw: bool,
+    view: Committed<Vec<u8>>,
+    summary: ReadSummary,
+    last_progress: Instant,
+}
+
+impl ReadPass {
+    fn new(ends: BTreeMap<i32, i64>, raw: bool) -> Self {
+        ReadPass {
+            next: ends.keys().map(|p| (*p, 0)).collect(),
+            ends,
+            raw,
+            view: Committed::default(),
+            summary: ReadSummary::default(),
+            last_progress: Instant::now(),
+        }
+    }
+
+    fn unfinished(&self) -> bool {
+        self.next
+            .iter()
+            .any(|(p, n)| self.ends.get(p).is_some_and(|end| n < end))
+    }
+
+    /// Fails when nothing came for [`STALL_LIMIT`].
+    fn check_stall(&self, topic: &str) -> DataflowResult<()> {
+        if self.last_progress.elapsed() > STALL_LIMIT {
+            let (next, ends) = (&self.next, &self.ends);
+            return Err(DataflowError::stage(
+                "consume",
+                format!(
+                    "no progress for {} s reading `{topic}`: at {next:?} of {ends:?}",
+                    STALL_LIMIT.as_secs()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Partition `p` ends where the pass meant to stop.
+    fn ended(&mut self, p: i32) {
+        if let Some(end) = self.ends.get(&p).copied() {
+            self.next.insert(p, end);
+        }
+        self.last_progress = Instant::now();
+    }
+
+    /// Takes one message and shows the values it makes visible.
+    fn take(
+        &mut self,
+        message: &BorrowedMessage<'_>,
+        show: &mut impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> DataflowResult<()> {
+        self.last_progress = Instant::now();
+        self.next.insert(message.partition(), message.offset() + 1);
+        self.summary.messages += 1;
         let kind = message.headers().map_or(Message::Plain, |h| {
             Message::from_headers(h.iter().map(|h| (h.key, h.value.unwrap_or_default())))
         });
         let payload = message.payload().unwrap_or_default().to_vec();
-        let visible = if raw {
+        let visible = if self.raw {
             match kind {
                 Message::Commit { .. } | Message::Fence { .. } => Vec::new(),
                 _ => vec![payload],
             }
         } else {
-            view.push(message.partition(), kind, payload)
+            self.view.push(message.partition(), kind, payload)
         };
         for value in visible {
             show(&value).map_err(|e| DataflowError::io("writing a result", e))?;
-            summary.shown += 1;
+            self.summary.shown += 1;
         }
+        Ok(())
     }
-    summary.uncommitted = view.uncommitted();
-    Ok(summary)
+
+    fn finish(mut self) -> ReadSummary {
+        self.summary.uncommitted = self.view.uncommitted();
+        self.summary
+    }
 }
 
 #[cfg(test)]

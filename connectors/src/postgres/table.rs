@@ -146,6 +146,50 @@ pub fn plan(
     stage: &str,
 ) -> Result<Plan, String> {
     let t = &table.name;
+    let Fitted {
+        types,
+        fits,
+        wires,
+        exact,
+    } = fit_columns(table, schema)?;
+    check_required(table, schema)?;
+    check_key(table, schema, key)?;
+    let columns: Vec<CopyColumn<'_>> = schema
+        .fields()
+        .iter()
+        .zip(wires.iter().zip(&fits))
+        .map(|(f, (wire, fit))| CopyColumn {
+            name: f.name(),
+            wire_type: wire.type_name(),
+            cast: match fit {
+                Fit::Assign => None,
+                Fit::Cast(to) => Some(*to),
+            },
+        })
+        .collect();
+    let staged = (!exact || !key.is_empty())
+        .then(|| sql::staged(t, stage, &columns, key, mode == WriteMode::Upsert));
+    Ok(Plan {
+        schema: Arc::clone(schema),
+        types,
+        wires,
+        copy: exact.then(|| sql::copy_into(t, &columns)),
+        staged,
+    })
+}
+
+/// How each column of the results fits the table's column of its name.
+struct Fitted {
+    types: Vec<SqlType>,
+    fits: Vec<Fit>,
+    wires: Vec<Wire>,
+    /// Every column is sent in its own type, and COPY writes the table as INSERT would.
+    exact: bool,
+}
+
+/// Finds each result column's table column and how its values are written there.
+fn fit_columns(table: &Table, schema: &SchemaRef) -> Result<Fitted, String> {
+    let t = &table.name;
     let mut types = Vec::with_capacity(schema.fields().len());
     let mut fits = Vec::with_capacity(schema.fields().len());
     let mut wires = Vec::with_capacity(schema.fields().len());
@@ -177,17 +221,33 @@ pub fn plan(
         fits.push(fit);
         wires.push(wire);
     }
+    Ok(Fitted {
+        types,
+        fits,
+        wires,
+        exact,
+    })
+}
+
+/// Every column a row must give is in the results.
+fn check_required(table: &Table, schema: &SchemaRef) -> Result<(), String> {
     if let Some(missing) = table
         .columns
         .iter()
         .find(|c| c.required && schema.field_with_name(&c.name).is_err())
     {
         return Err(format!(
-            "column `{}` of table `{t}` is NOT NULL without a default, and the results have no \
+            "column `{}` of table `{}` is NOT NULL without a default, and the results have no \
              such column",
-            missing.name
+            missing.name, table.name
         ));
     }
+    Ok(())
+}
+
+/// The `key` columns are in the results, and the table has a primary key or unique index on
+/// exactly them (what `ON CONFLICT` needs).
+fn check_key(table: &Table, schema: &SchemaRef, key: &[String]) -> Result<(), String> {
     for k in key {
         schema
             .index_of(k)
@@ -204,34 +264,14 @@ pub fn plan(
         if !matches {
             return Err(format!(
                 "`key` ({}) needs a primary key or unique index on exactly these columns of \
-                 table `{t}` (for ON CONFLICT); the table has {}",
+                 table `{}` (for ON CONFLICT); the table has {}",
                 key.join(", "),
+                table.name,
                 describe_unique(&table.unique)
             ));
         }
     }
-    let columns: Vec<CopyColumn<'_>> = schema
-        .fields()
-        .iter()
-        .zip(wires.iter().zip(&fits))
-        .map(|(f, (wire, fit))| CopyColumn {
-            name: f.name(),
-            wire_type: wire.type_name(),
-            cast: match fit {
-                Fit::Assign => None,
-                Fit::Cast(to) => Some(*to),
-            },
-        })
-        .collect();
-    let staged = (!exact || !key.is_empty())
-        .then(|| sql::staged(t, stage, &columns, key, mode == WriteMode::Upsert));
-    Ok(Plan {
-        schema: Arc::clone(schema),
-        types,
-        wires,
-        copy: exact.then(|| sql::copy_into(t, &columns)),
-        staged,
-    })
+    Ok(())
 }
 
 fn describe_unique(unique: &[Vec<String>]) -> String {

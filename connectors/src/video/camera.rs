@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use riffle_dataflow::dead_letter::DeadLetter;
 
 use super::config::Camera;
-use super::decoder::{self, Decoded, Ended, Flow, OpenOptions};
+use super::decoder::{self, Decoded, Ended, Flow, Image, OpenOptions, VideoError};
 use super::metrics::CameraMetrics;
 use super::pace::{Backoff, ConnectBurst, Looping, Pacer, StreamClock};
 use super::queue::{Frame, FrameQueue, Pushed, Thinning};
@@ -50,6 +50,41 @@ struct Progress {
     looping: Looping,
 }
 
+impl Progress {
+    fn start(camera: &Camera, resume_from: i64) -> Self {
+        Progress {
+            // A live stream cannot be rewound: a resumed one numbers its frames on from the
+            // checkpoint instead (per-camera state downstream expects them to go on).
+            next_frame: if camera.live { resume_from } else { 0 },
+            kept: 0,
+            thinning: Thinning::new(camera.every_nth, camera.sample_fps),
+            clock: StreamClock::default(),
+            burst: ConnectBurst::default(),
+            pacer: Pacer::default(),
+            looping: Looping::default(),
+        }
+    }
+}
+
+/// The state of a live stream's connection attempts.
+struct Link {
+    /// Failed opens in a row.
+    failures: u32,
+    backoff: Backoff,
+    /// Since when a live stream has been down (`None` while up, or before it first came up).
+    outage: Option<Instant>,
+}
+
+/// What follows the end of a connection's stream.
+enum AfterStream {
+    /// The camera is finished (its queue too).
+    Done,
+    /// A looped file plays again.
+    PlayAgain,
+    /// A live stream reconnects.
+    Reconnect,
+}
+
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -64,23 +99,13 @@ impl CameraTask {
     }
 
     fn run(self) {
-        let camera = &self.camera;
-        let uri = camera.uri.as_ffmpeg();
-        let mut progress = Progress {
-            // A live stream cannot be rewound: a resumed one numbers its frames on from the
-            // checkpoint instead (per-camera state downstream expects them to go on).
-            next_frame: if camera.live { self.resume_from } else { 0 },
-            kept: 0,
-            thinning: Thinning::new(camera.every_nth, camera.sample_fps),
-            clock: StreamClock::default(),
-            burst: ConnectBurst::default(),
-            pacer: Pacer::default(),
-            looping: Looping::default(),
+        let uri = self.camera.uri.as_ffmpeg();
+        let mut progress = Progress::start(&self.camera, self.resume_from);
+        let mut link = Link {
+            failures: 0,
+            backoff: Backoff::new(self.retry.backoff, self.retry.max_backoff),
+            outage: None,
         };
-        let mut failures = 0u32;
-        let mut backoff = Backoff::new(self.retry.backoff, self.retry.max_backoff);
-        // Since when a live stream has been down (`None` while up, or before it first came up).
-        let mut outage: Option<Instant> = None;
         loop {
             if self.stopped() {
                 return self.queue.finish();
@@ -90,60 +115,92 @@ impl CameraTask {
                 // Stopping abandons a live stream's opening: not a failure.
                 Err(_) if self.stopped() => return self.queue.finish(),
                 Err(e) => {
-                    failures += 1;
-                    if !camera.live || failures >= self.retry.attempts {
-                        return self.give_up(&format!("{e} ({failures} attempts)"));
+                    if self.retry_open(&mut link, &e) {
+                        continue;
                     }
-                    if failures == 1 && outage.is_none() {
-                        tracing::warn!("camera `{}`: {e}; retrying with backoff", camera.id);
-                    }
-                    self.sleep(backoff.wait());
-                    continue;
+                    return;
                 }
             };
-            if let Some(since) = outage.take() {
-                self.metrics.reconnects.inc();
-                tracing::info!(
-                    "camera `{}`: reconnected after {:.1} s",
-                    camera.id,
-                    since.elapsed().as_secs_f64()
-                );
-            }
-            failures = 0;
-            backoff.reset();
+            self.connected(&mut link);
             progress.clock = StreamClock::default();
             progress.burst = ConnectBurst::default();
             let ended = stream.run(&self.stop, &mut |d| self.handle(d, &mut progress));
             self.metrics.health.down();
-            match ended {
-                Ok(Ended::Stopped) => {
-                    // `max_frames` reached ends a camera as its file's end does.
-                    if camera.max_frames.is_some_and(|m| progress.kept >= m) {
-                        self.metrics.health.ended();
-                    }
-                    return self.queue.finish();
-                }
-                // A looped file plays again, its frame numbers and times going on.
-                Ok(Ended::Eof) if camera.looped && !camera.live => {
-                    if !progress.looping.next_pass() {
-                        self.metrics.health.ended();
-                        return self.queue.finish();
-                    }
-                    continue;
-                }
-                Ok(Ended::Eof) if !camera.live => {
-                    self.metrics.health.ended();
-                    return self.queue.finish();
-                }
-                Err(e) if !camera.live => return self.give_up(&e.to_string()),
-                // Logged once per outage; the retries stay quiet until it ends.
-                Ok(Ended::Eof) => {
-                    tracing::warn!("camera `{}`: stream ended; reconnecting", camera.id)
-                }
-                Err(e) => tracing::warn!("camera `{}`: {e}; reconnecting", camera.id),
+            match self.after_stream(ended, &mut progress) {
+                AfterStream::Done => return,
+                AfterStream::PlayAgain => continue,
+                AfterStream::Reconnect => link.outage = Some(Instant::now()),
             }
-            outage = Some(Instant::now());
         }
+    }
+
+    /// Counts a failed open and waits out the backoff before the next try (`true`); gives the
+    /// camera up instead (`false`) when it is not live or out of attempts.
+    fn retry_open(&self, link: &mut Link, e: &VideoError) -> bool {
+        let camera = &self.camera;
+        link.failures += 1;
+        let failures = link.failures;
+        if !camera.live || failures >= self.retry.attempts {
+            self.give_up(&format!("{e} ({failures} attempts)"));
+            return false;
+        }
+        if failures == 1 && link.outage.is_none() {
+            tracing::warn!("camera `{}`: {e}; retrying with backoff", camera.id);
+        }
+        self.sleep(link.backoff.wait());
+        true
+    }
+
+    /// A stream opened: an outage ends, and the retries start over.
+    fn connected(&self, link: &mut Link) {
+        if let Some(since) = link.outage.take() {
+            self.metrics.reconnects.inc();
+            tracing::info!(
+                "camera `{}`: reconnected after {:.1} s",
+                self.camera.id,
+                since.elapsed().as_secs_f64()
+            );
+        }
+        link.failures = 0;
+        link.backoff.reset();
+    }
+
+    /// Ends the camera when its file (or `max_frames`) is done or it fails; a looped file plays
+    /// again, a live stream reconnects.
+    fn after_stream(&self, ended: Result<Ended, VideoError>, p: &mut Progress) -> AfterStream {
+        let camera = &self.camera;
+        match ended {
+            Ok(Ended::Stopped) => {
+                // `max_frames` reached ends a camera as its file's end does.
+                if camera.max_frames.is_some_and(|m| p.kept >= m) {
+                    self.metrics.health.ended();
+                }
+                self.queue.finish();
+            }
+            // A looped file plays again, its frame numbers and times going on.
+            Ok(Ended::Eof) if camera.looped && !camera.live => {
+                if p.looping.next_pass() {
+                    return AfterStream::PlayAgain;
+                }
+                self.metrics.health.ended();
+                self.queue.finish();
+            }
+            Ok(Ended::Eof) if !camera.live => {
+                self.metrics.health.ended();
+                self.queue.finish();
+            }
+            Err(e) if !camera.live => self.give_up(&e.to_string()),
+            // Logged once per outage; the retries stay quiet until it ends.
+            Ok(Ended::Eof) => {
+                tracing::warn!("camera `{}`: stream ended; reconnecting", camera.id);
+                return AfterStream::Reconnect;
+            }
+            Err(e) => {
+                tracing::warn!("camera `{}`: {e}; reconnecting", camera.id);
+                return AfterStream::Reconnect;
+            }
+        }
+        AfterStream::Done
     }
 
     fn stopped(&self) -> bool {
@@ -181,115 +238,141 @@ impl CameraTask {
         self.queue.finish();
     }
 
-    #[allow(
-        clippy::indexing_slicing,
-        reason = "`record` is the JSON object built just above: indexing inserts the key"
-    )]
     fn handle(&self, decoded: Decoded<'_>, p: &mut Progress) -> Flow {
-        let camera = &self.camera;
         match decoded {
             Decoded::Corrupt {
                 pts_ms,
                 reason,
                 frame,
-            } => {
-                let number = p.next_frame;
-                if frame {
-                    p.next_frame += 1;
-                }
-                // Reported by the run that delivered the frames around it.
-                if number < self.resume_from {
-                    return Flow::Continue;
-                }
-                let mut record = serde_json::json!({
-                    "camera_id": camera.id,
-                    "uri": camera.uri.to_string(),
-                    "pts_ms": pts_ms,
-                });
-                if frame {
-                    record["frame"] = number.into();
-                }
-                self.queue.reject(DeadLetter {
-                    stage: "source".into(),
-                    reason: format!("camera `{}`: {reason}", camera.id),
-                    record: record.to_string(),
-                });
-                Flow::Continue
+            } => self.corrupt(p, pts_ms, &reason, frame),
+            Decoded::Frame { pts_ms, image } => self.frame(p, pts_ms, image),
+        }
+    }
+
+    /// Something that did not decode: a dead letter (a frame that did still takes a number).
+    #[allow(
+        clippy::indexing_slicing,
+        reason = "`record` is the JSON object built just above: indexing inserts the key"
+    )]
+    fn corrupt(&self, p: &mut Progress, pts_ms: Option<i64>, reason: &str, frame: bool) -> Flow {
+        let camera = &self.camera;
+        let number = p.next_frame;
+        if frame {
+            p.next_frame += 1;
+        }
+        // Reported by the run that delivered the frames around it.
+        if number < self.resume_from {
+            return Flow::Continue;
+        }
+        let mut record = serde_json::json!({
+            "camera_id": camera.id,
+            "uri": camera.uri.to_string(),
+            "pts_ms": pts_ms,
+        });
+        if frame {
+            record["frame"] = number.into();
+        }
+        self.queue.reject(DeadLetter {
+            stage: "source".into(),
+            reason: format!("camera `{}`: {reason}", camera.id),
+            record: record.to_string(),
+        });
+        Flow::Continue
+    }
+
+    /// A decoded frame: numbered, timed and thinned; then (unless an earlier run delivered
+    /// it) paced, converted and queued.
+    fn frame(&self, p: &mut Progress, pts_ms: Option<i64>, image: Image<'_>) -> Flow {
+        let camera = &self.camera;
+        self.metrics.health.frame();
+        let number = p.next_frame;
+        p.next_frame += 1;
+        let arrived = Instant::now();
+        let pts_ms = p.clock.stamp(pts_ms, arrived);
+        let in_burst = camera.live && p.burst.frame(pts_ms, arrived);
+        let pts_ms = if camera.looped {
+            p.looping.shift(pts_ms)
+        } else {
+            pts_ms
+        };
+        if !p.thinning.keep(number, pts_ms) {
+            return Flow::Continue;
+        }
+        p.kept += 1;
+        let last = camera.max_frames.is_some_and(|m| p.kept >= m);
+        let end = if last { Flow::Stop } else { Flow::Continue };
+        if number < self.resume_from {
+            return end;
+        }
+        let Some(ingest_ms) = self.ingest_ms(p, pts_ms) else {
+            return Flow::Stop;
+        };
+        let (width, height, pixels) = match image.rgb() {
+            Ok(rgb) => rgb,
+            Err(e) => {
+                self.reject_unconverted(number, pts_ms, &e);
+                return end;
             }
-            Decoded::Frame { pts_ms, image } => {
-                self.metrics.health.frame();
-                let number = p.next_frame;
-                p.next_frame += 1;
-                let arrived = Instant::now();
-                let pts_ms = p.clock.stamp(pts_ms, arrived);
-                let in_burst = camera.live && p.burst.frame(pts_ms, arrived);
-                let pts_ms = if camera.looped {
-                    p.looping.shift(pts_ms)
+        };
+        self.metrics.frames.inc();
+        let pushed = self.queue.push(Frame {
+            frame: number,
+            pts_ms,
+            ingest_ms,
+            width,
+            height,
+            pixels,
+        });
+        self.metrics
+            .queue_high_water
+            .set(self.queue.high_water() as i64);
+        self.pushed(pushed, in_burst, end)
+    }
+
+    /// The frame's ingest time: now, or with `realtime` its time once waited for (`None`:
+    /// stopped while waiting).
+    fn ingest_ms(&self, p: &mut Progress, pts_ms: i64) -> Option<i64> {
+        if !self.camera.realtime {
+            return Some(now_ms());
+        }
+        // A realtime file waits for the frame's time; it is stamped as captured then.
+        let due = p.pacer.due(pts_ms, Instant::now(), now_ms());
+        self.sleep(due.at.saturating_duration_since(Instant::now()));
+        if self.stopped() {
+            return None;
+        }
+        Some(due.wall_ms)
+    }
+
+    /// A frame that did not convert to RGB: a dead letter.
+    fn reject_unconverted(&self, number: i64, pts_ms: i64, e: &ffmpeg_next::Error) {
+        let camera = &self.camera;
+        self.queue.reject(DeadLetter {
+            stage: "source".into(),
+            reason: format!("camera `{}`: converting to RGB: {e}", camera.id),
+            record: serde_json::json!({
+                "camera_id": camera.id,
+                "frame": number,
+                "pts_ms": pts_ms,
+            })
+            .to_string(),
+        });
+    }
+
+    /// Counts what the queue dropped; `end` unless the queue is closed.
+    fn pushed(&self, pushed: Pushed, in_burst: bool, end: Flow) -> Flow {
+        match pushed {
+            Pushed::Queued => end,
+            Pushed::DroppedOldest | Pushed::DroppedNewest => {
+                // What a connection buffered while opening is stale, not overload.
+                if in_burst {
+                    self.metrics.skipped_on_connect.inc();
                 } else {
-                    pts_ms
-                };
-                if !p.thinning.keep(number, pts_ms) {
-                    return Flow::Continue;
+                    self.metrics.dropped.inc();
                 }
-                p.kept += 1;
-                let last = camera.max_frames.is_some_and(|m| p.kept >= m);
-                let end = if last { Flow::Stop } else { Flow::Continue };
-                if number < self.resume_from {
-                    return end;
-                }
-                // A realtime file waits for the frame's time; it is stamped as captured then.
-                let ingest_ms = if camera.realtime {
-                    let due = p.pacer.due(pts_ms, Instant::now(), now_ms());
-                    self.sleep(due.at.saturating_duration_since(Instant::now()));
-                    if self.stopped() {
-                        return Flow::Stop;
-                    }
-                    due.wall_ms
-                } else {
-                    now_ms()
-                };
-                let (width, height, pixels) = match image.rgb() {
-                    Ok(rgb) => rgb,
-                    Err(e) => {
-                        self.queue.reject(DeadLetter {
-                            stage: "source".into(),
-                            reason: format!("camera `{}`: converting to RGB: {e}", camera.id),
-                            record: serde_json::json!({
-                                "camera_id": camera.id,
-                                "frame": number,
-                                "pts_ms": pts_ms,
-                            })
-                            .to_string(),
-                        });
-                        return end;
-                    }
-                };
-                self.metrics.frames.inc();
-                let pushed = self.queue.push(Frame {
-                    frame: number,
-                    pts_ms,
-                    ingest_ms,
-                    width,
-                    height,
-                    pixels,
-                });
-                self.metrics
-                    .queue_high_water
-                    .set(self.queue.high_water() as i64);
-                match pushed {
-                    Pushed::Queued => end,
-                    Pushed::DroppedOldest | Pushed::DroppedNewest => {
-                        // What a connection buffered while opening is stale, not overload.
-                        if in_burst {
-                            self.metrics.skipped_on_connect.inc();
-                        } else {
-                            self.metrics.dropped.inc();
-                        }
-                        end
-                    }
-                    Pushed::Closed => Flow::Stop,
-                }
+                end
             }
+            Pushed::Closed => Flow::Stop,
         }
     }
 }

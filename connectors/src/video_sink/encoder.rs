@@ -85,6 +85,69 @@ pub(super) fn even(side: u32) -> u32 {
     side.saturating_add(side % 2)
 }
 
+/// The error of FFmpeg failing at `doing` with `path`.
+fn failed(doing: &'static str, path: &Path) -> impl FnOnce(ffmpeg::Error) -> EncodeError {
+    let path = path.to_path_buf();
+    move |source| EncodeError::Ffmpeg {
+        doing,
+        path,
+        source,
+    }
+}
+
+/// The H.264 encoder of a file's `size` (even sides) frames, opened with `settings`.
+fn open_encoder(
+    codec: ffmpeg::Codec,
+    (width, height): (u32, u32),
+    settings: &Settings,
+    global_header: bool,
+    path: &Path,
+) -> Result<encoder::Video, EncodeError> {
+    let mut context = codec::context::Context::new_with_codec(codec)
+        .encoder()
+        .video()
+        .map_err(failed("configuring the encoder of", path))?;
+    context.set_width(width);
+    context.set_height(height);
+    context.set_format(Pixel::YUV420P);
+    context.set_time_base(MS);
+    context.set_frame_rate(Some(Rational::from(settings.fps)));
+    context.set_gop((settings.fps * KEYFRAME_SECONDS).round().clamp(1.0, 1e6) as u32);
+    // No B-frames: decode order is presentation order, so the live stream's times run on
+    // from one file's encoder to the next's.
+    context.set_max_b_frames(0);
+    if global_header {
+        context.set_flags(codec::Flags::GLOBAL_HEADER);
+    }
+    let mut options = Dictionary::new();
+    options.set("preset", &settings.preset);
+    options.set("crf", &settings.crf.to_string());
+    context
+        .open_as_with(codec, options)
+        .map_err(failed("opening the encoder of", path))
+}
+
+/// Adds the encoder's stream to `output` and writes the file's header; returns the time base
+/// the muxer chose for the stream.
+fn write_header(
+    output: &mut format::context::Output,
+    codec: ffmpeg::Codec,
+    encoder: &encoder::Video,
+    path: &Path,
+) -> Result<Rational, EncodeError> {
+    let mut stream = output
+        .add_stream(codec)
+        .map_err(failed("adding a stream to", path))?;
+    stream.set_parameters(encoder);
+    stream.set_time_base(MS);
+    let mut options = Dictionary::new();
+    options.set("movflags", MOVFLAGS);
+    output
+        .write_header_with(options)
+        .map_err(failed("writing the header of", path))?;
+    Ok(output.stream(0).map_or(MS, |s| s.time_base()))
+}
+
 impl Segment {
     /// Creates `path` for `width` × `height` frames, the first at stream time `start_ms`.
     pub fn create(
@@ -94,14 +157,6 @@ impl Segment {
         start_ms: i64,
         settings: &Settings,
     ) -> Result<Self, EncodeError> {
-        let fail = |doing| {
-            let path = path.to_path_buf();
-            move |source| EncodeError::Ffmpeg {
-                doing,
-                path,
-                source,
-            }
-        };
         let name =
             path.to_str()
                 .filter(|p| !p.contains('\0'))
@@ -111,44 +166,13 @@ impl Segment {
         quiet();
         let codec = encoder::find_by_name("libx264").ok_or(EncodeError::NoX264)?;
         let (ew, eh) = (even(width), even(height));
-        let mut output = format::output_as(name, "mp4").map_err(fail("creating"))?;
+        let mut output = format::output_as(name, "mp4").map_err(failed("creating", path))?;
         let global_header = output
             .format()
             .flags()
             .contains(format::Flags::GLOBAL_HEADER);
-        let mut context = codec::context::Context::new_with_codec(codec)
-            .encoder()
-            .video()
-            .map_err(fail("configuring the encoder of"))?;
-        context.set_width(ew);
-        context.set_height(eh);
-        context.set_format(Pixel::YUV420P);
-        context.set_time_base(MS);
-        context.set_frame_rate(Some(Rational::from(settings.fps)));
-        context.set_gop((settings.fps * KEYFRAME_SECONDS).round().clamp(1.0, 1e6) as u32);
-        // No B-frames: decode order is presentation order, so the live stream's times run on
-        // from one file's encoder to the next's.
-        context.set_max_b_frames(0);
-        if global_header {
-            context.set_flags(codec::Flags::GLOBAL_HEADER);
-        }
-        let mut options = Dictionary::new();
-        options.set("preset", &settings.preset);
-        options.set("crf", &settings.crf.to_string());
-        let encoder = context
-            .open_as_with(codec, options)
-            .map_err(fail("opening the encoder of"))?;
-        let mut stream = output
-            .add_stream(codec)
-            .map_err(fail("adding a stream to"))?;
-        stream.set_parameters(&encoder);
-        stream.set_time_base(MS);
-        let mut options = Dictionary::new();
-        options.set("movflags", MOVFLAGS);
-        output
-            .write_header_with(options)
-            .map_err(fail("writing the header of"))?;
-        let stream_time_base = output.stream(0).map_or(MS, |s| s.time_base());
+        let encoder = open_encoder(codec, (ew, eh), settings, global_header, path)?;
+        let stream_time_base = write_header(&mut output, codec, &encoder, path)?;
         let scaler = scaling::Context::get(
             Pixel::RGB24,
             ew,
@@ -158,7 +182,7 @@ impl Segment {
             eh,
             scaling::Flags::BILINEAR,
         )
-        .map_err(fail("converting frames for"))?;
+        .map_err(failed("converting frames for", path))?;
         Ok(Segment {
             path: path.to_path_buf(),
             encoder,

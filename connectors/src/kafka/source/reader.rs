@@ -21,7 +21,7 @@ use super::group::Feed;
 use super::messages::{Layout, Pending};
 use super::{consumer_config, read_error, KafkaSourceFactory, BATCH_VALUE_BYTES, POLL_SLICE};
 use crate::kafka::config::KafkaSourceConfig;
-use crate::kafka::metrics::kafka_metrics;
+use crate::kafka::metrics::{kafka_metrics, KafkaMetrics};
 
 /// Keeps the high watermarks that librdkafka reports in its statistics.
 struct SourceContext {
@@ -110,30 +110,7 @@ impl KafkaReader {
     pub(super) fn open(factory: &KafkaSourceFactory, mine: &[i32]) -> DataflowResult<Self> {
         let config = &factory.config;
         let m = kafka_metrics()?;
-        let mut reader = KafkaReader {
-            config: config.clone(),
-            consumer: None,
-            layout: Layout {
-                topic: config.topic.clone(),
-                max_message_bytes: config.max_message_bytes,
-                key: config.key.is_some(),
-                decoder: factory.decoder.clone(),
-                schema: factory.schema.clone(),
-                header_columns: config
-                    .header_columns
-                    .iter()
-                    .map(|(name, t)| (name.clone(), *t))
-                    .collect(),
-            },
-            linger: Duration::from_millis(config.linger_ms),
-            partitions: BTreeMap::new(),
-            records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
-            bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
-            paced: config.max_records_per_second.map(crate::pace::Pacer::new),
-            advised: None,
-            last_bytes: 0,
-            feed: None,
-        };
+        let mut reader = Self::unconnected(factory, m);
         if let Some(group) = &config.group_id {
             reader.feed = Some(Feed::start(
                 config,
@@ -158,8 +135,51 @@ impl KafkaReader {
             consumer_config(config, config.stop_at_end, true)
                 .create_with_context(context)
                 .map_err(|e| read_error(config, format!("creating a consumer: {e}")))?;
+        reader.assign_partitions(&consumer, mine, m)?;
+        reader.consumer = Some(consumer);
+        Ok(reader)
+    }
+
+    /// A reader with no consumer nor partitions yet.
+    fn unconnected(factory: &KafkaSourceFactory, m: &KafkaMetrics) -> Self {
+        let config = &factory.config;
+        KafkaReader {
+            config: config.clone(),
+            consumer: None,
+            layout: Layout {
+                topic: config.topic.clone(),
+                max_message_bytes: config.max_message_bytes,
+                key: config.key.is_some(),
+                decoder: factory.decoder.clone(),
+                schema: factory.schema.clone(),
+                header_columns: config
+                    .header_columns
+                    .iter()
+                    .map(|(name, t)| (name.clone(), *t))
+                    .collect(),
+            },
+            linger: Duration::from_millis(config.linger_ms),
+            partitions: BTreeMap::new(),
+            records_in: m.records_in.with_label_values(&[config.topic.as_str()]),
+            bytes_in: m.bytes_in.with_label_values(&[config.topic.as_str()]),
+            paced: config.max_records_per_second.map(crate::pace::Pacer::new),
+            advised: None,
+            last_bytes: 0,
+            feed: None,
+        }
+    }
+
+    /// Assigns the partitions `mine` to `consumer` from where each starts; with
+    /// `stop_at_end`, those with nothing to read are left out (and finished).
+    fn assign_partitions(
+        &mut self,
+        consumer: &BaseConsumer<SourceContext>,
+        mine: &[i32],
+        m: &KafkaMetrics,
+    ) -> DataflowResult<()> {
+        let config = &self.config;
         let mut assignment = TopicPartitionList::new();
-        for (p, start) in start_offsets(&consumer, config, mine)? {
+        for (p, start) in start_offsets(consumer, config, mine)? {
             let mut state = PartitionState {
                 next: match start {
                     Offset::Offset(n) => Some(n),
@@ -172,7 +192,7 @@ impl KafkaReader {
                     .with_label_values(&[config.topic.as_str(), p.to_string().as_str()]),
             };
             if config.stop_at_end {
-                let (low, high) = watermarks(&consumer, config, p)?;
+                let (low, high) = watermarks(consumer, config, p)?;
                 state.end = Some(high);
                 state.finished = match start {
                     Offset::Offset(n) => n >= high,
@@ -185,13 +205,11 @@ impl KafkaReader {
                     .add_partition_offset(&config.topic, p, start)
                     .map_err(|e| read_error(config, format!("partition {p}: {e}")))?;
             }
-            reader.partitions.insert(p, state);
+            self.partitions.insert(p, state);
         }
         consumer
             .assign(&assignment)
-            .map_err(|e| read_error(config, format!("assigning partitions {mine:?}: {e}")))?;
-        reader.consumer = Some(consumer);
-        Ok(reader)
+            .map_err(|e| read_error(config, format!("assigning partitions {mine:?}: {e}")))
     }
 
     fn all_finished(&self) -> bool {

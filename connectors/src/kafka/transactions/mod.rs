@@ -11,24 +11,38 @@
 //! and completes or aborts its pending transaction; the commit log then names the one
 //! checkpoint that matches the committed output, and the run resumes from it (newer
 //! checkpoints are discarded: their transactions never committed).
+//!
+//! This module holds the producer's transactions and the committer; `commit_log` reads the
+//! commit log, `clean_up` finds the partitions a crash left a transaction open on, and
+//! `clients` makes the other clients (group metadata, the probe for transactions).
+
+mod clean_up;
+mod clients;
+mod commit_log;
+
+pub use clean_up::CLEAN_UP_HEADER;
+pub use clients::brokers_support_transactions;
+pub use commit_log::CommitLog;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use std::collections::BTreeMap;
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Message as _, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use riffle_dataflow::sink::{Committer, Recovery};
 use riffle_dataflow::{DataflowError, DataflowResult, Epoch};
 use serde::{Deserialize, Serialize};
 
-use super::client::{client_config, drain, Diagnosed, Role};
+use super::client::drain;
 use super::config::KafkaSinkConfig;
 use super::delivery::{DeliveryContext, COMMIT_RECORD};
+use clean_up::open_partitions;
+use clients::{group_metadata, transactional_config, unsupported};
 
 /// The commit log of a results topic.
 pub fn commit_log_topic(topic: &str) -> String {
@@ -434,265 +448,11 @@ impl Committer for TransactionCommitter {
     }
 }
 
-/// The group's metadata for `send_offsets_to_transaction`, from a client that does not join
-/// it: offsets commit without member checks, as the transactional producer is not a member.
-fn group_metadata(config: &KafkaSinkConfig, group: &str) -> DataflowResult<ConsumerGroupMetadata> {
-    let mut c = client_config(&config.brokers, &config.options, Role::Admin);
-    c.set("group.id", group);
-    let consumer: BaseConsumer = c
-        .create()
-        .map_err(|e| error(config, format!("creating a client of group `{group}`: {e}")))?;
-    consumer
-        .group_metadata()
-        .ok_or_else(|| error(config, format!("no metadata for group `{group}`")))
-}
-
-fn transactional_config(config: &KafkaSinkConfig, id: &str) -> rdkafka::ClientConfig {
-    let mut c = client_config(&config.brokers, &config.options, Role::SinkProducer);
-    c.set("transactional.id", id).set(
-        super::config::TRANSACTION_TIMEOUT_OPTION,
-        config.transaction_timeout_ms.to_string(),
-    );
-    c
-}
-
 fn error(config: &KafkaSinkConfig, message: impl std::fmt::Display) -> DataflowError {
     DataflowError::Config(format!(
         "kafka sink (topic `{}` on {}): {message}",
         config.topic, config.brokers
     ))
-}
-
-/// Whether the brokers support transactions: a producer with a throw-away transactional id
-/// initialises (brokers before 0.11, and Kafka-protocol brokers without transactions, refuse).
-pub fn brokers_support_transactions(config: &KafkaSinkConfig, id: &str) -> DataflowResult<bool> {
-    let probe: BaseProducer = transactional_config(config, &format!("{id}.probe"))
-        .create()
-        .map_err(|e| error(config, format!("creating a producer: {e}")))?;
-    match probe.init_transactions(Duration::from_millis(config.delivery_timeout_ms)) {
-        Ok(()) => Ok(true),
-        Err(e) if unsupported(e.rdkafka_error_code()) => Ok(false),
-        Err(e) => Err(error(config, format!("checking for transactions: {e}"))),
-    }
-}
-
-/// Error codes that mean "this broker has no transactions".
-fn unsupported(code: Option<RDKafkaErrorCode>) -> bool {
-    matches!(
-        code,
-        Some(
-            RDKafkaErrorCode::UnsupportedFeature
-                | RDKafkaErrorCode::UnsupportedVersion
-                | RDKafkaErrorCode::UnsupportedForMessageFormat
-                | RDKafkaErrorCode::InvalidRequest
-        )
-    )
-}
-
-/// Header of the record that a restarted sink writes and aborts to close a transaction a
-/// partition was left holding (never seen by `read_committed` readers).
-pub const CLEAN_UP_HEADER: &str = "riffle-clean-up";
-
-/// A partition whose last stable offset is behind its end: a transaction is open on it.
-#[derive(Debug)]
-struct OpenPartition {
-    topic: String,
-    partition: i32,
-    stable: i64,
-    end: i64,
-}
-
-/// The partitions of `topics` with a transaction open (missing topics have none).
-fn open_partitions(
-    config: &KafkaSinkConfig,
-    topics: &[&str],
-) -> DataflowResult<Vec<OpenPartition>> {
-    let timeout = Duration::from_millis(config.delivery_timeout_ms);
-    let committed = watermark_reader(config, "read_committed")?;
-    let uncommitted = watermark_reader(config, "read_uncommitted")?;
-    let mut open = Vec::new();
-    for topic in topics {
-        let metadata = committed
-            .fetch_metadata(Some(topic), timeout)
-            .map_err(|e| error(config, format!("reading `{topic}`'s metadata: {e}")))?;
-        let Some(t) = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == *topic && t.error().is_none())
-        else {
-            continue;
-        };
-        for partition in t.partitions().iter().map(|p| p.id()) {
-            let watermark = |c: &BaseConsumer<Diagnosed>| {
-                c.fetch_watermarks(topic, partition, timeout)
-                    .map(|(_, high)| high)
-                    .map_err(|e| {
-                        error(
-                            config,
-                            format!("reading `{topic}` [{partition}]'s end: {e}"),
-                        )
-                    })
-            };
-            // A transaction that opens or closes between the two reads may look open: that
-            // costs a clean-up that finds nothing of ours, never a missed one.
-            let stable = watermark(&committed)?;
-            let end = watermark(&uncommitted)?;
-            if stable < end {
-                open.push(OpenPartition {
-                    topic: topic.to_string(),
-                    partition,
-                    stable,
-                    end,
-                });
-            }
-        }
-    }
-    Ok(open)
-}
-
-/// A client that reads partitions' ends with `isolation` (`read_committed`: the last stable
-/// offset).
-fn watermark_reader(
-    config: &KafkaSinkConfig,
-    isolation: &str,
-) -> DataflowResult<BaseConsumer<Diagnosed>> {
-    let mut c = client_config(&config.brokers, &config.options, Role::Admin);
-    c.set("isolation.level", isolation);
-    c.create_with_context(Diagnosed::default())
-        .map_err(|e| error(config, format!("creating a client: {e}")))
-}
-
-/// A reader of a sink's commit log, connected. Connecting needs neither settled transactions
-/// nor the log itself, so it runs beside `init_transactions` and the log's creation;
-/// [`CommitLog::last_commit`] must come after both: it reads the last commit once no
-/// transaction is pending (the leader's `init_transactions` resolves one a crash left behind;
-/// other processes wait for that, so every process resumes from the same checkpoint).
-pub struct CommitLog<'a> {
-    config: &'a KafkaSinkConfig,
-    id: &'a str,
-    committed: BaseConsumer<Diagnosed>,
-}
-
-impl<'a> CommitLog<'a> {
-    pub fn connect(config: &'a KafkaSinkConfig, id: &'a str) -> DataflowResult<Self> {
-        let committed = commit_log_reader(config, id, "read_committed")?;
-        // A first request brings the connection up now, so the reads later don't wait for
-        // it; its answer (the log may not exist yet) is not used.
-        let _ = committed.fetch_metadata(
-            Some(&commit_log_topic(&config.topic)),
-            Duration::from_millis(config.delivery_timeout_ms),
-        );
-        Ok(Self {
-            config,
-            id,
-            committed,
-        })
-    }
-
-    /// The last commit recorded for the sink's transactional id (`None`: no log, or nothing
-    /// of this id in it), once no transaction on the log is pending (or an error after `wait`).
-    pub fn last_commit(self, wait: Duration) -> DataflowResult<Option<Commit>> {
-        let Self {
-            config,
-            id,
-            committed,
-        } = self;
-        let topic = commit_log_topic(&config.topic);
-        let timeout = Duration::from_millis(config.delivery_timeout_ms);
-        let metadata = committed
-            .fetch_metadata(Some(&topic), timeout)
-            .map_err(|e| error(config, format!("reading `{topic}`'s metadata: {e}")))?;
-        let exists = metadata
-            .topics()
-            .iter()
-            .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
-        if !exists {
-            return Ok(None);
-        }
-        let uncommitted = commit_log_reader(config, id, "read_uncommitted")?;
-        let started = Instant::now();
-        // With read_committed, the end offset is the last stable offset: it equals the high
-        // watermark once no transaction on the log is pending.
-        let end = loop {
-            let (_, stable) = committed
-                .fetch_watermarks(&topic, 0, timeout)
-                .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
-            let (_, high) = uncommitted
-                .fetch_watermarks(&topic, 0, timeout)
-                .map_err(|e| error(config, format!("reading `{topic}`'s end: {e}")))?;
-            if stable >= high {
-                break high;
-            }
-            if started.elapsed() > wait {
-                return Err(error(
-                    config,
-                    format!(
-                        "a transaction on `{topic}` is still pending after {} s (is another run \
-                         of this pipeline writing?)",
-                        wait.as_secs()
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        let (low, _) = committed
-            .fetch_watermarks(&topic, 0, timeout)
-            .map_err(|e| error(config, format!("reading `{topic}`'s start: {e}")))?;
-        if low >= end {
-            return Ok(None);
-        }
-        let mut assignment = TopicPartitionList::new();
-        assignment
-            .add_partition_offset(&topic, 0, Offset::Beginning)
-            .map_err(|e| error(config, e))?;
-        committed
-            .assign(&assignment)
-            .map_err(|e| error(config, format!("reading `{topic}`: {e}")))?;
-        let mut last = None;
-        let deadline = Instant::now() + timeout;
-        loop {
-            match committed.poll(Duration::from_millis(200)) {
-                Some(Ok(m)) => {
-                    if m.key() == Some(id.as_bytes()) {
-                        if let Some(commit) =
-                            m.payload().and_then(|p| serde_json::from_slice(p).ok())
-                        {
-                            last = Some(commit);
-                        }
-                    }
-                    if m.offset() + 1 >= end {
-                        break;
-                    }
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => break,
-                Some(Err(e)) => return Err(error(config, format!("reading `{topic}`: {e}"))),
-                None if Instant::now() > deadline => {
-                    return Err(error(
-                        config,
-                        format!("reading `{topic}` timed out before its end ({end})"),
-                    ))
-                }
-                None => {}
-            }
-        }
-        Ok(last)
-    }
-}
-
-fn commit_log_reader(
-    config: &KafkaSinkConfig,
-    id: &str,
-    isolation: &str,
-) -> DataflowResult<BaseConsumer<Diagnosed>> {
-    let mut c = client_config(&config.brokers, &config.options, Role::Admin);
-    c.set("group.id", format!("riffle-commits-{id}"))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        // The log is small and read once: don't let the broker hold fetches for more.
-        .set("fetch.wait.max.ms", "10")
-        .set("isolation.level", isolation);
-    c.create_with_context(Diagnosed::default())
-        .map_err(|e| error(config, format!("reading the commit log: {e}")))
 }
 
 /// The recovery a transactional sink reports.
