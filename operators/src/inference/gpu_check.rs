@@ -98,7 +98,67 @@ fn check_model(
     ordinal: usize,
     gpus: usize,
 ) -> DataflowResult<(Vec<EngineRow>, Option<PathBuf>)> {
-    // Ids over the ranges of ml-100k (users 1..=943, items 1..=1682).
+    let check = CtrCheck {
+        model,
+        batch: ctr_pairs(pairs)?,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let (reference, ort_cpu) =
+        check.time(&mut check.stage(DeviceSpec::Cpu, Executor::Ort, vec![])?)?;
+    let gpu = DeviceSpec::Cuda(ordinal);
+    let mut rows = vec![EngineRow {
+        engine: "ONNX Runtime, CPU".into(),
+        per_batch: ort_cpu,
+        max_diff: 0.0,
+    }];
+    rows.push(check.row(
+        "dense executor, CPU".into(),
+        &mut check.stage(DeviceSpec::Cpu, Executor::Dense, vec![])?,
+        &reference,
+    )?);
+
+    let mut dense_gpu = check.stage(gpu.clone(), Executor::Dense, vec![])?;
+    if dense_gpu.engine() != Engine::DenseCuda(ordinal) {
+        return Err(DataflowError::stage(
+            "gpu-check",
+            format!(
+                "expected the dense executor on {gpu}, got {:?}",
+                dense_gpu.engine()
+            ),
+        ));
+    }
+    let label = format!("dense executor, {gpu} (cuBLAS + NVRTC)");
+    rows.push(check.row(label, &mut dense_gpu, &reference)?);
+    // Tables split by row range: over two GPUs when there are two, else two parts on one
+    // (the same routing and per-part gathers, without a second device).
+    let parts = if gpus > 1 {
+        vec![gpu.clone(), DeviceSpec::Cuda((ordinal + 1) % gpus)]
+    } else {
+        vec![gpu.clone(), gpu.clone()]
+    };
+    let names: Vec<String> = parts.iter().map(ToString::to_string).collect();
+    let label = format!("dense executor, tables split over [{}]", names.join(", "));
+    rows.push(check.row(
+        label,
+        &mut check.stage(gpu.clone(), Executor::Dense, parts)?,
+        &reference,
+    )?);
+    let mut ort_cuda_missing = None;
+    if crate::inference::onnx::cuda_provider_installed() {
+        rows.push(check.row(
+            format!("ONNX Runtime CUDA provider, {gpu}, pinned I/O"),
+            &mut check.stage(gpu.clone(), Executor::Ort, vec![])?,
+            &reference,
+        )?);
+    } else {
+        ort_cuda_missing = Some(crate::inference::onnx::library_path());
+    }
+    Ok((rows, ort_cuda_missing))
+}
+
+/// `pairs` random (user, item) id pairs over the ranges of ml-100k (users 1..=943, items
+/// 1..=1682), as the columns `u` and `i`; the same pairs every time.
+fn ctr_pairs(pairs: usize) -> DataflowResult<RecordBatch> {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = |m: u64| {
         state ^= state << 13;
@@ -108,14 +168,29 @@ fn check_model(
     };
     let users: Vec<i64> = (0..pairs).map(|_| next(943)).collect();
     let items: Vec<i64> = (0..pairs).map(|_| next(1682)).collect();
-    let batch = RecordBatch::try_from_iter(vec![
+    Ok(RecordBatch::try_from_iter(vec![
         ("u", Arc::new(Int64Array::from(users)) as ArrayRef),
         ("i", Arc::new(Int64Array::from(items)) as ArrayRef),
-    ])?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let stage = |device: DeviceSpec, executor: Executor, tables: Vec<DeviceSpec>| {
+    ])?)
+}
+
+/// The CTR model's check: the model, the batch every engine runs, and the threads each may use.
+struct CtrCheck<'a> {
+    model: &'a Path,
+    batch: RecordBatch,
+    threads: usize,
+}
+
+impl CtrCheck<'_> {
+    /// The model stage on `device` with `executor`, its embedding tables on `tables`.
+    fn stage(
+        &self,
+        device: DeviceSpec,
+        executor: Executor,
+        tables: Vec<DeviceSpec>,
+    ) -> DataflowResult<Model> {
         let config = ModelConfig {
-            path: model.to_path_buf(),
+            path: self.model.to_path_buf(),
             inputs: [("user_id", "u"), ("item_id", "i")]
                 .into_iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -124,7 +199,7 @@ fn check_model(
                 .into_iter()
                 .collect(),
             batch: BatchConfig::default(),
-            intra_op_threads: Some(threads),
+            intra_op_threads: Some(self.threads),
             device,
             executor,
             embedding_devices: tables,
@@ -135,15 +210,17 @@ fn check_model(
             variant_key: None,
             shadow: None,
         };
-        Model::new(config, threads)
-    };
-    let run = |m: &mut Model| -> DataflowResult<(Vec<f32>, Duration)> {
-        m.process_batch(&batch)?; // warm-up: sessions, kernels, cuBLAS handles
+        Model::new(config, self.threads)
+    }
+
+    /// The stage's `p` column for the batch, and the mean time of one batch after a warm-up.
+    fn time(&self, m: &mut Model) -> DataflowResult<(Vec<f32>, Duration)> {
+        m.process_batch(&self.batch)?; // warm-up: sessions, kernels, cuBLAS handles
         let runs = 5;
         let started = Instant::now();
         let mut out = None;
         for _ in 0..runs {
-            out = Some(m.process_batch(&batch)?.records);
+            out = Some(m.process_batch(&self.batch)?.records);
         }
         let values = out
             .as_ref()
@@ -153,62 +230,22 @@ fn check_model(
             .values()
             .to_vec();
         Ok((values, started.elapsed() / runs))
-    };
-    let row = |engine: String, per_batch, max_diff| EngineRow {
-        engine,
-        per_batch,
-        max_diff,
-    };
-
-    let (reference, ort_cpu) = run(&mut stage(DeviceSpec::Cpu, Executor::Ort, vec![])?)?;
-    let gpu = DeviceSpec::Cuda(ordinal);
-    let mut rows = vec![row("ONNX Runtime, CPU".into(), ort_cpu, 0.0)];
-    let (dense_cpu, t) = run(&mut stage(DeviceSpec::Cpu, Executor::Dense, vec![])?)?;
-    rows.push(row(
-        "dense executor, CPU".into(),
-        t,
-        worst(&dense_cpu, &reference),
-    ));
-
-    let mut dense_gpu = stage(gpu.clone(), Executor::Dense, vec![])?;
-    if dense_gpu.engine() != Engine::DenseCuda(ordinal) {
-        return Err(DataflowError::stage(
-            "gpu-check",
-            format!(
-                "expected the dense executor on {gpu}, got {:?}",
-                dense_gpu.engine()
-            ),
-        ));
     }
-    let (values, t) = run(&mut dense_gpu)?;
-    rows.push(row(
-        format!("dense executor, {gpu} (cuBLAS + NVRTC)"),
-        t,
-        worst(&values, &reference),
-    ));
-    // Tables split by row range: over two GPUs when there are two, else two parts on one
-    // (the same routing and per-part gathers, without a second device).
-    let parts = if gpus > 1 {
-        vec![gpu.clone(), DeviceSpec::Cuda((ordinal + 1) % gpus)]
-    } else {
-        vec![gpu.clone(), gpu.clone()]
-    };
-    let names: Vec<String> = parts.iter().map(ToString::to_string).collect();
-    let label = format!("dense executor, tables split over [{}]", names.join(", "));
-    let (values, t) = run(&mut stage(gpu.clone(), Executor::Dense, parts)?)?;
-    rows.push(row(label, t, worst(&values, &reference)));
-    let mut ort_cuda_missing = None;
-    if crate::inference::onnx::cuda_provider_installed() {
-        let (values, t) = run(&mut stage(gpu.clone(), Executor::Ort, vec![])?)?;
-        rows.push(row(
-            format!("ONNX Runtime CUDA provider, {gpu}, pinned I/O"),
-            t,
-            worst(&values, &reference),
-        ));
-    } else {
-        ort_cuda_missing = Some(crate::inference::onnx::library_path());
+
+    /// `stage` timed, named `engine`, with its largest difference from `reference`.
+    fn row(
+        &self,
+        engine: String,
+        stage: &mut Model,
+        reference: &[f32],
+    ) -> DataflowResult<EngineRow> {
+        let (values, per_batch) = self.time(stage)?;
+        Ok(EngineRow {
+            engine,
+            per_batch,
+            max_diff: worst(&values, reference),
+        })
     }
-    Ok((rows, ort_cuda_missing))
 }
 
 /// The first 64 `.jpg` frames of `frames`, decoded: RGB8 pixels, width, height.

@@ -41,34 +41,20 @@ pub(crate) fn axes<'a>(
         .collect()
 }
 
-pub(super) fn run_node<'a>(
-    node: &proto::NodeProto,
-    get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
-) -> DataflowResult<Tensor> {
+/// The input of a node's op at position `i`.
+type Get<'g, 'a> = &'g dyn Fn(usize) -> DataflowResult<&'a Tensor>;
+
+pub(super) fn run_node<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor> {
     let op = node.op_type.as_str();
-    Ok(match op {
+    match op {
         "Constant" => {
             let t = attr(node, "value")
                 .and_then(|a| a.t.as_ref())
                 .ok_or_else(|| err("Constant without a tensor `value`"))?;
-            Tensor::from_proto(t)?
+            Tensor::from_proto(t)
         }
-        "Identity" => get(0)?.clone(),
-        "Gather" => {
-            let (data, indices) = (get(0)?, get(1)?);
-            let idx = gather_rows_of(node, &data.shape, indices.as_i64()?)?;
-            let row_shape = data
-                .shape
-                .get(1..)
-                .ok_or_else(|| err("Gather of a scalar"))?;
-            let width: usize = row_shape.iter().product();
-            let mut shape = indices.shape.clone();
-            shape.extend_from_slice(row_shape);
-            match &data.data {
-                Data::F32(v) => Tensor::f32(shape, gather_rows(v, width, &idx)?),
-                Data::I64(v) => Tensor::i64(shape, gather_rows(v, width, &idx)?),
-            }
-        }
+        "Identity" => Ok(get(0)?.clone()),
+        "Gather" => gather(node, get),
         "Add" | "Sub" | "Mul" | "Div" => {
             let f: fn(f32, f32) -> f32 = match op {
                 "Add" => |a, b| a + b,
@@ -76,10 +62,10 @@ pub(super) fn run_node<'a>(
                 "Mul" => |a, b| a * b,
                 _ => |a, b| a / b,
             };
-            broadcast(get(0)?, get(1)?, f)?
+            broadcast(get(0)?, get(1)?, f)
         }
-        "Relu" => map(get(0)?, |x| x.max(0.0))?,
-        "Sigmoid" => map(get(0)?, |x| 1.0 / (1.0 + (-x).exp()))?,
+        "Relu" => map(get(0)?, |x| x.max(0.0)),
+        "Sigmoid" => map(get(0)?, |x| 1.0 / (1.0 + (-x).exp())),
         "ReduceSum" => {
             let x = get(0)?;
             let rank = x.shape.len();
@@ -88,78 +74,94 @@ pub(super) fn run_node<'a>(
                 reduce = (0..rank).collect();
             }
             let keep = attr_i(node, "keepdims", 1) != 0;
-            reduce_sum(x, &reduce, keep)?
+            reduce_sum(x, &reduce, keep)
         }
-        "Squeeze" => {
-            let x = get(0)?;
-            let drop = axes(node, get, x.shape.len())?;
-            Tensor {
-                shape: shapes::squeeze(&x.shape, &drop),
-                data: x.data.clone(),
-            }
-        }
-        "Unsqueeze" => {
-            let x = get(0)?;
-            let add = axes(node, get, x.shape.len() + 1)?;
-            Tensor {
-                shape: shapes::unsqueeze(&x.shape, add),
-                data: x.data.clone(),
-            }
-        }
-        "Flatten" => {
-            let x = get(0)?;
-            Tensor {
-                shape: shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
-                data: x.data.clone(),
-            }
-        }
-        "Concat" => {
-            let parts: Vec<&Tensor> = (0..node.input.len())
-                .map(get)
-                .collect::<DataflowResult<_>>()?;
-            let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
-            let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
-            let mut out = Vec::with_capacity(shape.iter().product());
-            for o in 0..outer {
-                for p in &parts {
-                    // `concat` checked that every part has the axis.
-                    let chunk: usize = p.shape.get(axis..).unwrap_or_default().iter().product();
-                    let block = p
-                        .as_f32()?
-                        .get(o * chunk..(o + 1) * chunk)
-                        .ok_or_else(|| err("Concat: an input's data does not match its shape"))?;
-                    out.extend_from_slice(block);
-                }
-            }
-            Tensor::f32(shape, out)
-        }
-        "Gemm" | "MatMul" => {
-            let (a, b) = (get(0)?, get(1)?);
-            let (ta, tb) = if op == "Gemm" {
-                (
-                    attr_i(node, "transA", 0) != 0,
-                    attr_i(node, "transB", 0) != 0,
-                )
-            } else {
-                (false, false)
-            };
-            let (alpha, beta) = if op == "Gemm" {
-                (attr_f(node, "alpha", 1.0), attr_f(node, "beta", 1.0))
-            } else {
-                (1.0, 0.0)
-            };
-            let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-            let out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
-            let product = Tensor::f32(vec![m, n], out);
-            if op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty()) {
-                let c = map(get(2)?, |x| beta * x)?;
-                broadcast(&product, &c, |a, b| a + b)?
-            } else {
-                product
-            }
-        }
-        other => return Err(err(format!("op `{other}` is not supported"))),
+        "Squeeze" | "Unsqueeze" | "Flatten" => reshaped(node, get),
+        "Concat" => concat(node, get),
+        "Gemm" | "MatMul" => gemm(node, get),
+        other => Err(err(format!("op `{other}` is not supported"))),
+    }
+}
+
+/// Gather (axis 0) from a whole table, float or int64.
+fn gather<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor> {
+    let (data, indices) = (get(0)?, get(1)?);
+    let idx = gather_rows_of(node, &data.shape, indices.as_i64()?)?;
+    let row_shape = data
+        .shape
+        .get(1..)
+        .ok_or_else(|| err("Gather of a scalar"))?;
+    let width: usize = row_shape.iter().product();
+    let mut shape = indices.shape.clone();
+    shape.extend_from_slice(row_shape);
+    Ok(match &data.data {
+        Data::F32(v) => Tensor::f32(shape, gather_rows(v, width, &idx)?),
+        Data::I64(v) => Tensor::i64(shape, gather_rows(v, width, &idx)?),
     })
+}
+
+/// Squeeze, Unsqueeze or Flatten: the same values under a new shape.
+fn reshaped<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor> {
+    let x = get(0)?;
+    let shape = match node.op_type.as_str() {
+        "Squeeze" => shapes::squeeze(&x.shape, &axes(node, get, x.shape.len())?),
+        "Unsqueeze" => shapes::unsqueeze(&x.shape, axes(node, get, x.shape.len() + 1)?),
+        _ => shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
+    };
+    Ok(Tensor {
+        shape,
+        data: x.data.clone(),
+    })
+}
+
+/// Concat: each outer row of the output is that row of every input, in order.
+fn concat<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor> {
+    let parts: Vec<&Tensor> = (0..node.input.len())
+        .map(get)
+        .collect::<DataflowResult<_>>()?;
+    let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
+    let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
+    let mut out = Vec::with_capacity(shape.iter().product());
+    for o in 0..outer {
+        for p in &parts {
+            // `concat` checked that every part has the axis.
+            let chunk: usize = p.shape.get(axis..).unwrap_or_default().iter().product();
+            let block = p
+                .as_f32()?
+                .get(o * chunk..(o + 1) * chunk)
+                .ok_or_else(|| err("Concat: an input's data does not match its shape"))?;
+            out.extend_from_slice(block);
+        }
+    }
+    Ok(Tensor::f32(shape, out))
+}
+
+/// Gemm (`alpha`, `beta`, transposes, an optional bias) or MatMul.
+fn gemm<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor> {
+    let op = node.op_type.as_str();
+    let (a, b) = (get(0)?, get(1)?);
+    let (ta, tb) = if op == "Gemm" {
+        (
+            attr_i(node, "transA", 0) != 0,
+            attr_i(node, "transB", 0) != 0,
+        )
+    } else {
+        (false, false)
+    };
+    let (alpha, beta) = if op == "Gemm" {
+        (attr_f(node, "alpha", 1.0), attr_f(node, "beta", 1.0))
+    } else {
+        (1.0, 0.0)
+    };
+    let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
+    let out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
+    let product = Tensor::f32(vec![m, n], out);
+    if op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty()) {
+        let c = map(get(2)?, |x| beta * x)?;
+        broadcast(&product, &c, |a, b| a + b)
+    } else {
+        Ok(product)
+    }
 }
 
 /// `alpha · op(A)·op(B)` for row-major `av` (m×k, or k×m when `ta`) and `bv` (k×n, or n×k

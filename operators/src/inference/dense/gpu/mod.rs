@@ -11,16 +11,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cudarc::cublas::{sys::cublasOperation_t, GemmConfig};
 use cudarc::driver::LaunchConfig;
 use riffle_dataflow::DataflowResult;
 use riffle_gpu::{check_gpu, Arg, CudaDevice, Elem, GpuDevice, Kernels, Stream};
 
 use crate::gpu_error;
-use crate::inference::dense::{
-    attr, attr_f, attr_i, axes, err, gather_rows_of, scatter_rows, shapes, Data, DenseGraph,
-    RowShards, Tensor,
-};
+use crate::inference::dense::proto::NodeProto;
+use crate::inference::dense::{attr, err, scatter_rows, Data, DenseGraph, RowShards, Tensor};
 
 use tensor::{download, upload, DTensor};
 
@@ -286,23 +283,11 @@ impl<D: GpuDevice> Dense<D> {
                 host.insert(out_name, t);
                 continue;
             }
-            let get = |i: usize| -> DataflowResult<&DTensor<D>> {
-                let name = node
-                    .input
-                    .get(i)
-                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
-                values
-                    .get(name)
-                    .or_else(|| self.weights.get(name))
-                    .ok_or_else(|| err(format!("{}: no value `{name}`", node.op_type)))
-            };
-            let host_get = |i: usize| -> DataflowResult<&Tensor> {
-                let name = node
-                    .input
-                    .get(i)
-                    .ok_or_else(|| err(format!("{}: missing input {i}", node.op_type)))?;
-                host.get(name)
-                    .ok_or_else(|| err(format!("{}: `{name}` must be a constant", node.op_type)))
+            let inputs = Inputs {
+                node,
+                values: &values,
+                weights: &self.weights,
+                host_values: &host,
             };
             let split = node
                 .input
@@ -310,14 +295,8 @@ impl<D: GpuDevice> Dense<D> {
                 .and_then(|n| self.tables.get(n))
                 .filter(|_| node.op_type == "Gather");
             let out = match split {
-                Some(table) => {
-                    let indices = match host_get(1) {
-                        Ok(t) => t.clone(),
-                        Err(_) => download(&self.device, get(1)?)?,
-                    };
-                    self.gather_split(table, &indices)?
-                }
-                None => self.run_node(node, &get, &host_get)?,
+                Some(table) => self.gather_split(table, &inputs.host_copy(1, &self.device)?)?,
+                None => self.run_node(&inputs)?,
             };
             values.insert(out_name, out);
         }
@@ -332,291 +311,55 @@ impl<D: GpuDevice> Dense<D> {
             })
             .collect()
     }
+}
 
-    fn run_node<'a>(
-        &self,
-        node: &crate::inference::dense::proto::NodeProto,
-        get: &dyn Fn(usize) -> DataflowResult<&'a DTensor<D>>,
-        host_get: &dyn Fn(usize) -> DataflowResult<&'a Tensor>,
-    ) -> DataflowResult<DTensor<D>> {
-        let op = node.op_type.as_str();
-        let device = &self.device;
-        let reshape = |x: &DTensor<D>, shape: Vec<usize>| DTensor {
-            shape,
-            data: x.data.clone(),
-        };
-        Ok(match op {
-            "Identity" => get(0)?.clone(),
-            "Gather" => {
-                let (data, indices) = (get(0)?, get(1)?);
-                // Indices are checked and negative ones wrapped on the host: the kernel must
-                // never read outside the table. They are graph inputs, so already there, except
-                // when the graph computes them.
-                let host_idx = match host_get(1) {
-                    Ok(t) => t.clone(),
-                    Err(_) => download(device, indices)?,
-                };
-                let local: Vec<i64> = gather_rows_of(node, &data.shape, host_idx.as_i64()?)?
-                    .into_iter()
-                    .map(|r| r as i64)
-                    .collect();
-                let row_shape = data
-                    .shape
-                    .get(1..)
-                    .ok_or_else(|| err("Gather of a scalar"))?;
-                let width = elements("Gather", row_shape)?;
-                let total = mul("Gather", elements("Gather", &indices.shape)?, width)?;
-                let out = if total > 0 {
-                    gather_rows(device, data.f32()?, &local, width)?
-                } else {
-                    device.alloc_zeros::<f32>(1).map_err(gpu_error)?
-                };
-                let mut shape = indices.shape.clone();
-                shape.extend_from_slice(row_shape);
-                DTensor::with_f32(shape, out)
-            }
-            "Add" | "Sub" | "Mul" | "Div" => {
-                let code = match op {
-                    "Add" => 0,
-                    "Sub" => 1,
-                    "Mul" => 2,
-                    _ => 3,
-                };
-                self.binary(get(0)?, get(1)?, code)?
-            }
-            "Relu" | "Sigmoid" => {
-                let x = get(0)?;
-                let n = x.len()?;
-                let (n_arg, cfg) = (int(op, n)?, grid(op, n)?);
-                let input = x.f32()?;
-                holds(device, input, n, op)?;
-                let out = device.alloc_zeros::<f32>(n.max(1)).map_err(gpu_error)?;
-                let args = [
-                    Arg::F32(input),
-                    Arg::F32(&out),
-                    Arg::Int(i32::from(op == "Sigmoid")),
-                    Arg::Int(n_arg),
-                ];
-                // SAFETY: the kernel checks its thread index against `n`, and both buffers
-                // hold `n` values (checked above).
-                unsafe { device.launch("unary_f32", cfg, &args) }.map_err(gpu_error)?;
-                DTensor::with_f32(x.shape.clone(), out)
-            }
-            "ReduceSum" => {
-                let x = get(0)?;
-                let rank = x.shape.len();
-                let host_axes = |i: usize| host_get(i);
-                let mut reduce = axes(node, &host_axes, rank)?;
-                if reduce.is_empty() {
-                    reduce = (0..rank).collect();
-                }
-                reduce.sort_unstable();
-                // A scalar has no axes (`reduce` is empty): it is its own sum.
-                let first = reduce.first().copied().unwrap_or(rank);
-                if reduce != (first..rank).collect::<Vec<_>>() {
-                    return Err(err("ReduceSum on the GPU: only trailing axes"));
-                }
-                let (kept, reduced) = x
-                    .shape
-                    .split_at_checked(first)
-                    .ok_or_else(|| err("ReduceSum: axis out of range"))?;
-                let (outer, inner) = (elements(op, kept)?, elements(op, reduced)?);
-                // The kernel reads `x[t * inner + j]` in `int`: all of `x` must fit one.
-                let all = mul(op, outer, inner)?;
-                int(op, all)?;
-                let (outer_arg, inner_arg) = (int(op, outer)?, int(op, inner)?);
-                let cfg = grid(op, outer)?;
-                let input = x.f32()?;
-                holds(device, input, all, op)?;
-                let out = device.alloc_zeros::<f32>(outer.max(1)).map_err(gpu_error)?;
-                let args = [
-                    Arg::F32(input),
-                    Arg::F32(&out),
-                    Arg::Int(outer_arg),
-                    Arg::Int(inner_arg),
-                ];
-                // SAFETY: the kernel checks its thread index against `outer`; `out` holds
-                // `outer` values and `x` `outer * inner` (checked above).
-                unsafe { device.launch("reduce_inner_f32", cfg, &args) }.map_err(gpu_error)?;
-                let mut shape = kept.to_vec();
-                if attr_i(node, "keepdims", 1) != 0 {
-                    shape.extend(std::iter::repeat_n(1, rank - first));
-                }
-                DTensor::with_f32(shape, out)
-            }
-            "Squeeze" | "Unsqueeze" | "Flatten" => {
-                let x = get(0)?;
-                let rank = x.shape.len();
-                let host_axes = |i: usize| host_get(i);
-                let shape = match op {
-                    "Squeeze" => shapes::squeeze(&x.shape, &axes(node, &host_axes, rank)?),
-                    "Unsqueeze" => shapes::unsqueeze(&x.shape, axes(node, &host_axes, rank + 1)?),
-                    _ => shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
-                };
-                reshape(x, shape)
-            }
-            "Concat" => {
-                let parts: Vec<&DTensor<D>> = (0..node.input.len())
-                    .map(get)
-                    .collect::<DataflowResult<_>>()?;
-                let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
-                let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
-                // `concat` checked that every part has the axis.
-                let dst_chunk = elements(op, shape.get(axis..).unwrap_or_default())?;
-                // Every index the kernel computes (`o * dst_chunk + offset + c`) is below this.
-                let total = mul(op, outer, dst_chunk)?;
-                let (outer_arg, dst_chunk_arg) = (int(op, outer)?, int(op, dst_chunk)?);
-                int(op, total)?;
-                // Each part's launch, checked before any is queued.
-                let mut launches = Vec::with_capacity(parts.len());
-                let mut offset = 0usize;
-                for p in &parts {
-                    let chunk = elements(op, p.shape.get(axis..).unwrap_or_default())?;
-                    let size = mul(op, outer, chunk)?;
-                    let input = p.f32()?;
-                    holds(device, input, size, op)?;
-                    if offset.checked_add(chunk).is_none_or(|end| end > dst_chunk) {
-                        return Err(err(format!(
-                            "Concat: the inputs' shapes {part_shapes:?} overrun the output's {shape:?}"
-                        )));
-                    }
-                    launches.push((input, int(op, chunk)?, int(op, offset)?, grid(op, size)?));
-                    offset += chunk;
-                }
-                let out = device.alloc_zeros::<f32>(total.max(1)).map_err(gpu_error)?;
-                for (input, chunk, offset, cfg) in launches {
-                    let args = [
-                        Arg::F32(input),
-                        Arg::F32(&out),
-                        Arg::Int(outer_arg),
-                        Arg::Int(chunk),
-                        Arg::Int(dst_chunk_arg),
-                        Arg::Int(offset),
-                    ];
-                    // SAFETY: the kernel checks its thread index against `outer * chunk`, the
-                    // part's size (which its buffer holds, checked above); it writes row `o` at
-                    // `o * dst_chunk + offset` and on, up to `offset + chunk <= dst_chunk`,
-                    // within `out`'s `outer * dst_chunk`, which fits an `int`.
-                    unsafe { device.launch("copy_block_f32", cfg, &args) }.map_err(gpu_error)?;
-                }
-                DTensor::with_f32(shape, out)
-            }
-            "Gemm" | "MatMul" => {
-                let (a, b) = (get(0)?, get(1)?);
-                let gemm = op == "Gemm";
-                let ta = gemm && attr_i(node, "transA", 0) != 0;
-                let tb = gemm && attr_i(node, "transB", 0) != 0;
-                let alpha = if gemm {
-                    attr_f(node, "alpha", 1.0)
-                } else {
-                    1.0
-                };
-                if gemm && attr_f(node, "beta", 1.0) != 1.0 {
-                    return Err(err("Gemm on the GPU: beta must be 1"));
-                }
-                let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-                let cfg = row_major_gemm(op, m, k, n, ta, tb, alpha)?;
-                let (a_buf, b_buf) = (a.f32()?, b.f32()?);
-                holds(device, a_buf, mul(op, m, k)?, op)?;
-                holds(device, b_buf, mul(op, k, n)?, op)?;
-                let mut out = device
-                    .alloc_zeros::<f32>(mul(op, m, n)?.max(1))
-                    .map_err(gpu_error)?;
-                // SAFETY: the dimensions and leading dimensions above describe the buffers,
-                // which hold that many values (checked above).
-                unsafe { device.gemm(cfg, b_buf, a_buf, &mut out) }.map_err(gpu_error)?;
-                let product = DTensor::with_f32(vec![m, n], out);
-                if gemm && node.input.get(2).is_some_and(|name| !name.is_empty()) {
-                    self.binary(&product, get(2)?, 0)?
-                } else {
-                    product
-                }
-            }
-            other => return Err(err(format!("op `{other}` is not supported on the GPU"))),
+/// One node and where its inputs are read: on the device, the values computed so far and else
+/// the weights; on the host, the graph's inputs and its constants.
+struct Inputs<'a, D: GpuDevice> {
+    node: &'a NodeProto,
+    values: &'a HashMap<String, DTensor<D>>,
+    weights: &'a HashMap<String, DTensor<D>>,
+    host_values: &'a HashMap<String, Tensor>,
+}
+
+impl<'a, D: GpuDevice> Inputs<'a, D> {
+    fn name(&self, i: usize) -> DataflowResult<&'a String> {
+        self.node
+            .input
+            .get(i)
+            .ok_or_else(|| err(format!("{}: missing input {i}", self.node.op_type)))
+    }
+
+    /// Input `i` on the device.
+    fn get(&self, i: usize) -> DataflowResult<&'a DTensor<D>> {
+        let name = self.name(i)?;
+        self.values
+            .get(name)
+            .or_else(|| self.weights.get(name))
+            .ok_or_else(|| err(format!("{}: no value `{name}`", self.node.op_type)))
+    }
+
+    /// Input `i` in host memory, where only the graph's inputs and constants are.
+    fn host(&self, i: usize) -> DataflowResult<&'a Tensor> {
+        let name = self.name(i)?;
+        self.host_values.get(name).ok_or_else(|| {
+            err(format!(
+                "{}: `{name}` must be a constant",
+                self.node.op_type
+            ))
         })
     }
 
-    /// Elementwise op `code` (0 add, 1 sub, 2 mul, 3 div) with broadcasting, up to 4-D.
-    fn binary(&self, a: &DTensor<D>, b: &DTensor<D>, code: i32) -> DataflowResult<DTensor<D>> {
-        let rank = a.shape.len().max(b.shape.len());
-        if rank > 4 {
-            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
+    /// Input `i` in host memory: its host copy when it has one, else downloaded.
+    fn host_copy(&self, i: usize, device: &D) -> DataflowResult<Tensor> {
+        match self.host(i) {
+            Ok(t) => Ok(t.clone()),
+            Err(_) => download(device, self.get(i)?),
         }
-        let (shape, sa, sb) = shapes::broadcast(&a.shape, &b.shape, 4)?;
-        // Padded to rank 4, and the output's `rank` axes the last of them.
-        let (&[_, d1, d2, d3], Some(out_shape)) = (shape.as_slice(), shape.get(4 - rank..)) else {
-            return Err(err("elementwise ops on the GPU: at most 4 dimensions"));
-        };
-        let what = "elementwise op";
-        let total = elements(what, &shape)?;
-        let cfg = grid(what, total)?;
-        let dims = [
-            int(what, total)?,
-            int(what, d1)?,
-            int(what, d2)?,
-            int(what, d3)?,
-        ];
-        let strides = sa
-            .iter()
-            .chain(&sb)
-            .map(|s| int(what, *s))
-            .collect::<DataflowResult<Vec<_>>>()?;
-        let (a_buf, b_buf) = (a.f32()?, b.f32()?);
-        holds(&self.device, a_buf, a.len()?, what)?;
-        holds(&self.device, b_buf, b.len()?, what)?;
-        let out = self
-            .device
-            .alloc_zeros::<f32>(total.max(1))
-            .map_err(gpu_error)?;
-        let mut args = vec![
-            Arg::F32(a_buf),
-            Arg::F32(b_buf),
-            Arg::F32(&out),
-            Arg::Int(code),
-        ];
-        args.extend(dims.into_iter().chain(strides).map(Arg::Int));
-        // SAFETY: the kernel checks its thread index against `total`, `out`'s size; the
-        // broadcast strides (0 along broadcast axes) keep the reads within `a` and `b`, whose
-        // buffers hold their shapes' values (checked above).
-        unsafe { self.device.launch("binary_f32", cfg, &args) }.map_err(gpu_error)?;
-        Ok(DTensor::with_f32(out_shape.to_vec(), out))
     }
 }
 
-/// cuBLAS is column-major. Row-major C = op(A)·op(B) (m×k times k×n) is column-major
-/// Cᵀ = op(B)ᵀ·op(A)ᵀ: the same buffers, passed with B first. cuBLAS takes `int`
-/// dimensions: larger ones are an error naming `what`.
-fn row_major_gemm(
-    what: &str,
-    m: usize,
-    k: usize,
-    n: usize,
-    ta: bool,
-    tb: bool,
-    alpha: f32,
-) -> DataflowResult<GemmConfig<f32>> {
-    let trans = |t: bool| {
-        if t {
-            cublasOperation_t::CUBLAS_OP_T
-        } else {
-            cublasOperation_t::CUBLAS_OP_N
-        }
-    };
-    let (m, k, n) = (int(what, m)?, int(what, k)?, int(what, n)?);
-    Ok(GemmConfig {
-        transa: trans(tb),
-        transb: trans(ta),
-        m: n,
-        n: m,
-        k,
-        alpha,
-        lda: if tb { k } else { n },
-        ldb: if ta { m } else { k },
-        beta: 0.0f32,
-        ldc: n,
-    })
-}
-
+mod ops;
 mod tensor;
 #[cfg(test)]
 mod tests;

@@ -1,3 +1,4 @@
+use super::ops::row_major_gemm;
 use super::*;
 
 /// The arguments given to cuBLAS compute the row-major product for every transpose

@@ -53,6 +53,13 @@ impl<D: GpuDevice, T: Elem> Scratch<D, T> {
             .as_mut()
             .ok_or_else(|| err("GPU scratch buffer missing"))
     }
+
+    /// `values` copied into the buffer, grown to hold them first.
+    fn upload(&mut self, device: &D, values: &[T]) -> DataflowResult<&D::Buf<T>> {
+        let buf = self.at_least(device, values.len())?;
+        device.upload_into(values, buf).map_err(gpu_error)?;
+        Ok(buf)
+    }
 }
 
 /// The resize kernels loaded on one GPU (by default through cudarc; the tests emulate one),
@@ -116,22 +123,66 @@ impl<D: GpuDevice> CudaResize<D> {
         }
         let packed = self.host.pack(images)?;
         let host = &self.host;
-        let per_image = 3 * host.dst_w as usize * host.dst_h as usize;
         let device = &self.device;
-        if packed.taps_changed || self.taps.0.is_none() {
-            let taps = self.taps.at_least(device, host.taps.len())?;
-            device.upload_into(&host.taps, taps).map_err(gpu_error)?;
-        }
-        let taps = &*self.taps.at_least(device, host.taps.len())?;
-        let pixels = self.pixels.at_least(device, host.pixels.len())?;
-        device
-            .upload_into(&host.pixels, pixels)
-            .map_err(gpu_error)?;
-        let meta = self.meta.at_least(device, host.meta.len())?;
-        device.upload_into(&host.meta, meta).map_err(gpu_error)?;
-        let (pixels, meta) = (&*pixels, &*meta);
+        let taps = if packed.taps_changed || self.taps.0.is_none() {
+            self.taps.upload(device, &host.taps)?
+        } else {
+            &*self.taps.at_least(device, host.taps.len())?
+        };
+        let pixels = self.pixels.upload(device, &host.pixels)?;
+        let meta = self.meta.upload(device, &host.meta)?;
         let tmp = &*self.tmp.at_least(device, packed.tmp_len)?;
+        let batch = Batch {
+            device,
+            pixels,
+            tmp,
+            meta,
+            taps,
+            plan: Plan::new(host, &packed, images.len(), self.layout, self.max_grid_y)?,
+        };
+        batch.vertical()?;
 
+        let total = images.len() * batch.plan.per_image;
+        let values = match self.dtype {
+            TensorDtype::F32 => {
+                let out = &*self.out_f32.at_least(device, total)?;
+                batch.horizontal_f32(out, &self.lut)?;
+                Values::F32(device.download(out, total).map_err(gpu_error)?)
+            }
+            TensorDtype::U8 => {
+                let out = &*self.out_u8.at_least(device, total)?;
+                batch.horizontal_u8(out)?;
+                Values::U8(device.download(out, total).map_err(gpu_error)?)
+            }
+        };
+        // The staging buffers are rewritten by the next batch: let every copy finish.
+        device.synchronize().map_err(gpu_error)?;
+        Ok(values)
+    }
+}
+
+/// How one batch's kernels are launched: their grids and `int` arguments.
+struct Plan {
+    /// Values of one output image.
+    per_image: usize,
+    vertical_blocks: u32,
+    horizontal_blocks: u32,
+    dst_w: i32,
+    dst_h: i32,
+    nchw: i32,
+    /// Launches of `max_grid_y` images at most: (the first image, their count).
+    launches: Vec<(i32, usize)>,
+}
+
+impl Plan {
+    fn new(
+        host: &Packer,
+        packed: &Packed,
+        images: usize,
+        layout: Layout,
+        max_grid_y: usize,
+    ) -> DataflowResult<Plan> {
+        let per_image = 3 * host.dst_w as usize * host.dst_h as usize;
         let blocks = |n: usize| {
             u32::try_from(n.div_ceil(BLOCK as usize)).map_err(|_| {
                 err(format!(
@@ -141,87 +192,113 @@ impl<D: GpuDevice> CudaResize<D> {
         };
         let (vertical_blocks, horizontal_blocks) =
             (blocks(packed.max_vertical)?, blocks(per_image)?);
-        let as_i32 = |v: usize| {
-            i32::try_from(v).map_err(|_| err(format!("{v} does not fit a kernel's int")))
-        };
         let (dst_w, dst_h) = (as_i32(host.dst_w as usize)?, as_i32(host.dst_h as usize)?);
-        let nchw = i32::from(self.layout == Layout::Nchw);
-        let total = images.len() * per_image;
-        // Launches of `max_grid_y` images at most: (the first image, their count).
-        let max_grid_y = self.max_grid_y.clamp(1, MAX_GRID_Y);
-        let launches = (0..images.len())
+        let max_grid_y = max_grid_y.clamp(1, MAX_GRID_Y);
+        let launches = (0..images)
             .step_by(max_grid_y)
-            .map(|base| Ok((as_i32(base)?, (images.len() - base).min(max_grid_y))))
+            .map(|base| Ok((as_i32(base)?, (images - base).min(max_grid_y))))
             .collect::<DataflowResult<Vec<_>>>()?;
-        let grid = |x: u32, images: usize| LaunchConfig {
-            grid_dim: (x, images as u32, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        Ok(Plan {
+            per_image,
+            vertical_blocks,
+            horizontal_blocks,
+            dst_w,
+            dst_h,
+            nchw: i32::from(layout == Layout::Nchw),
+            launches,
+        })
+    }
+}
 
-        for &(image_base, chunk) in &launches {
+/// `v` as a kernel's `int` argument.
+fn as_i32(v: usize) -> DataflowResult<i32> {
+    i32::try_from(v).map_err(|_| err(format!("{v} does not fit a kernel's int")))
+}
+
+/// The grid of a launch over `images` images, `x` blocks each.
+fn grid(x: u32, images: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (x, images as u32, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One batch on the device: its buffers, uploaded or sized, and its launch plan.
+struct Batch<'a, D: GpuDevice> {
+    device: &'a D,
+    pixels: &'a D::Buf<u8>,
+    tmp: &'a D::Buf<u8>,
+    meta: &'a D::Buf<i64>,
+    taps: &'a D::Buf<i32>,
+    plan: Plan,
+}
+
+impl<D: GpuDevice> Batch<'_, D> {
+    /// The vertical pass: each image's pixels into its rows of `tmp`.
+    fn vertical(&self) -> DataflowResult<()> {
+        let plan = &self.plan;
+        for &(image_base, chunk) in &plan.launches {
             let args = [
-                Arg::U8(pixels),
-                Arg::U8(tmp),
-                Arg::I64(meta),
-                Arg::I32(taps),
-                Arg::Int(dst_h),
+                Arg::U8(self.pixels),
+                Arg::U8(self.tmp),
+                Arg::I64(self.meta),
+                Arg::I32(self.taps),
+                Arg::Int(plan.dst_h),
                 Arg::Int(image_base),
             ];
+            let cfg = grid(plan.vertical_blocks, chunk);
             // SAFETY: the kernel reads `meta` entries `image_base..image_base + chunk` (all
             // written above) and through them in-bounds pixels, taps and temp rows: every
             // offset and size there was computed from the buffers just uploaded or sized.
-            unsafe { device.launch("resize_vertical", grid(vertical_blocks, chunk), &args) }
+            unsafe { self.device.launch("resize_vertical", cfg, &args) }.map_err(gpu_error)?;
+        }
+        Ok(())
+    }
+
+    /// The horizontal pass into float values, normalised through `lut`.
+    fn horizontal_f32(&self, out: &D::Buf<f32>, lut: &D::Buf<f32>) -> DataflowResult<()> {
+        let plan = &self.plan;
+        for &(image_base, chunk) in &plan.launches {
+            let args = [
+                Arg::U8(self.tmp),
+                Arg::F32(out),
+                Arg::I64(self.meta),
+                Arg::I32(self.taps),
+                Arg::F32(lut),
+                Arg::Int(plan.dst_w),
+                Arg::Int(plan.dst_h),
+                Arg::Int(plan.nchw),
+                Arg::Int(image_base),
+            ];
+            let cfg = grid(plan.horizontal_blocks, chunk);
+            // SAFETY: as for the vertical pass; `out` holds `images * per_image` values and
+            // `lut` 3 * 256.
+            unsafe { self.device.launch("resize_horizontal_f32", cfg, &args) }
                 .map_err(gpu_error)?;
         }
+        Ok(())
+    }
 
-        let values = match self.dtype {
-            TensorDtype::F32 => {
-                let out = &*self.out_f32.at_least(device, total)?;
-                for &(image_base, chunk) in &launches {
-                    let args = [
-                        Arg::U8(tmp),
-                        Arg::F32(out),
-                        Arg::I64(meta),
-                        Arg::I32(taps),
-                        Arg::F32(&self.lut),
-                        Arg::Int(dst_w),
-                        Arg::Int(dst_h),
-                        Arg::Int(nchw),
-                        Arg::Int(image_base),
-                    ];
-                    let cfg = grid(horizontal_blocks, chunk);
-                    // SAFETY: as for the vertical pass; `out` holds `images * per_image`
-                    // values and `lut` 3 * 256.
-                    unsafe { device.launch("resize_horizontal_f32", cfg, &args) }
-                        .map_err(gpu_error)?;
-                }
-                Values::F32(device.download(out, total).map_err(gpu_error)?)
-            }
-            TensorDtype::U8 => {
-                let out = &*self.out_u8.at_least(device, total)?;
-                for &(image_base, chunk) in &launches {
-                    let args = [
-                        Arg::U8(tmp),
-                        Arg::U8(out),
-                        Arg::I64(meta),
-                        Arg::I32(taps),
-                        Arg::Int(dst_w),
-                        Arg::Int(dst_h),
-                        Arg::Int(nchw),
-                        Arg::Int(image_base),
-                    ];
-                    let cfg = grid(horizontal_blocks, chunk);
-                    // SAFETY: as for the vertical pass; `out` holds `images * per_image` bytes.
-                    unsafe { device.launch("resize_horizontal_u8", cfg, &args) }
-                        .map_err(gpu_error)?;
-                }
-                Values::U8(device.download(out, total).map_err(gpu_error)?)
-            }
-        };
-        // The staging buffers are rewritten by the next batch: let every copy finish.
-        device.synchronize().map_err(gpu_error)?;
-        Ok(values)
+    /// The horizontal pass into bytes.
+    fn horizontal_u8(&self, out: &D::Buf<u8>) -> DataflowResult<()> {
+        let plan = &self.plan;
+        for &(image_base, chunk) in &plan.launches {
+            let args = [
+                Arg::U8(self.tmp),
+                Arg::U8(out),
+                Arg::I64(self.meta),
+                Arg::I32(self.taps),
+                Arg::Int(plan.dst_w),
+                Arg::Int(plan.dst_h),
+                Arg::Int(plan.nchw),
+                Arg::Int(image_base),
+            ];
+            let cfg = grid(plan.horizontal_blocks, chunk);
+            // SAFETY: as for the vertical pass; `out` holds `images * per_image` bytes.
+            unsafe { self.device.launch("resize_horizontal_u8", cfg, &args) }.map_err(gpu_error)?;
+        }
+        Ok(())
     }
 }
 
