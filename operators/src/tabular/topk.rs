@@ -14,7 +14,7 @@ use arrow_array::{
     Array, ArrayRef, FixedSizeListArray, Float32Array, Int32Array, ListArray, RecordBatch,
     StringArray, StructArray,
 };
-use arrow_buffer::OffsetBuffer;
+use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Fields, Schema, SchemaRef};
 use riffle_dataflow::tensor::{element_type, row_shape, tensor_values};
 use riffle_dataflow::{DataflowError, DataflowResult, Stage, StageOutput};
@@ -184,6 +184,125 @@ impl TopK {
     }
 }
 
+impl TopK {
+    /// The input tensor column of `batch` and its values, `classes` per row.
+    fn logits<'a>(
+        &self,
+        batch: &'a RecordBatch,
+        classes: usize,
+    ) -> DataflowResult<(&'a FixedSizeListArray, &'a [f32])> {
+        let column = batch
+            .column_by_name(&self.config.input)
+            .ok_or_else(|| DataflowError::schema(&self.config.input, "a column", "none"))?;
+        let list = column
+            .as_any()
+            .downcast_ref::<FixedSizeListArray>()
+            .ok_or_else(|| {
+                DataflowError::schema(
+                    &self.config.input,
+                    "FixedSizeList<Float32>",
+                    column.data_type().to_string(),
+                )
+            })?;
+        let values = tensor_values::<Float32Type>(list)?;
+        let rows = batch.num_rows();
+        if values.len() != rows * classes {
+            return Err(DataflowError::stage(
+                NAME,
+                format!(
+                    "`{}` holds {} values for {rows} rows of {classes} classes",
+                    self.config.input,
+                    values.len()
+                ),
+            ));
+        }
+        Ok((list, values))
+    }
+
+    /// The `{output}`, `{output}_label` and `{output}_score` columns; `nulls`: the rows whose
+    /// tensor is null.
+    fn top_columns(
+        &self,
+        top: TopRows,
+        nulls: Option<NullBuffer>,
+    ) -> DataflowResult<[ArrayRef; 3]> {
+        let entries = StructArray::try_new(
+            self.entry_fields.clone(),
+            vec![
+                Arc::new(Int32Array::from(top.class_ids)) as ArrayRef,
+                Arc::new(StringArray::from(top.labels)),
+                Arc::new(Float32Array::from(top.scores)),
+            ],
+            None,
+        )?;
+        let offsets = OffsetBuffer::<i32>::try_from_lengths(top.lengths)
+            .map_err(|e| DataflowError::stage(NAME, e))?;
+        let list = ListArray::try_new(self.list_field(), offsets, Arc::new(entries), nulls)?;
+        Ok([
+            Arc::new(list),
+            Arc::new(StringArray::from(top.top_labels)),
+            Arc::new(Float32Array::from(top.top_scores)),
+        ])
+    }
+}
+
+/// The best classes of a batch's rows, as they are found: the entries of every row's list, one
+/// row after another, and each row's best class.
+struct TopRows {
+    lengths: Vec<usize>,
+    class_ids: Vec<i32>,
+    labels: Vec<Option<String>>,
+    scores: Vec<f32>,
+    top_labels: Vec<Option<String>>,
+    top_scores: Vec<Option<f32>>,
+}
+
+impl TopRows {
+    fn with_capacity(rows: usize, k: usize) -> Self {
+        TopRows {
+            lengths: Vec::with_capacity(rows),
+            class_ids: Vec::with_capacity(rows * k),
+            labels: Vec::with_capacity(rows * k),
+            scores: Vec::with_capacity(rows * k),
+            top_labels: Vec::with_capacity(rows),
+            top_scores: Vec::with_capacity(rows),
+        }
+    }
+
+    /// A row without classes: an empty list and null best class.
+    fn push_null(&mut self) {
+        self.lengths.push(0);
+        self.top_labels.push(None);
+        self.top_scores.push(None);
+    }
+
+    /// A row's best classes (best first), named from `labels`.
+    fn push(&mut self, best: &[(usize, f32)], labels: &[String]) -> DataflowResult<()> {
+        self.lengths.push(best.len());
+        for &(class, score) in best {
+            let id = i32::try_from(class).map_err(|_| {
+                DataflowError::stage(NAME, format!("class index {class} exceeds Int32"))
+            })?;
+            self.class_ids.push(id);
+            self.labels.push(labels.get(class).cloned());
+            self.scores.push(score);
+        }
+        match best.first() {
+            Some(&(class, score)) => {
+                let label = labels.get(class).cloned();
+                self.top_labels
+                    .push(Some(label.unwrap_or_else(|| class.to_string())));
+                self.top_scores.push(Some(score));
+            }
+            None => {
+                self.top_labels.push(None);
+                self.top_scores.push(None);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Descending order of scores with NaN last.
 fn desc(a: f32, b: f32) -> Ordering {
     match (a.is_nan(), b.is_nan()) {
@@ -284,45 +403,14 @@ impl Stage for TopK {
     fn process_batch(&mut self, batch: &RecordBatch) -> DataflowResult<StageOutput> {
         let schema = self.output_schema(batch.schema_ref())?;
         let classes = self.classes(batch.schema_ref())?;
-        let column = batch
-            .column_by_name(&self.config.input)
-            .ok_or_else(|| DataflowError::schema(&self.config.input, "a column", "none"))?;
-        let list = column
-            .as_any()
-            .downcast_ref::<FixedSizeListArray>()
-            .ok_or_else(|| {
-                DataflowError::schema(
-                    &self.config.input,
-                    "FixedSizeList<Float32>",
-                    column.data_type().to_string(),
-                )
-            })?;
-        let values = tensor_values::<Float32Type>(list)?;
+        let (list, values) = self.logits(batch, classes)?;
         let rows = batch.num_rows();
-        if values.len() != rows * classes {
-            return Err(DataflowError::stage(
-                NAME,
-                format!(
-                    "`{}` holds {} values for {rows} rows of {classes} classes",
-                    self.config.input,
-                    values.len()
-                ),
-            ));
-        }
-
-        let mut lengths = Vec::with_capacity(rows);
-        let mut class_ids = Vec::with_capacity(rows * self.config.k);
-        let mut labels: Vec<Option<String>> = Vec::with_capacity(rows * self.config.k);
-        let mut scores = Vec::with_capacity(rows * self.config.k);
-        let mut top_labels: Vec<Option<String>> = Vec::with_capacity(rows);
-        let mut top_scores: Vec<Option<f32>> = Vec::with_capacity(rows);
+        let mut top = TopRows::with_capacity(rows, self.config.k);
         let mut best = Vec::with_capacity(self.config.k);
         for row in 0..rows {
             // A null tensor row has no classes to rank: null outputs, the row is kept.
             if list.is_null(row) {
-                lengths.push(0);
-                top_labels.push(None);
-                top_scores.push(None);
+                top.push_null();
                 continue;
             }
             let logits = values
@@ -331,41 +419,9 @@ impl Stage for TopK {
                     DataflowError::stage(NAME, format!("row {row} is beyond the logits"))
                 })?;
             self.top_of_row(logits, &mut best);
-            lengths.push(best.len());
-            for &(class, score) in &best {
-                let id = i32::try_from(class).map_err(|_| {
-                    DataflowError::stage(NAME, format!("class index {class} exceeds Int32"))
-                })?;
-                class_ids.push(id);
-                labels.push(self.labels.get(class).cloned());
-                scores.push(score);
-            }
-            match best.first() {
-                Some(&(class, score)) => {
-                    let label = self.labels.get(class).cloned();
-                    top_labels.push(Some(label.unwrap_or_else(|| class.to_string())));
-                    top_scores.push(Some(score));
-                }
-                None => {
-                    top_labels.push(None);
-                    top_scores.push(None);
-                }
-            }
+            top.push(&best, &self.labels)?;
         }
-
-        let entries = StructArray::try_new(
-            self.entry_fields.clone(),
-            vec![
-                Arc::new(Int32Array::from(class_ids)) as ArrayRef,
-                Arc::new(StringArray::from(labels)),
-                Arc::new(Float32Array::from(scores)),
-            ],
-            None,
-        )?;
-        let offsets = OffsetBuffer::<i32>::try_from_lengths(lengths)
-            .map_err(|e| DataflowError::stage(NAME, e))?;
-        let nulls = list.nulls().cloned();
-        let top = ListArray::try_new(self.list_field(), offsets, Arc::new(entries), nulls)?;
+        let added = self.top_columns(top, list.nulls().cloned())?;
 
         let mut columns: Vec<ArrayRef> = batch
             .schema()
@@ -375,9 +431,7 @@ impl Stage for TopK {
             .filter(|(f, _)| !(self.config.drop_input && f.name() == &self.config.input))
             .map(|(_, c)| c.clone())
             .collect();
-        columns.push(Arc::new(top));
-        columns.push(Arc::new(StringArray::from(top_labels)));
-        columns.push(Arc::new(Float32Array::from(top_scores)));
+        columns.extend(added);
         Ok(StageOutput::all(RecordBatch::try_new(schema, columns)?))
     }
 

@@ -274,6 +274,177 @@ fn keep_best(candidates: &mut Vec<Candidate>, k: usize) {
     candidates.sort_unstable_by(rank_order);
 }
 
+/// A batch's item and score columns, as the ranking reads them.
+struct Scored<'a> {
+    items: &'a [i64],
+    item_nulls: Option<&'a NullBuffer>,
+    /// One score per row.
+    scores: &'a [f32],
+    /// A score is null when its list row or its value is (size 1: they line up).
+    score_nulls: Option<NullBuffer>,
+}
+
+impl Scored<'_> {
+    fn score_is_null(&self, row: usize) -> bool {
+        self.score_nulls.as_ref().is_some_and(|n| n.is_null(row))
+    }
+}
+
+/// Every group's ranked items and scores, one group after another, with the offsets of the
+/// list columns they become.
+struct Ranked {
+    offsets: Vec<i32>,
+    items: Vec<i64>,
+    scores: Vec<f32>,
+    valid: NullBufferBuilder,
+}
+
+impl Ranked {
+    /// The `{output}` and `{output}_score` list columns.
+    fn into_lists(mut self, score_field: FieldRef) -> DataflowResult<(ListArray, ListArray)> {
+        let offsets = OffsetBuffer::new(ScalarBuffer::from(self.offsets));
+        let item_values = Int64Array::new(ScalarBuffer::from(self.items), None);
+        let score_values = Float32Array::new(ScalarBuffer::from(self.scores), self.valid.finish());
+        let item_list = ListArray::try_new(
+            Arc::new(Field::new_list_field(DataType::Int64, false)),
+            offsets.clone(),
+            Arc::new(item_values),
+            None,
+        )?;
+        let score_list = ListArray::try_new(score_field, offsets, Arc::new(score_values), None)?;
+        Ok((item_list, score_list))
+    }
+}
+
+impl Rank {
+    /// The first row of each group; every row must have a group key.
+    fn group_starts(&self, batch: &RecordBatch, plan: &Plan) -> DataflowResult<Vec<u32>> {
+        let group = batch.column(plan.group);
+        if group.null_count() > 0 {
+            return Err(DataflowError::stage(
+                NAME,
+                format!(
+                    "group column `{}` has {} null rows: every row must belong to a group",
+                    self.config.group,
+                    group.null_count()
+                ),
+            ));
+        }
+        if let Some(keys) = group.as_primitive_opt::<Int64Type>() {
+            Ok(run_starts(keys.values()))
+        } else if let Some(keys) = group.as_primitive_opt::<UInt64Type>() {
+            Ok(run_starts(keys.values()))
+        } else {
+            Err(DataflowError::schema(
+                &self.config.group,
+                GROUP_TYPES,
+                group.data_type().to_string(),
+            )
+            .at("group"))
+        }
+    }
+
+    /// The item and score columns of `batch`, checked to be what the plan expects.
+    fn scored<'a>(&self, batch: &'a RecordBatch, plan: &Plan) -> DataflowResult<Scored<'a>> {
+        let item_column = batch.column(plan.item);
+        let items = item_column.as_primitive_opt::<Int64Type>().ok_or_else(|| {
+            DataflowError::schema(
+                &self.config.item,
+                ITEM_TYPE,
+                item_column.data_type().to_string(),
+            )
+            .at("item")
+        })?;
+        let score_column = batch.column(plan.score);
+        let scores = tensor_values::<Float32Type>(score_column.as_ref()).map_err(|_| {
+            DataflowError::schema(
+                &self.config.score,
+                SCORE_TYPES,
+                score_column.data_type().to_string(),
+            )
+            .at("score")
+        })?;
+        let rows = batch.num_rows();
+        if scores.len() != rows {
+            return Err(DataflowError::stage(
+                NAME,
+                format!(
+                    "`{}` holds {} scores for {rows} rows",
+                    self.config.score,
+                    scores.len()
+                ),
+            ));
+        }
+        let score_nulls = match score_column.as_fixed_size_list_opt() {
+            Some(list) => NullBuffer::union(list.nulls(), list.values().nulls()),
+            None => score_column.nulls().cloned(),
+        };
+        Ok(Scored {
+            items: items.values(),
+            item_nulls: items.nulls(),
+            scores,
+            score_nulls,
+        })
+    }
+
+    /// The `k` best items of every group (of `rows` rows starting at `starts`), best first.
+    fn rank_groups(
+        &mut self,
+        starts: &[u32],
+        scored: &Scored<'_>,
+        rows: usize,
+    ) -> DataflowResult<Ranked> {
+        let k = self.config.k;
+        let capacity = rows.min(starts.len().saturating_mul(k));
+        let mut ranked = Ranked {
+            offsets: Vec::with_capacity(starts.len() + 1),
+            items: Vec::with_capacity(capacity),
+            scores: Vec::with_capacity(capacity),
+            valid: NullBufferBuilder::new(capacity),
+        };
+        ranked.offsets.push(0i32);
+        for (g, &start) in starts.iter().enumerate() {
+            let end = starts.get(g + 1).map_or(rows, |&s| s as usize);
+            let candidates = &mut self.scratch;
+            gather(candidates, scored, start as usize..end)?;
+            keep_best(candidates, k);
+            for c in candidates.iter() {
+                let row = c.row as usize;
+                ranked.items.push(c.item);
+                ranked.scores.push(value_at(scored.scores, row)?);
+                ranked.valid.append(!scored.score_is_null(row));
+            }
+            // At most one entry per input row, and rows fit in i32 (the caller checked).
+            ranked.offsets.push(ranked.items.len() as i32);
+        }
+        Ok(ranked)
+    }
+}
+
+/// The candidates of the group in `rows`: every row with an item, a null score as NaN.
+fn gather(
+    candidates: &mut Vec<Candidate>,
+    scored: &Scored<'_>,
+    rows: std::ops::Range<usize>,
+) -> DataflowResult<()> {
+    candidates.clear();
+    for row in rows {
+        if scored.item_nulls.is_some_and(|n| n.is_null(row)) {
+            continue;
+        }
+        candidates.push(Candidate {
+            score: if scored.score_is_null(row) {
+                f32::NAN
+            } else {
+                value_at(scored.scores, row)?
+            },
+            item: value_at(scored.items, row)?,
+            row: row as u32,
+        });
+    }
+    Ok(())
+}
+
 impl crate::StageKind for RankConfig {
     fn kind(&self) -> &'static str {
         "rank"
@@ -310,121 +481,11 @@ impl Stage for Rank {
                 format!("a batch of {rows} rows exceeds the i32 offsets of a list column"),
             ));
         }
-
-        let group = batch.column(plan.group);
-        if group.null_count() > 0 {
-            return Err(DataflowError::stage(
-                NAME,
-                format!(
-                    "group column `{}` has {} null rows: every row must belong to a group",
-                    self.config.group,
-                    group.null_count()
-                ),
-            ));
-        }
-        let starts = if let Some(keys) = group.as_primitive_opt::<Int64Type>() {
-            run_starts(keys.values())
-        } else if let Some(keys) = group.as_primitive_opt::<UInt64Type>() {
-            run_starts(keys.values())
-        } else {
-            return Err(DataflowError::schema(
-                &self.config.group,
-                GROUP_TYPES,
-                group.data_type().to_string(),
-            )
-            .at("group"));
-        };
-
-        let item_column = batch.column(plan.item);
-        let items = item_column.as_primitive_opt::<Int64Type>().ok_or_else(|| {
-            DataflowError::schema(
-                &self.config.item,
-                ITEM_TYPE,
-                item_column.data_type().to_string(),
-            )
-            .at("item")
-        })?;
-        let item_nulls = items.nulls();
-        let items = items.values();
-
-        let score_column = batch.column(plan.score);
-        let scores = tensor_values::<Float32Type>(score_column.as_ref()).map_err(|_| {
-            DataflowError::schema(
-                &self.config.score,
-                SCORE_TYPES,
-                score_column.data_type().to_string(),
-            )
-            .at("score")
-        })?;
-        if scores.len() != rows {
-            return Err(DataflowError::stage(
-                NAME,
-                format!(
-                    "`{}` holds {} scores for {rows} rows",
-                    self.config.score,
-                    scores.len()
-                ),
-            ));
-        }
-        // A score is null when its list row or its value is (size 1: they line up).
-        let score_nulls = match score_column.as_fixed_size_list_opt() {
-            Some(list) => NullBuffer::union(list.nulls(), list.values().nulls()),
-            None => score_column.nulls().cloned(),
-        };
-
-        let k = self.config.k;
-        let capacity = rows.min(starts.len().saturating_mul(k));
-        let mut offsets = Vec::with_capacity(starts.len() + 1);
-        offsets.push(0i32);
-        let mut ranked_items = Vec::with_capacity(capacity);
-        let mut ranked_scores = Vec::with_capacity(capacity);
-        let mut ranked_valid = NullBufferBuilder::new(capacity);
-        for (g, &start) in starts.iter().enumerate() {
-            let end = starts.get(g + 1).map_or(rows, |&s| s as usize);
-            let candidates = &mut self.scratch;
-            candidates.clear();
-            for row in start as usize..end {
-                if item_nulls.is_some_and(|n| n.is_null(row)) {
-                    continue;
-                }
-                let null_score = score_nulls.as_ref().is_some_and(|n| n.is_null(row));
-                candidates.push(Candidate {
-                    score: if null_score {
-                        f32::NAN
-                    } else {
-                        value_at(scores, row)?
-                    },
-                    item: value_at(items, row)?,
-                    row: row as u32,
-                });
-            }
-            keep_best(candidates, k);
-            for c in candidates.iter() {
-                let row = c.row as usize;
-                ranked_items.push(c.item);
-                ranked_scores.push(value_at(scores, row)?);
-                ranked_valid.append(!score_nulls.as_ref().is_some_and(|n| n.is_null(row)));
-            }
-            // At most one entry per input row, and rows fit in i32 (checked above).
-            offsets.push(ranked_items.len() as i32);
-        }
-
-        let offsets = OffsetBuffer::new(ScalarBuffer::from(offsets));
-        let item_values = Int64Array::new(ScalarBuffer::from(ranked_items), None);
-        let score_values =
-            Float32Array::new(ScalarBuffer::from(ranked_scores), ranked_valid.finish());
-        let item_list = ListArray::try_new(
-            Arc::new(Field::new_list_field(DataType::Int64, false)),
-            offsets.clone(),
-            Arc::new(item_values),
-            None,
-        )?;
-        let score_list = ListArray::try_new(
-            plan.score_field.clone(),
-            offsets,
-            Arc::new(score_values),
-            None,
-        )?;
+        let starts = self.group_starts(batch, &plan)?;
+        let scored = self.scored(batch, &plan)?;
+        let (item_list, score_list) = self
+            .rank_groups(&starts, &scored, rows)?
+            .into_lists(plan.score_field.clone())?;
 
         let first_rows = UInt32Array::new(ScalarBuffer::from(starts), None);
         let kept: Vec<ArrayRef> = plan.kept.iter().map(|&i| batch.column(i).clone()).collect();

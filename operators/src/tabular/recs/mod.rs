@@ -14,12 +14,16 @@
 //! worker waits for another's clicks of the same epoch, but a click does not see the clicks
 //! just before it (nor its own user's): a different, easier job than real-time features.
 
+mod answer_rows;
 mod candidates;
+mod checkpoint;
 mod per_click;
+mod previous_epoch;
 mod step;
 mod window;
 
-pub use candidates::{Candidates, CandidatesConfig, FeaturesAsOf, Window, WindowClick};
+pub use candidates::{Candidates, CandidatesConfig, FeaturesAsOf};
+pub use checkpoint::{Window, WindowClick};
 pub use riffle_dataflow::operators::{SlidingWindow, WindowUpdates};
 pub use window::Restore;
 
@@ -30,6 +34,9 @@ use riffle_dataflow::operators::{BatchStream, StateUpdates};
 use riffle_dataflow::state::SavedState;
 use riffle_dataflow::Epoch;
 use serde::{Deserialize, Serialize};
+
+/// The stage's name: in its dead letters, and the name its checkpointed state is kept under.
+const NAME: &str = "candidates";
 
 /// One click: who, what, and when (event time, e.g. seconds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -62,7 +69,7 @@ impl<'scope> Candidates<'scope> for BatchStream<'scope> {
                 per_click::candidates(self, config, metrics, state, first_epoch)
             }
             FeaturesAsOf::PreviousEpoch => {
-                candidates::previous_epoch(self, config, metrics, state, first_epoch)
+                previous_epoch::previous_epoch(self, config, metrics, state, first_epoch)
             }
         }
     }

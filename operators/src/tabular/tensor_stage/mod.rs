@@ -274,57 +274,7 @@ impl Tensor {
     fn plan(&self, input: &SchemaRef) -> DataflowResult<Plan> {
         let to = self.config.dtype.data_type();
         let (values, k) = match &self.config.from {
-            Some(from) => {
-                let (index, field) = input.column_with_name(from).ok_or_else(|| {
-                    DataflowError::schema(from, "a list column", "no such column").at("from")
-                })?;
-                let (child, fixed) = match field.data_type() {
-                    DataType::List(child) | DataType::LargeList(child) => (child, None),
-                    DataType::FixedSizeList(child, size) => (child, usize::try_from(*size).ok()),
-                    other => {
-                        return Err(DataflowError::schema(
-                            from,
-                            "a List, LargeList or FixedSizeList column",
-                            other.to_string(),
-                        )
-                        .at("from"))
-                    }
-                };
-                if !convertible(child.data_type(), &to) {
-                    return Err(DataflowError::schema(
-                        from,
-                        format!("a list of numbers (or text) to read as {to}"),
-                        field.data_type().to_string(),
-                    )
-                    .at("from"));
-                }
-                let k = match (fixed, self.config.length) {
-                    (Some(size), Some(length)) if size != length => {
-                        return Err(DataflowError::schema(
-                            from,
-                            format!("lists of `length` {length}"),
-                            format!("{} (fixed size {size})", field.data_type()),
-                        )
-                        .at("length"))
-                    }
-                    (Some(size), _) => size,
-                    (None, Some(length)) => length,
-                    (None, None) => {
-                        return Err(DataflowError::Config(format!(
-                            "{NAME}: `{from}` is a list whose length varies by row: give \
-                             `length`, the number of values a row must have"
-                        ))
-                        .at("length"))
-                    }
-                };
-                (
-                    Values::List {
-                        index,
-                        name: from.clone(),
-                    },
-                    k,
-                )
-            }
+            Some(from) => self.list_source(input, from)?,
             None => {
                 let columns = self.scalar_columns(input)?;
                 let k = columns.len();
@@ -371,6 +321,55 @@ impl Tensor {
         })
     }
 
+    /// The list column `from`, checked, and the number of values its rows must have.
+    fn list_source(&self, input: &Schema, from: &str) -> DataflowResult<(Values, usize)> {
+        let to = self.config.dtype.data_type();
+        let (index, field) = input.column_with_name(from).ok_or_else(|| {
+            DataflowError::schema(from, "a list column", "no such column").at("from")
+        })?;
+        let (child, fixed) = match field.data_type() {
+            DataType::List(child) | DataType::LargeList(child) => (child, None),
+            DataType::FixedSizeList(child, size) => (child, usize::try_from(*size).ok()),
+            other => {
+                return Err(DataflowError::schema(
+                    from,
+                    "a List, LargeList or FixedSizeList column",
+                    other.to_string(),
+                )
+                .at("from"))
+            }
+        };
+        if !convertible(child.data_type(), &to) {
+            return Err(DataflowError::schema(
+                from,
+                format!("a list of numbers (or text) to read as {to}"),
+                field.data_type().to_string(),
+            )
+            .at("from"));
+        }
+        let k = match (fixed, self.config.length) {
+            (Some(size), Some(length)) if size != length => {
+                return Err(DataflowError::schema(
+                    from,
+                    format!("lists of `length` {length}"),
+                    format!("{} (fixed size {size})", field.data_type()),
+                )
+                .at("length"))
+            }
+            (Some(size), _) => size,
+            (None, Some(length)) => length,
+            (None, None) => {
+                return Err(DataflowError::Config(format!(
+                    "{NAME}: `{from}` is a list whose length varies by row: give \
+                     `length`, the number of values a row must have"
+                ))
+                .at("length"))
+            }
+        };
+        let name = from.to_string();
+        Ok((Values::List { index, name }, k))
+    }
+
     /// The config key naming where the values come from.
     fn source_key(&self) -> &'static str {
         if self.config.from.is_some() {
@@ -403,74 +402,75 @@ impl Tensor {
         plan: &Plan,
         batch: &RecordBatch,
     ) -> DataflowResult<(ArrayRef, Vec<Option<String>>)> {
-        let to = self.config.dtype.data_type();
-        let dtype = self.config.dtype.name();
+        let mut reasons: Vec<Option<String>> = vec![None; batch.num_rows()];
+        let values = match &plan.values {
+            Values::Columns(columns) => {
+                self.interleave_columns(columns, plan.k, batch, &mut reasons)?
+            }
+            Values::List { index, name } => {
+                let column = batch.column(*index);
+                self.convert_list(column, name, plan.k, &mut reasons)?
+            }
+        };
+        Ok((values, reasons))
+    }
+
+    /// `values` cast to the tensor's element type; what does not convert is null.
+    fn cast(&self, values: &dyn Array) -> DataflowResult<ArrayRef> {
         let options = CastOptions {
             safe: true,
             ..Default::default()
         };
-        let rows = batch.num_rows();
-        let k = plan.k;
-        let mut reasons: Vec<Option<String>> = vec![None; rows];
-        let (name, source) = match &plan.values {
-            Values::Columns(columns) => {
-                let mut converted = Vec::with_capacity(k);
-                for (i, name) in columns {
-                    let column = batch.column(*i);
-                    let values = cast_with_options(column, &to, &options)?;
-                    if values.null_count() > 0 {
-                        // Columns in order: a row's reason names its first bad column.
-                        for (r, reason) in reasons.iter_mut().enumerate() {
-                            if reason.is_none() && values.is_null(r) {
-                                let what = format!("column `{name}`");
-                                *reason = Some(unconverted(column.as_ref(), r, &what, dtype));
-                            }
-                        }
+        Ok(cast_with_options(
+            values,
+            &self.config.dtype.data_type(),
+            &options,
+        )?)
+    }
+
+    /// The `k` scalar `columns` converted and interleaved, row by row.
+    fn interleave_columns(
+        &self,
+        columns: &[(usize, String)],
+        k: usize,
+        batch: &RecordBatch,
+        reasons: &mut [Option<String>],
+    ) -> DataflowResult<ArrayRef> {
+        let dtype = self.config.dtype.name();
+        let mut converted = Vec::with_capacity(k);
+        for (i, name) in columns {
+            let column = batch.column(*i);
+            let values = self.cast(column)?;
+            if values.null_count() > 0 {
+                // Columns in order: a row's reason names its first bad column.
+                for (r, reason) in reasons.iter_mut().enumerate() {
+                    if reason.is_none() && values.is_null(r) {
+                        let what = format!("column `{name}`");
+                        *reason = Some(unconverted(column.as_ref(), r, &what, dtype));
                     }
-                    converted.push(values);
                 }
-                let refs: Vec<&dyn Array> = converted.iter().map(|a| a.as_ref()).collect();
-                let indices: Vec<(usize, usize)> = (0..rows)
-                    .flat_map(|r| (0..k).map(move |j| (j, r)))
-                    .collect();
-                let values = arrow_select::interleave::interleave(&refs, &indices)?;
-                return Ok((values, reasons));
             }
-            Values::List { index, name } => {
-                let column = batch.column(*index);
-                let source = match column.data_type() {
-                    DataType::FixedSizeList(..) => {
-                        let list = column.as_fixed_size_list();
-                        for (r, reason) in reasons.iter_mut().enumerate() {
-                            if list.is_null(r) {
-                                *reason = Some(format!("column `{name}` is null"));
-                            }
-                        }
-                        // A sliced fixed-size list slices its values too: these are the rows'.
-                        list.values().clone()
-                    }
-                    DataType::List(_) => {
-                        let list = column.as_list::<i32>();
-                        let offsets = list.value_offsets().iter().map(|o| i64::from(*o));
-                        gather(list.values(), list, offsets, k, name, &mut reasons)?
-                    }
-                    DataType::LargeList(_) => {
-                        let list = column.as_list::<i64>();
-                        let offsets = list.value_offsets().iter().copied();
-                        gather(list.values(), list, offsets, k, name, &mut reasons)?
-                    }
-                    other => {
-                        return Err(
-                            DataflowError::schema(name, "a list column", other.to_string())
-                                .at("from"),
-                        )
-                    }
-                };
-                (name, source)
-            }
-        };
-        let converted = cast_with_options(&source, &to, &options)?;
+            converted.push(values);
+        }
+        let refs: Vec<&dyn Array> = converted.iter().map(|a| a.as_ref()).collect();
+        let indices: Vec<(usize, usize)> = (0..batch.num_rows())
+            .flat_map(|r| (0..k).map(move |j| (j, r)))
+            .collect();
+        Ok(arrow_select::interleave::interleave(&refs, &indices)?)
+    }
+
+    /// The `k` values of every row of list `column`, converted.
+    fn convert_list(
+        &self,
+        column: &ArrayRef,
+        name: &str,
+        k: usize,
+        reasons: &mut [Option<String>],
+    ) -> DataflowResult<ArrayRef> {
+        let source = list_values(column, name, k, reasons)?;
+        let converted = self.cast(&source)?;
         if converted.null_count() > 0 {
+            let dtype = self.config.dtype.name();
             for (r, reason) in reasons.iter_mut().enumerate() {
                 if reason.is_some() {
                     continue;
@@ -481,7 +481,40 @@ impl Tensor {
                 }
             }
         }
-        Ok((converted, reasons))
+        Ok(converted)
+    }
+}
+
+/// The values of list `column`, `k` per row (a row of another length, or a null row, gets a
+/// reason and nulls).
+fn list_values(
+    column: &ArrayRef,
+    name: &str,
+    k: usize,
+    reasons: &mut [Option<String>],
+) -> DataflowResult<ArrayRef> {
+    match column.data_type() {
+        DataType::FixedSizeList(..) => {
+            let list = column.as_fixed_size_list();
+            for (r, reason) in reasons.iter_mut().enumerate() {
+                if list.is_null(r) {
+                    *reason = Some(format!("column `{name}` is null"));
+                }
+            }
+            // A sliced fixed-size list slices its values too: these are the rows'.
+            Ok(list.values().clone())
+        }
+        DataType::List(_) => {
+            let list = column.as_list::<i32>();
+            let offsets = list.value_offsets().iter().map(|o| i64::from(*o));
+            gather(list.values(), list, offsets, k, name, reasons)
+        }
+        DataType::LargeList(_) => {
+            let list = column.as_list::<i64>();
+            let offsets = list.value_offsets().iter().copied();
+            gather(list.values(), list, offsets, k, name, reasons)
+        }
+        other => Err(DataflowError::schema(name, "a list column", other.to_string()).at("from")),
     }
 }
 
