@@ -1,4 +1,5 @@
 //! Kafka source and sink against librdkafka's in-process mock cluster.
+#![cfg(feature = "kafka")]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
