@@ -1,21 +1,25 @@
-//! CSV source: a CSV file with columns declared (`schema:`) or inferred from its first
-//! records. Inference and decoding are [`crate::formats::csv`]'s; this file reads and deals the
-//! records.
+//! CSV files: a source reading one with columns declared (`schema:`) or inferred from its
+//! first records (inference and decoding are [`crate::formats::csv`]'s; this file reads and
+//! deals the records), and a sink writing the results as one, with a header row.
 
-use std::io::Cursor;
+use std::fs::File;
+use std::io::{BufWriter, Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_schema::SchemaRef;
+use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Schema, SchemaRef};
+use riffle_dataflow::sink::{Sink, SinkFactory};
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
+use crate::lines::{create_parent, is_binary};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
 use crate::kind::Limits;
-use crate::kind::SourceKind;
+use crate::kind::{SinkKind, SourceKind};
 use riffle_dataflow::range::Range;
 
 /// Records read to infer the column types.
@@ -65,15 +69,7 @@ pub struct CsvSource {
 impl CsvSource {
     pub fn new(config: &CsvSourceConfig) -> DataflowResult<Self> {
         check_config("csv", config.batch_size, config.max_line_bytes)?;
-        let delimiter = match config.delimiter {
-            None => b',',
-            Some(c) if c.is_ascii() && c != '\n' && c != '\r' && c != '"' => c as u8,
-            Some(c) => {
-                return Err(DataflowError::Config(format!(
-                    "csv source: delimiter {c:?} must be an ASCII character other than a quote or newline"
-                )))
-            }
-        };
+        let delimiter = delimiter_byte("csv source", config.delimiter.unwrap_or(','))?;
         let decoder = match &config.schema {
             Some(declared) => declared_decoder(config, declared, delimiter)?,
             None => {
@@ -173,6 +169,17 @@ fn declared_decoder(
         columns.push(index);
     }
     Ok(decoder.reading(Arc::new(arrow_schema::Schema::new(read)), columns))
+}
+
+/// A field separator as the byte the reader and writer take: ASCII, and not a character that
+/// quotes or ends a record.
+fn delimiter_byte(role: &str, c: char) -> DataflowResult<u8> {
+    if c.is_ascii() && !matches!(c, '\n' | '\r' | '"') {
+        return Ok(c as u8);
+    }
+    Err(DataflowError::Config(format!(
+        "{role}: delimiter {c:?} must be an ASCII character other than a quote or newline"
+    )))
 }
 
 fn framing(delimiter: u8) -> Framing {
@@ -279,6 +286,177 @@ impl SourceKind for CsvSourceConfig {
 impl Limits for CsvSourceConfig {
     const RANGES: &'static [Range] = crate::text::TEXT_RANGES;
 }
+
+/// `sink: { csv: { path, delimiter, header } }`.
+#[serde_inline_default]
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsvSinkConfig {
+    pub path: PathBuf,
+    /// Field separator, an ASCII character other than a quote or newline.
+    #[serde_inline_default(',')]
+    pub delimiter: char,
+    /// Whether the file starts with a row naming the columns.
+    #[serde_inline_default(true)]
+    pub header: bool,
+}
+
+impl CsvSinkConfig {
+    fn delimiter(&self) -> DataflowResult<u8> {
+        delimiter_byte("csv sink", self.delimiter).map_err(|e| e.at("delimiter"))
+    }
+
+    /// The sink over `file`, which holds `position` bytes already.
+    fn sink(&self, file: File, position: u64) -> DataflowResult<Box<dyn Sink>> {
+        Ok(Box::new(CsvFileSink {
+            out: BufWriter::with_capacity(256 * 1024, file),
+            label: self.path.display().to_string(),
+            delimiter: self.delimiter()?,
+            // A file cut back to a checkpoint past 0 has its header already.
+            header_due: self.header && position == 0,
+            position,
+        }))
+    }
+}
+
+/// Columns a CSV field cannot hold: lists and structs (arrow-csv refuses them) and bytes (as
+/// hex they would dwarf the rest, and no reader would turn them back into a picture).
+fn unwritable(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Dictionary(_, values) => unwritable(values),
+        DataType::RunEndEncoded(_, values) => unwritable(values.data_type()),
+        other => other.is_nested() || is_binary(other),
+    }
+}
+
+impl SinkFactory for CsvSinkConfig {
+    /// Creates the file (and its directory), replacing any earlier one.
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        create_parent(&self.path)?;
+        let file = File::create(&self.path)
+            .map_err(|e| DataflowError::io(format!("creating {}", self.path.display()), e))?;
+        self.sink(file, 0)
+    }
+
+    /// Reopens the file after a restart: what lies past the checkpointed `position` was
+    /// written after the checkpoint and is produced again, so it is cut off first.
+    fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
+        create_parent(&self.path)?;
+        let io = |what: &str, e| DataflowError::io(format!("{what} {}", self.path.display()), e);
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| io("opening", e))?;
+        let length = file.metadata().map_err(|e| io("reading", e))?.len();
+        if length < position {
+            return Err(DataflowError::Config(format!(
+                "{} holds {length} bytes but the checkpoint recorded {position}: the file was changed outside the pipeline",
+                self.path.display()
+            )));
+        }
+        file.set_len(position).map_err(|e| io("truncating", e))?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| io("seeking", e))?;
+        self.sink(file, position)
+    }
+}
+
+/// Writes rows as CSV records, columns in the results' order, nulls as empty fields; the
+/// header row once, at the top of the file.
+struct CsvFileSink {
+    out: BufWriter<File>,
+    /// Names the file in errors.
+    label: String,
+    delimiter: u8,
+    /// Whether the header is still to be written: the columns are known at the first batch.
+    header_due: bool,
+    /// Bytes in the file so far, recorded by checkpoints.
+    position: u64,
+}
+
+impl Sink for CsvFileSink {
+    fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
+        // Encoded first, so that the position advances by exactly what reaches the file.
+        let mut writer = arrow_csv::WriterBuilder::new()
+            .with_delimiter(self.delimiter)
+            .with_header(self.header_due)
+            .build(Vec::with_capacity(batch.get_array_memory_size()));
+        writer.write(batch).map_err(|e| {
+            DataflowError::stage("sink", format!("encoding CSV for {}: {e}", self.label))
+        })?;
+        let bytes = writer.into_inner();
+        self.out
+            .write_all(&bytes)
+            .map_err(|e| DataflowError::io(format!("writing {}", self.label), e))?;
+        self.header_due = false;
+        self.position += bytes.len() as u64;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> DataflowResult<()> {
+        self.out
+            .flush()
+            .map_err(|e| DataflowError::io(format!("flushing {}", self.label), e))
+    }
+
+    fn position(&self) -> Option<u64> {
+        Some(self.position)
+    }
+}
+
+impl SinkKind for CsvSinkConfig {
+    fn kind(&self) -> &'static str {
+        "csv"
+    }
+    fn paths_mut(&mut self) -> Vec<&mut PathBuf> {
+        vec![&mut self.path]
+    }
+    fn outputs(&self) -> Vec<&Path> {
+        vec![&self.path]
+    }
+    /// Refuses, before the run, columns a CSV field cannot hold, rather than failing at the
+    /// first batch or leaving them out unseen.
+    fn check_input(&self, schema: &Schema) -> Result<(), String> {
+        let (refused, kept): (Vec<_>, Vec<_>) = schema
+            .fields()
+            .iter()
+            .partition(|f| unwritable(f.data_type()));
+        if refused.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<String> = refused
+            .iter()
+            .map(|f| format!("`{}` ({})", f.name(), f.data_type()))
+            .collect();
+        let (what, them) = match named.as_slice() {
+            [one] => (format!("column {one} is a list, struct or bytes"), "it"),
+            _ => (
+                format!("columns {} are lists, structs or bytes", named.join(", ")),
+                "them",
+            ),
+        };
+        let kept: Vec<&str> = kept.iter().map(|f| f.name().as_str()).collect();
+        let select = if kept.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "drop {them} with a last stage `select: {{ columns: [{}] }}`, or ",
+                kept.join(", ")
+            )
+        };
+        Err(format!(
+            "{what}, which a CSV field cannot hold: {select}write JSON lines \
+             (`sink: {{ jsonl: {{ path: ... }} }}`), which keep lists and structs"
+        ))
+    }
+    fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
+        self.delimiter()?;
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Limits for CsvSinkConfig {}
 
 #[cfg(test)]
 mod tests {
@@ -397,5 +575,210 @@ mod tests {
         );
         let e = CsvSource::new(&config(&path, serde_json::json!({"max_line_bytes": 0})));
         assert!(e.unwrap_err().to_string().contains("max_line_bytes"));
+    }
+
+    /// A batch of the scalar types a CSV file holds, text with the delimiter, a quote and a
+    /// line end in it, and nulls; `first` numbers its rows.
+    fn scalars(first: i64) -> RecordBatch {
+        use arrow_array::{BooleanArray, Float64Array, Int64Array, StringArray};
+        let schema = Schema::new(vec![
+            arrow_schema::Field::new("id", DataType::Int64, false),
+            arrow_schema::Field::new("score", DataType::Float64, true),
+            arrow_schema::Field::new("note", DataType::Utf8, true),
+            arrow_schema::Field::new("ok", DataType::Boolean, true),
+        ]);
+        RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new(Int64Array::from(vec![first, first + 1, first + 2])),
+                Arc::new(Float64Array::from(vec![Some(0.25), None, Some(-3e10)])),
+                Arc::new(StringArray::from(vec![
+                    Some("plain"),
+                    Some("a;b, \"quoted\"\nnext line"),
+                    None,
+                ])),
+                Arc::new(BooleanArray::from(vec![Some(true), Some(false), None])),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn sink_config(path: &std::path::Path, extra: serde_json::Value) -> CsvSinkConfig {
+        let mut c = serde_json::json!({ "path": path });
+        if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+            c.extend(extra.clone());
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    /// Every row of the file, through the csv source with the sink's delimiter.
+    fn read_back(path: &std::path::Path, delimiter: char) -> Vec<RecordBatch> {
+        let source = CsvSource::new(&config(
+            path,
+            serde_json::json!({ "delimiter": delimiter.to_string() }),
+        ))
+        .unwrap();
+        let mut partition = source.partition(0, 1).unwrap();
+        let mut batches = Vec::new();
+        while let Some(batch) = partition.next_batch().unwrap() {
+            assert!(batch.rejected.is_empty(), "{:?}", batch.rejected);
+            batches.push(batch.records);
+        }
+        batches
+    }
+
+    #[test]
+    fn rows_written_read_back_through_the_csv_source_with_one_header() {
+        let dir = tempfile::tempdir().unwrap();
+        for delimiter in [',', ';', '\t'] {
+            let path = dir.path().join("out/r.csv");
+            let c = sink_config(
+                &path,
+                serde_json::json!({ "delimiter": delimiter.to_string() }),
+            );
+            c.check_input(&scalars(0).schema()).unwrap();
+            let mut sink = c.build().unwrap().open().unwrap();
+            sink.write_batch(&scalars(0)).unwrap();
+            sink.write_batch(&scalars(3)).unwrap();
+            sink.finish().unwrap();
+            assert_eq!(
+                sink.position(),
+                Some(std::fs::metadata(&path).unwrap().len())
+            );
+            let text = std::fs::read_to_string(&path).unwrap();
+            let header = ["id", "score", "note", "ok"].join(&delimiter.to_string());
+            assert!(text.starts_with(&format!("{header}\n")), "{text}");
+            assert_eq!(text.matches(&header).count(), 1, "{text}");
+
+            let batches = read_back(&path, delimiter);
+            let read =
+                arrow_select::concat::concat_batches(&batches[0].schema(), &batches).unwrap();
+            let written = arrow_select::concat::concat_batches(
+                &scalars(0).schema(),
+                &[scalars(0), scalars(3)],
+            )
+            .unwrap();
+            assert_eq!(read.num_rows(), 6);
+            let names: Vec<&str> = read
+                .schema_ref()
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect();
+            assert_eq!(names, ["id", "score", "note", "ok"]);
+            for (i, column) in written.columns().iter().enumerate() {
+                assert_eq!(read.column(i).as_ref(), column.as_ref(), "column {i}");
+            }
+        }
+
+        // Without a header, only the records.
+        let path = dir.path().join("bare.csv");
+        let mut sink = sink_config(&path, serde_json::json!({ "header": false }))
+            .open()
+            .unwrap();
+        sink.write_batch(&scalars(0)).unwrap();
+        sink.flush().unwrap();
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("0,0.25,plain,true\n"));
+    }
+
+    #[test]
+    fn a_restart_cuts_back_to_the_checkpoint_without_a_second_header_or_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.csv");
+        let c = sink_config(&path, serde_json::json!({}));
+        let mut sink = c.open().unwrap();
+        sink.write_batch(&scalars(0)).unwrap();
+        sink.flush().unwrap();
+        let checkpoint = sink.position().unwrap();
+        // Written after the checkpoint, then the process dies: produced again on restart.
+        sink.write_batch(&scalars(3)).unwrap();
+        sink.flush().unwrap();
+        drop(sink);
+
+        let mut sink = c.open_at(checkpoint).unwrap();
+        assert_eq!(sink.position(), Some(checkpoint));
+        sink.write_batch(&scalars(3)).unwrap();
+        sink.write_batch(&scalars(6)).unwrap();
+        sink.finish().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.matches("id,score,note,ok").count(), 1, "{text}");
+        let ids: Vec<i64> = read_back(&path, ',')
+            .iter()
+            .flat_map(|b| {
+                let ids = b
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<arrow_array::Int64Array>();
+                ids.unwrap().values().to_vec()
+            })
+            .collect();
+        assert_eq!(ids, (0..9).collect::<Vec<_>>());
+
+        // A restart at 0 (no checkpoint had rows) writes the header again; a file shorter than
+        // the checkpoint was changed by someone else.
+        let mut sink = c.open_at(0).unwrap();
+        sink.write_batch(&scalars(0)).unwrap();
+        sink.flush().unwrap();
+        assert!(std::fs::read_to_string(&path)
+            .unwrap()
+            .starts_with("id,score,note,ok\n0,"));
+        let e = c.open_at(1 << 20).err().unwrap().to_string();
+        assert!(e.contains("changed outside the pipeline"), "{e}");
+    }
+
+    #[test]
+    fn columns_a_csv_field_cannot_hold_are_refused_at_validation() {
+        use arrow_schema::{Field, Fields};
+        let c = sink_config(std::path::Path::new("r.csv"), serde_json::json!({}));
+        let boxes = DataType::List(Arc::new(Field::new("item", DataType::Float32, true)));
+        let schema = Schema::new(vec![
+            Field::new("frame", DataType::Int64, false),
+            Field::new("boxes", boxes, true),
+            Field::new("camera_id", DataType::Utf8, false),
+        ]);
+        let e = c.check_input(&schema).unwrap_err();
+        assert!(e.starts_with("column `boxes` (List("), "{e}");
+        assert!(
+            e.contains("`select: { columns: [frame, camera_id] }`") && e.contains("jsonl"),
+            "{e}"
+        );
+
+        let tensor =
+            DataType::FixedSizeList(Arc::new(Field::new("item", DataType::Float32, false)), 4);
+        let point = DataType::Struct(Fields::from(vec![Field::new("x", DataType::Int32, false)]));
+        let schema = Schema::new(vec![
+            Field::new("pixels", DataType::Binary, false),
+            Field::new("t", tensor, false),
+            Field::new("p", point, true),
+        ]);
+        let e = c.check_input(&schema).unwrap_err();
+        assert!(
+            e.starts_with("columns `pixels` (Binary), `t` (FixedSizeList("),
+            "{e}"
+        );
+        assert!(e.contains("`p` (Struct(") && !e.contains("select"), "{e}");
+        assert_eq!(c.check_input(&scalars(0).schema()), Ok(()));
+    }
+
+    #[test]
+    fn the_sinks_keys_are_checked() {
+        let yaml = "path: r.csv\ndelimiter: \"\\t\"\nheader: false";
+        let c: CsvSinkConfig = serde_saphyr::from_str(yaml).unwrap();
+        assert_eq!((c.delimiter, c.header), ('\t', false));
+        let e = sink_config(
+            std::path::Path::new("r.csv"),
+            serde_json::json!({"delimiter": "\""}),
+        )
+        .build()
+        .err()
+        .unwrap();
+        assert_eq!(e.located().0, Some("delimiter"));
+        assert!(e.to_string().contains("other than a quote"), "{e}");
+        let unknown = serde_json::json!({"path": "r.csv", "has_header": true});
+        assert!(serde_json::from_value::<CsvSinkConfig>(unknown).is_err());
+        let two = serde_json::json!({"path": "r.csv", "delimiter": ";;"});
+        assert!(serde_json::from_value::<CsvSinkConfig>(two).is_err());
     }
 }

@@ -211,6 +211,7 @@ source_kinds! {
 
 sink_kinds! {
     Jsonl(jsonl::JsonlSinkConfig),
+    Csv(csv::CsvSinkConfig),
     Stdout(stdout::StdoutSinkConfig),
     Ipc(ipc::IpcSinkConfig),
     Kafka(Box<kafka::KafkaSinkConfig>) if feature = "kafka",
