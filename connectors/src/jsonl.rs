@@ -146,23 +146,7 @@ impl SinkFactory for JsonlSinkConfig {
     /// Reopens the file after a restart: what lies past the checkpointed `position` was
     /// written after the checkpoint and is produced again, so it is cut off first.
     fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
-        create_parent(&self.path)?;
-        let io = |what: &str, e| DataflowError::io(format!("{what} {}", self.path.display()), e);
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.path)
-            .map_err(|e| io("opening", e))?;
-        let length = file.metadata().map_err(|e| io("reading", e))?.len();
-        if length < position {
-            return Err(DataflowError::Config(format!(
-                "{} holds {length} bytes but the checkpoint recorded {position}: the file was changed outside the pipeline",
-                self.path.display()
-            )));
-        }
-        file.set_len(position).map_err(|e| io("truncating", e))?;
-        std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| io("seeking", e))?;
+        let file = crate::lines::reopen_at(&self.path, position)?;
         Ok(Box::new(
             JsonLinesSink::new(
                 BufWriter::with_capacity(256 * 1024, file),

@@ -23,6 +23,30 @@ pub(crate) fn create_parent(path: &Path) -> DataflowResult<()> {
     }
 }
 
+/// A sink's file reopened after a restart at the `position` its checkpoint recorded: what lies
+/// past it was written after the checkpoint and is produced again, so it is cut off; the file
+/// is returned positioned at its (new) end.
+pub(crate) fn reopen_at(path: &Path, position: u64) -> DataflowResult<File> {
+    create_parent(path)?;
+    let io = |what: &str, e| DataflowError::io(format!("{what} {}", path.display()), e);
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| io("opening", e))?;
+    let length = file.metadata().map_err(|e| io("reading", e))?.len();
+    if length < position {
+        return Err(DataflowError::Config(format!(
+            "{} holds {length} bytes but the checkpoint recorded {position}: the file was changed outside the pipeline",
+            path.display()
+        )));
+    }
+    file.set_len(position).map_err(|e| io("truncating", e))?;
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0)).map_err(|e| io("seeking", e))?;
+    Ok(file)
+}
+
 /// A sink's own dead-letter file: JSON lines appended, the file created (with its folder) at
 /// the first, so a run without refusals leaves none.
 pub(crate) struct AppendLines {
