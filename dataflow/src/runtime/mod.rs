@@ -17,6 +17,7 @@
 //!
 //! The runtime knows no pipeline file: `riffle-pipelines` turns YAML into a [`Job`].
 
+mod agree;
 mod chain;
 pub mod checkpointing;
 mod epochs;

@@ -46,6 +46,7 @@ pub(crate) fn run_worker(
         return Ok(());
     };
     let start = &*start;
+    super::agree::agree_on_start(worker, start.first_epoch, || liveness.tick())?;
     let (options, commit) = open_outputs(job, start, index, errors)?;
     let credit = first_model(&steps)
         .or_else(|| balanced_model(&steps))
