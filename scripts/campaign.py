@@ -1,0 +1,577 @@
+#!/usr/bin/env python3
+"""A fault campaign (issue 50): a long run of multi-process clusters in network namespaces, with
+input flowing the whole time, a nemesis injecting faults at seeded random moments, and an
+independent checker reading every sink. scripts/campaign.sh sets up the namespaces, the broker
+and the binary and runs this; run it through that script.
+
+Each cluster is one pipeline (Kafka source → `select` → its sink) run as three processes, one
+per "host" (namespaces rf-h0..rf-h2 of scripts/netns.sh), each kept running by a supervisor loop
+of this script (what systemd or Kubernetes does for a real host). The clusters share the hosts,
+so a partition or a paused host hits all of them. A producer writes records `{id, value}` to the
+input topic for the whole run; at the end it stops, the checker waits for every sink to hold
+every input record, the clusters get SIGTERM, and the checker compares each sink with the input
+topic read back with `read_committed`: lost (in the input, not in the sink), duplicated (more
+than once), retracted (seen by a reader while running, gone later).
+
+Faults (the nemesis draws a kind and a moment from the seed; each is proven to have landed):
+- `kill`: kill -9 of one process of one cluster (landed: it was running and died of SIGKILL;
+  its supervisor starts it again);
+- `pause`: SIGSTOP of one process past the peer timeout, then SIGCONT (landed: the kernel showed
+  it stopped);
+- `partition`: a host's link cut (from the other hosts and from the broker), healed after a
+  while (landed: the link was seen down);
+- `broker`: the broker killed (-9) and started again on the same data (landed: a new pid).
+
+Output stall: from a fault until a sink shows records it had not shown before (for a sink
+that was still missing records). The table goes to stdout (markdown) and the raw record of
+every fault to OUT/faults.jsonl.
+"""
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTS = 3
+PEER_TIMEOUT_MS = 3000
+CHECKPOINT_MS = 500
+
+
+def log(msg):
+    print(f"campaign {time.strftime('%H:%M:%S')}: {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input: a producer writing ids for the whole run
+
+
+class Producer(threading.Thread):
+    """Writes `{id, value}` records, keyed by id, at `rate` a second until stopped."""
+
+    def __init__(self, brokers, topic, rate):
+        super().__init__(daemon=True)
+        from kafka import KafkaProducer
+
+        self.producer = KafkaProducer(bootstrap_servers=brokers, acks="all", linger_ms=5,
+                                      retries=2147483647, max_in_flight_requests_per_connection=1)
+        self.topic, self.rate = topic, rate
+        self.sent = 0
+        self.errors = 0
+        self.stop = threading.Event()
+
+    def run(self):
+        start = time.monotonic()
+        while not self.stop.is_set():
+            due = int((time.monotonic() - start) * self.rate)
+            while self.sent < due and not self.stop.is_set():
+                i = self.sent
+                value = json.dumps({"id": i, "value": i % 97 + 0.5}).encode()
+                try:
+                    self.producer.send(self.topic, key=str(i).encode(), value=value)
+                    self.sent += 1
+                except Exception as e:  # the broker is down: try again after a while
+                    self.errors += 1
+                    log(f"producer: {e}")
+                    time.sleep(0.5)
+            time.sleep(0.02)
+        self.producer.flush(timeout=120)
+        self.producer.close(timeout=30)
+
+
+def read_ids(brokers, topic, timeout=30.0):
+    """Every id of `topic` as a read_committed consumer reads it, with its count."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=brokers, isolation_level="read_committed",
+                             enable_auto_commit=False, consumer_timeout_ms=2000)
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+    consumer.assign(parts)
+    consumer.seek_to_beginning(*parts)
+    ends = consumer.end_offsets(parts)
+    counts = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for batch in consumer.poll(timeout_ms=500).values():
+            for m in batch:
+                i = json.loads(m.value)["id"]
+                counts[i] = counts.get(i, 0) + 1
+        if all(consumer.position(p) >= ends[p] for p in parts):
+            break
+    consumer.close()
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Sinks, each with an independent reader
+
+
+class KafkaOutput:
+    """A results topic, read continuously by a read_committed consumer (kafka-python)."""
+
+    kind = "kafka"
+
+    def __init__(self, brokers, topic):
+        self.brokers, self.topic = brokers, topic
+        self.counts = {}
+        self.changes = []  # (when, distinct records seen) at each change, for the stalls
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def sink_yaml(self, name):
+        return (f'{{ kafka: {{ brokers: "{self.brokers}", topic: {self.topic}, partitions: 2, '
+                f'key: id, exactly_once: transactions, transactional_id: riffle-{name} }} }}')
+
+    def start(self):
+        self.thread.start()
+
+    def _follow(self):
+        from kafka import KafkaConsumer
+
+        while not self.stop.is_set():
+            try:
+                consumer = KafkaConsumer(self.topic, bootstrap_servers=self.brokers,
+                                         isolation_level="read_committed", group_id=None,
+                                         auto_offset_reset="earliest", enable_auto_commit=False)
+                counts = {}
+                while not self.stop.is_set():
+                    for batch in consumer.poll(timeout_ms=300).values():
+                        for m in batch:
+                            i = json.loads(m.value)["id"]
+                            counts[i] = counts.get(i, 0) + 1
+                    with self.lock:
+                        if len(counts) != len(self.counts):
+                            self.changes.append((time.monotonic(), len(counts)))
+                        self.counts = dict(counts)
+                consumer.close()
+            except Exception as e:  # the broker restarting: read again from the start
+                log(f"kafka reader: {e}")
+                time.sleep(1)
+
+    def seen(self):
+        with self.lock:
+            return dict(self.counts)
+
+    def size(self):
+        with self.lock:
+            return len(self.counts)
+
+    def retracted(self):
+        return 0  # read_committed shows only committed transactions: nothing can be taken back
+
+    def final(self):
+        self.stop.set()
+        return read_ids(self.brokers, self.topic, timeout=60)
+
+
+class JsonlOutput:
+    """A JSON-lines file on the hosts' shared disk, read as a tail -f reader would."""
+
+    kind = "jsonl"
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.lines = []  # every complete line a reader has seen, in order
+        self.changes = []  # (when, lines seen) at each change, for the stalls
+        self.retractions = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def sink_yaml(self, name):
+        return f'{{ jsonl: {{ path: "{self.path}" }} }}'
+
+    def start(self):
+        self.thread.start()
+
+    def _read(self):
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return []
+        return text.split("\n")[:-1]  # the last piece is an unfinished line (or empty)
+
+    def _follow(self):
+        while not self.stop.is_set():
+            now = self._read()
+            with self.lock:
+                # A line a reader saw that is no longer there (or no longer the same) was
+                # visible output later taken back.
+                common = min(len(now), len(self.lines))
+                changed = next((k for k in range(common) if now[k] != self.lines[k]), None)
+                if changed is not None or len(now) < len(self.lines):
+                    gone = len(self.lines) - (changed if changed is not None else len(now))
+                    self.retractions += gone
+                    log(f"jsonl reader: {gone} lines seen earlier are gone from {self.path.name}")
+                if len(now) != len(self.lines):
+                    self.changes.append((time.monotonic(), len(now)))
+                self.lines = now
+            time.sleep(0.2)
+
+    def seen(self):
+        with self.lock:
+            lines = list(self.lines)
+        counts = {}
+        for line in lines:
+            i = json.loads(line)["id"]
+            counts[i] = counts.get(i, 0) + 1
+        return counts
+
+    def size(self):
+        with self.lock:
+            return len(self.lines)
+
+    def retracted(self):
+        with self.lock:
+            return self.retractions
+
+    def final(self):
+        self.stop.set()
+        self.thread.join(timeout=5)
+        counts = {}
+        for line in self._read():
+            i = json.loads(line)["id"]
+            counts[i] = counts.get(i, 0) + 1
+        return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# Clusters and their supervisors
+
+
+class Member(threading.Thread):
+    """One process of a cluster on its host, started again whenever it exits, until the end."""
+
+    def __init__(self, riffle, cluster, host, pipeline, hostfile, logfile):
+        super().__init__(daemon=True)
+        self.riffle, self.cluster, self.host = riffle, cluster, host
+        self.pipeline, self.hostfile, self.logfile = pipeline, hostfile, logfile
+        self.proc = None
+        self.starts = 0
+        self.codes = []
+        self.stopping = threading.Event()
+
+    def run(self):
+        with open(self.logfile, "ab") as out:
+            while not self.stopping.is_set():
+                cmd = ["ip", "netns", "exec", f"rf-h{self.host}", str(self.riffle), "run", "-q",
+                       str(self.pipeline), "--hostfile", str(self.hostfile),
+                       "--process", str(self.host)]
+                env = dict(os.environ, RUST_LOG="warn,riffle_dataflow=info", RUST_BACKTRACE="0")
+                out.write(f"--- start {self.starts} at {time.time():.3f}\n".encode())
+                out.flush()
+                self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=out, env=env,
+                                             cwd=self.pipeline.parent)
+                self.starts += 1
+                code = self.proc.wait()
+                self.codes.append(code)
+                out.write(f"--- exit {code} at {time.time():.3f}\n".encode())
+                out.flush()
+                if self.stopping.is_set():
+                    break
+                time.sleep(0.3)
+
+    def pid(self):
+        p = self.proc
+        return p.pid if p is not None and p.poll() is None else None
+
+
+class Cluster:
+    def __init__(self, name, output, riffle, brokers, topic, work, port):
+        self.name, self.output = name, output
+        self.dir = work / name
+        self.dir.mkdir(parents=True)
+        self.hostfile = self.dir / "hosts.txt"
+        self.hostfile.write_text("".join(f"10.77.0.1{h}:{port}\n" for h in range(HOSTS)))
+        self.pipeline = self.dir / "pipeline.yaml"
+        self.pipeline.write_text(
+            f"name: campaign-{name}\n"
+            f'source: {{ kafka: {{ brokers: "{brokers}", topic: {topic}, format: json, '
+            f"batch_size: 16 }} }}\n"
+            "stages:\n  - select: { columns: [id, value] }\n"
+            f"sink: {output.sink_yaml(name)}\n"
+            f'dead_letter: {{ jsonl: {{ path: "{self.dir / "dead-letters.jsonl"}" }} }}\n'
+            f"runtime: {{ workers: 1, epoch_records: 16, peer_timeout_ms: {PEER_TIMEOUT_MS}, "
+            f'checkpoint: {{ dir: "{self.dir / "ckpt"}", interval_ms: {CHECKPOINT_MS} }} }}\n')
+        self.members = [Member(riffle, name, h, self.pipeline, self.hostfile,
+                               self.dir / f"host{h}.log") for h in range(HOSTS)]
+
+    def start(self):
+        self.output.start()
+        for m in self.members:
+            m.start()
+
+    def stop(self, timeout):
+        """SIGTERM to every process (each finishes its open epochs); True when all exited."""
+        for m in self.members:
+            m.stopping.set()
+            pid = m.pid()
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for m in self.members:
+            m.join(max(0.1, deadline - time.monotonic()))
+        hung = [m.host for m in self.members if m.is_alive()]
+        for m in self.members:
+            pid = m.pid()
+            if pid:
+                os.kill(pid, signal.SIGKILL)
+        return not hung
+
+
+# ---------------------------------------------------------------------------------------------
+# The nemesis
+
+
+def netns(*args):
+    subprocess.run([str(ROOT / "scripts/netns.sh"), *map(str, args)], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def link_down(host):
+    out = subprocess.run(["ip", "-o", "link", "show", f"rfv{host}"], capture_output=True,
+                         text=True).stdout
+    return "state DOWN" in out or "NO-CARRIER" in out or ",UP" not in out
+
+
+def proc_state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return None
+
+
+def broker_pid():
+    out = subprocess.run([str(ROOT / "scripts/kafka.sh"), "pid"], capture_output=True, text=True)
+    return out.stdout.strip() or None
+
+
+class Nemesis:
+    def __init__(self, rng, clusters, kinds):
+        self.rng, self.clusters, self.kinds = rng, clusters, kinds
+
+    def inject(self, kind):
+        """Does one fault; returns (landed, detail)."""
+        return getattr(self, kind)()
+
+    def _member(self):
+        for _ in range(20):
+            c = self.rng.choice(self.clusters)
+            m = self.rng.choice(c.members)
+            if m.pid():
+                return c, m
+            time.sleep(0.2)
+        return None, None
+
+    def kill(self):
+        c, m = self._member()
+        if m is None:
+            return False, "no process running"
+        proc, starts = m.proc, m.starts
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False, "the process had exited"
+        code = proc.wait(timeout=10)
+        landed = code == -signal.SIGKILL
+        # Its supervisor starts it again; proven when a new start is seen.
+        deadline = time.monotonic() + 10
+        while m.starts == starts and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return landed and m.starts > starts, f"{c.name} host {m.host} exit {code}"
+
+    def pause(self):
+        c, m = self._member()
+        if m is None:
+            return False, "no process running"
+        pid = m.proc.pid
+        hold = (PEER_TIMEOUT_MS / 1000) + self.rng.uniform(1, 4)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return False, "the process had exited"
+        time.sleep(0.3)
+        landed = proc_state(pid) == "T"
+        time.sleep(hold)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        return landed, f"{c.name} host {m.host} stopped {hold:.1f} s"
+
+    def partition(self):
+        host = self.rng.randrange(HOSTS)
+        hold = self.rng.uniform(2, 8)
+        netns("cut", host)
+        time.sleep(0.3)
+        landed = link_down(host)
+        time.sleep(hold)
+        netns("heal", host)
+        return landed, f"host {host} cut off for {hold:.1f} s (from its peers and the broker)"
+
+    def broker(self):
+        before = broker_pid()
+        subprocess.run([str(ROOT / "scripts/kafka.sh"), "restart"], check=True,
+                       stdout=subprocess.DEVNULL)
+        after = broker_pid()
+        return before is not None and after is not None and before != after, \
+            f"pid {before} → {after}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def first_growth(output, since, before):
+    """When `output` first showed more than `before` records after `since` (None: not yet)."""
+    with output.lock:
+        changes = list(output.changes)
+    return next((t for t, n in changes if t > since and n > before), None)
+
+
+def missing(expected, counts):
+    return sum(1 for i in expected if i not in counts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--riffle", required=True)
+    ap.add_argument("--brokers", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--seed", type=int, required=True)
+    ap.add_argument("--faults", type=int, default=20)
+    ap.add_argument("--gap", type=float, nargs=2, default=(4.0, 10.0),
+                    help="seconds between faults, drawn uniformly")
+    ap.add_argument("--rate", type=int, default=40, help="input records a second")
+    ap.add_argument("--kinds", default="kill,pause,partition,broker")
+    ap.add_argument("--catch-up", type=float, default=180.0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    riffle = Path(args.riffle).resolve()
+    topic = "campaign-in"
+    subprocess.run([str(ROOT / "scripts/kafka.sh"), "topic", topic, "4"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+    outputs = [("kafka", KafkaOutput(args.brokers, "campaign-out")),
+               ("jsonl", JsonlOutput(work / "jsonl" / "out.jsonl"))]
+    clusters = [Cluster(name, out, riffle, args.brokers, topic, work, 7800 + 10 * k)
+                for k, (name, out) in enumerate(outputs)]
+    producer = Producer(args.brokers, topic, args.rate)
+    producer.start()
+    for c in clusters:
+        c.start()
+    log(f"seed {args.seed}: {len(clusters)} clusters × {HOSTS} processes, input "
+        f"{args.rate}/s, {args.faults} faults of {args.kinds}")
+    # Let every cluster form and write its first output before the first fault.
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(c.output.seen() for c in clusters):
+        time.sleep(0.5)
+
+    nemesis = Nemesis(rng, clusters, args.kinds.split(","))
+    records = []
+    faults_file = open(work / "faults.jsonl", "w")
+    for n in range(args.faults):
+        time.sleep(rng.uniform(*args.gap))
+        kind = rng.choice(nemesis.kinds)
+        before = {c.name: c.output.size() for c in clusters}
+        at = time.monotonic()
+        landed, detail = nemesis.inject(kind)
+        record = {"n": n, "kind": kind, "landed": landed, "detail": detail,
+                  "at": round(at, 3), "before": before}
+        # The stall: from the fault until each sink shows more than it showed before it (the
+        # readers note when their counts change, so a sink the fault missed shows its own
+        # cadence, not the fault's length).
+        limit = time.monotonic() + 60
+        while time.monotonic() < limit and not all(
+                first_growth(c.output, at, before[c.name]) for c in clusters):
+            time.sleep(0.1)
+        record["stall"] = {}
+        for c in clusters:
+            grew = first_growth(c.output, at, before[c.name])
+            record["stall"][c.name] = round(grew - at, 2) if grew else None
+        log(f"fault {n}: {kind} {'landed' if landed else 'DID NOT LAND'}: {detail}; "
+            f"stall {record['stall']}")
+        records.append(record)
+        faults_file.write(json.dumps(record) + "\n")
+        faults_file.flush()
+
+    producer.stop.set()
+    producer.join(timeout=180)
+    sent = producer.sent
+    log(f"input stopped after {sent} records; waiting for the sinks to catch up")
+    expected = read_ids(args.brokers, topic, timeout=120)
+    deadline = time.monotonic() + args.catch_up
+    caught_up = {}
+    while time.monotonic() < deadline:
+        caught_up = {c.name: missing(expected, c.output.seen()) == 0 for c in clusters}
+        if all(caught_up.values()):
+            break
+        time.sleep(1)
+    exited = {c.name: c.stop(timeout=60) for c in clusters}
+    results = {}
+    for c in clusters:
+        final = c.output.final()
+        lost = missing(expected, final)
+        duplicated = sum(n - 1 for i, n in final.items() if n > 1)
+        extra = sum(1 for i in final if i not in expected)
+        results[c.name] = dict(kind=c.output.kind, expected=len(expected), got=sum(final.values()),
+                               lost=lost, duplicated=duplicated, unexpected=extra,
+                               retracted=c.output.retracted(), caught_up=caught_up.get(c.name),
+                               exited=exited[c.name],
+                               restarts=sum(m.starts - 1 for m in c.members))
+    summary = {"seed": args.seed, "rate": args.rate, "input": len(expected), "sent": sent,
+               "faults": records, "sinks": results}
+    (work / "summary.json").write_text(json.dumps(summary, indent=1))
+    problems = [f"fault {f['n']} ({f['kind']}) did not land" for f in records if not f["landed"]]
+    for name, r in results.items():
+        problems += [f"{name}: {r[k]} {k}" for k in ("lost", "duplicated", "unexpected",
+                                                      "retracted") if r[k]]
+        if not r["caught_up"]:
+            problems.append(f"{name}: did not catch up with the input")
+        if not r["exited"]:
+            problems.append(f"{name}: a process did not stop on SIGTERM (hang)")
+    print(table(summary))
+    print()
+    print("Result: clean." if not problems else "Result: FAILED: " + "; ".join(problems) + ".")
+    sys.exit(0 if not problems else 1)
+
+
+def spread(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return "–"
+    p99 = values[min(len(values) - 1, int(round(0.99 * (len(values) - 1))))]
+    return f"{statistics.median(values):.1f} / {p99:.1f} s"
+
+
+def table(summary):
+    lines = [f"Seed {summary['seed']}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+             f"{os.cpu_count()} CPU cores: {len(summary['faults'])} faults, "
+             f"{summary['input']} input records at {summary['rate']}/s.", "",
+             "| fault | injected | landed | stall p50 / p99 (every sink) | no new output within 60 s |",
+             "|---|---:|---:|---:|---:|"]
+    kinds = sorted({f["kind"] for f in summary["faults"]})
+    for k in kinds:
+        fs = [f for f in summary["faults"] if f["kind"] == k]
+        stalls = [s for f in fs for s in f["stall"].values()]
+        lines.append(f"| {k} | {len(fs)} | {sum(f['landed'] for f in fs)} | {spread(stalls)} | "
+                     f"{sum(1 for s in stalls if s is None)} |")
+    lines += ["", "| sink | input | delivered | lost | duplicated | retracted | caught up | "
+              "clean stop | restarts |", "|---|---:|---:|---:|---:|---:|---|---|---:|"]
+    for name, r in summary["sinks"].items():
+        lines.append(f"| {r['kind']} | {r['expected']} | {r['got']} | {r['lost']} | "
+                     f"{r['duplicated']} | {r['retracted']} | {'yes' if r['caught_up'] else 'NO'} "
+                     f"| {'yes' if r['exited'] else 'NO (hang)'} | {r['restarts']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A fault campaign (issue 50): clusters of three processes in network namespaces, input flowing
+# the whole time, faults at seeded random moments, every sink read by an independent reader
+# (scripts/campaign.py says what is done and checked).
+#
+#   scripts/campaign.sh                     # the short campaign: 20 faults (what .ci/run runs)
+#   scripts/campaign.sh --faults 200        # the long one, by hand
+#   scripts/campaign.sh --seed 42           # replay a campaign: the same faults at the same moments
+#   scripts/campaign.sh --docs              # also write its table into docs/reliability.md
+#
+# Needs root and network namespaces (scripts/netns.sh check), Java for the broker and the
+# kafka-python venv of scripts/setup.sh. The namespaces are the machine's: one campaign (or
+# netns test) at a time, through the same lock as tests/netns.rs. RIFFLE_BIN picks a built
+# binary (default: build target/release/riffle). Exits 1 when a fault did not land or any sink
+# lost, duplicated or took back a record, did not catch up, or did not stop.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seed=$(( $(date +%s%N) % 1000000007 ))
+faults=20
+docs=0
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seed) seed=$2; shift 2 ;;
+    --faults) faults=$2; shift 2 ;;
+    --docs) docs=1; shift ;;
+    --rate|--kinds|--catch-up) extra+=("$1" "$2"); shift 2 ;;
+    *) echo "campaign: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "campaign: needs root (network namespaces)" >&2; exit 2; }
+scripts/netns.sh check || { echo "campaign: network namespaces do not work here" >&2; exit 2; }
+cache="${RIFFLE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/riffle}"
+python="$cache/kafka-venv/bin/python"
+[ -x "$python" ] || { echo "campaign: no kafka-python venv at $python (run scripts/setup.sh)" >&2; exit 2; }
+if [ -z "${RIFFLE_BIN:-}" ]; then
+  cargo build --quiet --release --bin riffle
+  RIFFLE_BIN="${CARGO_TARGET_DIR:-target}/release/riffle"
+fi
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/riffle-campaign.XXXXXX")
+exec 9>"${TMPDIR:-/tmp}/riffle-netns.lock"
+flock 9
+export RIFFLE_KAFKA_HOST=10.77.0.1
+port=$(python3 scripts/lib/ports.py reserve "$work" 3)
+export RIFFLE_KAFKA_PORT=$port RIFFLE_KAFKA_DIR="$work/kafka"
+cleanup() {
+  scripts/kafka.sh stop >/dev/null 2>&1 || true
+  scripts/netns.sh down >/dev/null 2>&1 || true
+  python3 scripts/lib/ports.py release "$work" >/dev/null 2>&1 || true
+  if [ "${RIFFLE_CAMPAIGN_KEEP:-0}" = 1 ]; then
+    echo "campaign: its files are kept in $work" >&2
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+scripts/netns.sh up
+scripts/kafka.sh start >/dev/null
+table="$work/table.md"
+status=0
+"$python" scripts/campaign.py --riffle "$RIFFLE_BIN" --brokers "$RIFFLE_KAFKA_HOST:$port" \
+  --work "$work/run" --seed "$seed" --faults "$faults" "${extra[@]}" >"$table" || status=$?
+cat "$table"
+if [ "$status" != 0 ]; then
+  echo "campaign: FAILED (seed $seed); the processes' logs:" >&2
+  for f in "$work"/run/*/host*.log; do echo "== $f" >&2; tail -15 "$f" >&2; done
+  RIFFLE_CAMPAIGN_KEEP=1
+fi
+# The table is written whatever the result: a campaign that found a fault is news too.
+if [ "$docs" = 1 ]; then
+  python3 - "$table" "$faults" <<'PY'
+import pathlib, re, sys
+table, faults = open(sys.argv[1]).read().strip(), sys.argv[2]
+doc = pathlib.Path("docs/reliability.md")
+text = doc.read_text()
+begin, end = "<!-- campaign:begin -->", "<!-- campaign:end -->"
+block = f"{begin}\n`scripts/campaign.sh --faults {faults} --docs`:\n\n{table}\n{end}"
+if begin in text:
+    text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
+else:
+    text = text.rstrip() + "\n\n## Fault campaign\n\n" + block + "\n"
+doc.write_text(text)
+PY
+fi
+exit "$status"
