@@ -4,7 +4,8 @@ input flowing the whole time, a nemesis injecting faults at seeded random moment
 independent checker reading every sink. scripts/campaign.sh sets up the namespaces, the broker
 and the binary and runs this; run it through that script.
 
-Each cluster is one pipeline (Kafka source → `select` → its sink) run as three processes, one
+Each cluster is one pipeline (Kafka source → `select` → its sink: a Kafka topic written in
+transactions, a JSON-lines file, a PostgreSQL table, Redis keys) run as three processes, one
 per "host" (namespaces rf-h0..rf-h2 of scripts/netns.sh), each kept running by a supervisor loop
 of this script (what systemd or Kubernetes does for a real host). The clusters share the hosts,
 so a partition or a paused host hits all of them. A producer writes records `{id, value}` to the
@@ -20,7 +21,13 @@ Faults (the nemesis draws a kind and a moment from the seed; each is proven to h
   it stopped);
 - `partition`: a host's link cut (from the other hosts and from the broker), healed after a
   while (landed: the link was seen down);
-- `broker`: the broker killed (-9) and started again on the same data (landed: a new pid).
+- `broker`: the broker killed (-9) and started again on the same data (landed: a new pid);
+- `database`: PostgreSQL shut down at once (a crash) and started again on its data (landed: a
+  new postmaster pid).
+
+Readers: kafka-python with `read_committed`; the file as a `tail -f` reader sees it; psql
+(rows per id: a duplicate is a second row); redis-cli's SCAN (keys are idempotent, so only
+loss and keys that disappear can show).
 
 Output stall: from a fault until a sink shows records it had not shown before (for a sink
 that was still missing records). The table goes to stdout (markdown) and the raw record of
@@ -242,6 +249,133 @@ class JsonlOutput:
         return counts
 
 
+class PostgresOutput:
+    """A PostgreSQL table (plain inserts, no key: a row written twice shows twice), read with
+    psql."""
+
+    kind = "postgres"
+
+    def __init__(self, url, table):
+        self.url, self.table = url, table
+        self.counts, self.rows, self.peak = {}, 0, 0
+        self.changes = []
+        self.retractions = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def sink_yaml(self, name):
+        return f'{{ postgres: {{ url: "{self.url}", table: {self.table} }} }}'
+
+    def start(self):
+        self.thread.start()
+
+    def _query(self):
+        """Each id's rows, or None while the server or the table is not there."""
+        out = subprocess.run(["psql", "-X", "-At", self.url, "-c",
+                              f"SELECT id, count(*) FROM {self.table} GROUP BY id"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        counts = {}
+        for line in out.stdout.split():
+            i, n = line.split("|")
+            counts[int(i)] = int(n)
+        return counts
+
+    def _follow(self):
+        while not self.stop.is_set():
+            counts = self._query()
+            if counts is not None:
+                rows = sum(counts.values())
+                with self.lock:
+                    if rows < self.peak:
+                        self.retractions += self.peak - rows
+                        log(f"postgres reader: {self.peak - rows} rows seen earlier are gone")
+                    if rows != self.rows:
+                        self.changes.append((time.monotonic(), rows))
+                    self.counts, self.rows, self.peak = counts, rows, max(self.peak, rows)
+            time.sleep(0.5)
+
+    def seen(self):
+        with self.lock:
+            return dict(self.counts)
+
+    def size(self):
+        with self.lock:
+            return self.rows
+
+    def retracted(self):
+        with self.lock:
+            return self.retractions
+
+    def final(self):
+        self.stop.set()
+        self.thread.join(timeout=10)
+        return self._query() or {}
+
+
+class RedisOutput:
+    """Keys `campaign:<id>` in Redis, read with redis-cli. Writes are idempotent (a key written
+    twice is one key), so the reader checks that nothing is lost and no key disappears."""
+
+    kind = "redis"
+
+    def __init__(self, host, port, password):
+        self.cli = ["redis-cli", "-h", host, "-p", str(port), "--no-auth-warning", "-a", password]
+        self.url = f"redis://:{password}@{host}:{port}/0"
+        self.keys = set()
+        self.changes = []
+        self.retractions = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def sink_yaml(self, name):
+        return f'{{ redis: {{ url: "{self.url}", key: "campaign:{{id}}", value: json }} }}'
+
+    def start(self):
+        self.thread.start()
+
+    def _scan(self):
+        out = subprocess.run(self.cli + ["--scan", "--pattern", "campaign:*", "--count", "1000"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        return {int(k.split(":", 1)[1]) for k in out.stdout.split()}
+
+    def _follow(self):
+        while not self.stop.is_set():
+            keys = self._scan()
+            if keys is not None:
+                with self.lock:
+                    gone = len(self.keys - keys)
+                    if gone:
+                        self.retractions += gone
+                        log(f"redis reader: {gone} keys seen earlier are gone")
+                    if len(keys) != len(self.keys):
+                        self.changes.append((time.monotonic(), len(keys)))
+                    self.keys = keys
+            time.sleep(0.5)
+
+    def seen(self):
+        with self.lock:
+            return {k: 1 for k in self.keys}
+
+    def size(self):
+        with self.lock:
+            return len(self.keys)
+
+    def retracted(self):
+        with self.lock:
+            return self.retractions
+
+    def final(self):
+        self.stop.set()
+        self.thread.join(timeout=10)
+        return {k: 1 for k in (self._scan() or set())}
+
+
 # ---------------------------------------------------------------------------------------------
 # Clusters and their supervisors
 
@@ -416,6 +550,14 @@ class Nemesis:
         netns("heal", host)
         return landed, f"host {host} cut off for {hold:.1f} s (from its peers and the broker)"
 
+    def database(self):
+        """PostgreSQL crashes (an immediate shutdown) and starts again on its data."""
+        script = str(ROOT / "scripts/postgres.sh")
+        before = subprocess.run([script, "pid"], capture_output=True, text=True).stdout.strip()
+        subprocess.run([script, "restart"], check=True, stdout=subprocess.DEVNULL)
+        after = subprocess.run([script, "pid"], capture_output=True, text=True).stdout.strip()
+        return bool(before) and bool(after) and before != after, f"pid {before} → {after}"
+
     def broker(self):
         before = broker_pid()
         subprocess.run([str(ROOT / "scripts/kafka.sh"), "restart"], check=True,
@@ -449,7 +591,8 @@ def main():
     ap.add_argument("--gap", type=float, nargs=2, default=(4.0, 10.0),
                     help="seconds between faults, drawn uniformly")
     ap.add_argument("--rate", type=int, default=40, help="input records a second")
-    ap.add_argument("--kinds", default="kill,pause,partition,broker")
+    ap.add_argument("--kinds", default="kill,pause,partition,broker,database")
+    ap.add_argument("--sinks", default="kafka,jsonl,postgres,redis")
     ap.add_argument("--catch-up", type=float, default=180.0)
     args = ap.parse_args()
     rng = random.Random(args.seed)
@@ -460,8 +603,16 @@ def main():
     subprocess.run([str(ROOT / "scripts/kafka.sh"), "topic", topic, "4"], check=True,
                    stdout=subprocess.DEVNULL)
 
-    outputs = [("kafka", KafkaOutput(args.brokers, "campaign-out")),
-               ("jsonl", JsonlOutput(work / "jsonl" / "out.jsonl"))]
+    makers = {
+        "kafka": lambda: KafkaOutput(args.brokers, "campaign-out"),
+        "jsonl": lambda: JsonlOutput(work / "jsonl" / "out.jsonl"),
+        "postgres": lambda: PostgresOutput(os.environ["RIFFLE_PG_URL"], "campaign_rows"),
+        "redis": lambda: RedisOutput(os.environ["RIFFLE_REDIS_HOST"],
+                                     os.environ["RIFFLE_REDIS_PORT"],
+                                     os.environ["RIFFLE_REDIS_PASSWORD"]),
+    }
+    makers_used = args.sinks.split(",")
+    outputs = [(name, makers[name]()) for name in makers_used]
     clusters = [Cluster(name, out, riffle, args.brokers, topic, work, 7800 + 10 * k)
                 for k, (name, out) in enumerate(outputs)]
     producer = Producer(args.brokers, topic, args.rate)
@@ -469,13 +620,15 @@ def main():
     for c in clusters:
         c.start()
     log(f"seed {args.seed}: {len(clusters)} clusters × {HOSTS} processes, input "
-        f"{args.rate}/s, {args.faults} faults of {args.kinds}")
+        f"{args.rate}/s, {args.faults} faults")
     # Let every cluster form and write its first output before the first fault.
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not all(c.output.seen() for c in clusters):
         time.sleep(0.5)
 
-    nemesis = Nemesis(rng, clusters, args.kinds.split(","))
+    # A database crash needs the database's sink in the campaign.
+    kinds = [k for k in args.kinds.split(",") if k != "database" or "postgres" in makers_used]
+    nemesis = Nemesis(rng, clusters, kinds)
     records = []
     faults_file = open(work / "faults.jsonl", "w")
     for n in range(args.faults):

@@ -7,9 +7,11 @@
 #   scripts/campaign.sh --faults 200        # the long one, by hand
 #   scripts/campaign.sh --seed 42           # replay a campaign: the same faults at the same moments
 #   scripts/campaign.sh --docs              # also write its table into docs/reliability.md
+#   scripts/campaign.sh --sinks kafka,jsonl --kinds kill,pause   # a part of it
 #
-# Needs root and network namespaces (scripts/netns.sh check), Java for the broker and the
-# kafka-python venv of scripts/setup.sh. The namespaces are the machine's: one campaign (or
+# Needs root and network namespaces (scripts/netns.sh check), Java for the broker, PostgreSQL
+# and Redis (their scripts install them), psql and redis-cli, and the kafka-python venv of
+# scripts/setup.sh. The namespaces are the machine's: one campaign (or
 # netns test) at a time, through the same lock as tests/netns.rs. RIFFLE_BIN picks a built
 # binary (default: build target/release/riffle). Exits 1 when a fault did not land or any sink
 # lost, duplicated or took back a record, did not catch up, or did not stop.
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
     --seed) seed=$2; shift 2 ;;
     --faults) faults=$2; shift 2 ;;
     --docs) docs=1; shift ;;
-    --rate|--kinds|--catch-up) extra+=("$1" "$2"); shift 2 ;;
+    --rate|--kinds|--sinks|--catch-up) extra+=("$1" "$2"); shift 2 ;;
     *) echo "campaign: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -41,11 +43,19 @@ fi
 work=$(mktemp -d "${TMPDIR:-/tmp}/riffle-campaign.XXXXXX")
 exec 9>"${TMPDIR:-/tmp}/riffle-netns.lock"
 flock 9
-export RIFFLE_KAFKA_HOST=10.77.0.1
-port=$(python3 scripts/lib/ports.py reserve "$work" 3)
-export RIFFLE_KAFKA_PORT=$port RIFFLE_KAFKA_DIR="$work/kafka"
+# The services listen on the bridge, where every namespace reaches them; their state lives in
+# this campaign's folder, on ports reserved for it.
+export RIFFLE_SERVICES_DIR="$work/services"
+mkdir -p "$RIFFLE_SERVICES_DIR"
+chmod 711 "$work" "$RIFFLE_SERVICES_DIR"
+port=$(python3 scripts/lib/ports.py reserve "$work" 5)
+export RIFFLE_KAFKA_HOST=10.77.0.1 RIFFLE_KAFKA_PORT=$port
+export RIFFLE_PG_HOST=10.77.0.1 RIFFLE_PG_PORT=$((port + 3))
+export RIFFLE_REDIS_HOST=10.77.0.1 RIFFLE_REDIS_PORT=$((port + 4))
 cleanup() {
   scripts/kafka.sh stop >/dev/null 2>&1 || true
+  scripts/postgres.sh stop >/dev/null 2>&1 || true
+  scripts/redis.sh stop >/dev/null 2>&1 || true
   scripts/netns.sh down >/dev/null 2>&1 || true
   python3 scripts/lib/ports.py release "$work" >/dev/null 2>&1 || true
   if [ "${RIFFLE_CAMPAIGN_KEEP:-0}" = 1 ]; then
@@ -57,6 +67,10 @@ cleanup() {
 trap cleanup EXIT
 scripts/netns.sh up
 scripts/kafka.sh start >/dev/null
+scripts/postgres.sh start >/dev/null
+scripts/redis.sh start >/dev/null
+eval "$(scripts/postgres.sh env)"
+eval "$(scripts/redis.sh env)"
 table="$work/table.md"
 status=0
 "$python" scripts/campaign.py --riffle "$RIFFLE_BIN" --brokers "$RIFFLE_KAFKA_HOST:$port" \
