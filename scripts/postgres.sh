@@ -123,6 +123,9 @@ hostnossl all riffle_tls all reject
 hostssl all riffle_cert all cert
 hostnossl all riffle_cert all reject
 $hba
+# Clients on the networks the server listens on (the campaign's namespaces reach it over a
+# bridge: scripts/campaign.sh).
+host all all samenet scram-sha-256
 EOF
   cat >>"$data/postgresql.conf" <<EOF
 # Written by scripts/postgres.sh: a test server.

@@ -3,19 +3,21 @@
 //! deals the records), and a sink writing the results as one, with a header row.
 
 use std::fs::File;
-use std::io::{BufWriter, Cursor, Write};
+use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Schema, SchemaRef};
 use riffle_dataflow::sink::{Sink, SinkFactory};
+use riffle_dataflow::Committer;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
-use crate::lines::{create_parent, is_binary};
+use crate::lines::is_binary;
+use crate::staged_file::{StagedWriter, Staging};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
 use crate::kind::Limits;
@@ -299,6 +301,9 @@ pub struct CsvSinkConfig {
     /// Whether the file starts with a row naming the columns.
     #[serde_inline_default(true)]
     pub header: bool,
+    /// Shared with the committer of a run with checkpoints ([`crate::staged_file`]).
+    #[serde(skip)]
+    staging: Staging,
 }
 
 impl CsvSinkConfig {
@@ -309,7 +314,7 @@ impl CsvSinkConfig {
     /// The sink over `file`, which holds `position` bytes already.
     fn sink(&self, file: File, position: u64) -> DataflowResult<Box<dyn Sink>> {
         Ok(Box::new(CsvFileSink {
-            out: BufWriter::with_capacity(256 * 1024, file),
+            out: StagedWriter::new(&self.staging, &self.path, file, position),
             label: self.path.display().to_string(),
             delimiter: self.delimiter()?,
             // A file cut back to a checkpoint past 0 has its header already.
@@ -332,24 +337,25 @@ fn unwritable(data_type: &DataType) -> bool {
 impl SinkFactory for CsvSinkConfig {
     /// Creates the file (and its directory), replacing any earlier one.
     fn open(&self) -> DataflowResult<Box<dyn Sink>> {
-        create_parent(&self.path)?;
-        let file = File::create(&self.path)
-            .map_err(|e| DataflowError::io(format!("creating {}", self.path.display()), e))?;
-        self.sink(file, 0)
+        self.sink(self.staging.create(&self.path)?, 0)
     }
 
-    /// Reopens the file after a restart: what lies past the checkpointed `position` was
-    /// written after the checkpoint and is produced again, so it is cut off first.
+    /// Reopens the file after a restart at the checkpointed `position`
+    /// ([`Staging::resume`]).
     fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
-        let file = crate::lines::reopen_at(&self.path, position)?;
-        self.sink(file, position)
+        self.sink(self.staging.resume(&self.path, position)?, position)
+    }
+
+    /// Runs with checkpoints show only what a checkpoint covers ([`crate::staged_file`]).
+    fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
+        self.staging.committer(&self.path).map(Some)
     }
 }
 
 /// Writes rows as CSV records, columns in the results' order, nulls as empty fields; the
 /// header row once, at the top of the file.
 struct CsvFileSink {
-    out: BufWriter<File>,
+    out: StagedWriter,
     /// Names the file in errors.
     label: String,
     delimiter: u8,
@@ -436,7 +442,10 @@ impl SinkKind for CsvSinkConfig {
     }
     fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
         self.delimiter()?;
-        Ok(Box::new(self.clone()))
+        // Each built sink stages on its own.
+        let mut built = self.clone();
+        built.staging = Staging::default();
+        Ok(Box::new(built))
     }
 }
 

@@ -2,19 +2,19 @@
 //! [`crate::formats::json`]), and a sink writing one per row.
 
 use std::fs::File;
-use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
 use riffle_dataflow::sink::{Sink, SinkFactory};
+use riffle_dataflow::Committer;
 use riffle_dataflow::{DataflowError, DataflowResult, Source, SourceFactory};
 use serde::Deserialize;
 use serde_inline_default::serde_inline_default;
 
 use crate::formats::{self, DeclaredSchema, Decoder, TextFormat};
-use crate::lines::create_parent;
 pub use crate::lines::JsonLinesSink;
+use crate::staged_file::{StagedWriter, Staging};
 use crate::text::{check_config, Framing, RecordReader, TextPartition, INFER_BYTES};
 
 use crate::kind::Limits;
@@ -126,34 +126,44 @@ impl SourceFactory for JsonlSource {
 #[serde(deny_unknown_fields)]
 pub struct JsonlSinkConfig {
     pub path: PathBuf,
+    /// Shared with the committer of a run with checkpoints ([`crate::staged_file`]).
+    #[serde(skip)]
+    pub(crate) staging: Staging,
 }
 
-impl SinkFactory for JsonlSinkConfig {
-    /// Creates the file (and its directory), replacing any earlier one.
-    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
-        create_parent(&self.path)?;
-        let file = File::create(&self.path)
-            .map_err(|e| DataflowError::io(format!("creating {}", self.path.display()), e))?;
-        Ok(Box::new(
-            JsonLinesSink::new(
-                BufWriter::with_capacity(256 * 1024, file),
-                self.path.display().to_string(),
-            )
-            .tracking_position(0),
-        ))
+impl JsonlSinkConfig {
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        JsonlSinkConfig {
+            path: path.into(),
+            staging: Staging::default(),
+        }
     }
 
-    /// Reopens the file after a restart: what lies past the checkpointed `position` was
-    /// written after the checkpoint and is produced again, so it is cut off first.
-    fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
-        let file = crate::lines::reopen_at(&self.path, position)?;
-        Ok(Box::new(
+    fn sink(&self, file: File, position: u64) -> Box<dyn Sink> {
+        Box::new(
             JsonLinesSink::new(
-                BufWriter::with_capacity(256 * 1024, file),
+                StagedWriter::new(&self.staging, &self.path, file, position),
                 self.path.display().to_string(),
             )
             .tracking_position(position),
-        ))
+        )
+    }
+}
+
+impl SinkFactory for JsonlSinkConfig {
+    fn open(&self) -> DataflowResult<Box<dyn Sink>> {
+        Ok(self.sink(self.staging.create(&self.path)?, 0))
+    }
+
+    /// Reopens the file after a restart at the checkpointed `position`
+    /// ([`Staging::resume`]).
+    fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
+        Ok(self.sink(self.staging.resume(&self.path, position)?, position))
+    }
+
+    /// Runs with checkpoints show only what a checkpoint covers ([`crate::staged_file`]).
+    fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
+        self.staging.committer(&self.path).map(Some)
     }
 }
 
@@ -187,7 +197,8 @@ impl SinkKind for JsonlSinkConfig {
         vec![&self.path]
     }
     fn build(&self) -> DataflowResult<Box<dyn SinkFactory>> {
-        Ok(Box::new(self.clone()))
+        // Each built sink stages on its own.
+        Ok(Box::new(JsonlSinkConfig::at(&self.path)))
     }
 }
 

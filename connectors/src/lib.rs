@@ -54,6 +54,7 @@ pub mod redis;
 pub mod registry;
 #[cfg(feature = "schemas")]
 pub use riffle_formats::schema_registry;
+mod staged_file;
 pub mod stdout;
 mod text;
 pub mod video;

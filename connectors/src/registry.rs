@@ -272,7 +272,7 @@ impl SinkConfig {
             }
             None => PathBuf::from("dead-letters.jsonl"),
         };
-        SinkConfig::Jsonl(jsonl::JsonlSinkConfig { path })
+        SinkConfig::Jsonl(jsonl::JsonlSinkConfig::at(path))
     }
 }
 

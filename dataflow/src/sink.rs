@@ -121,6 +121,11 @@ pub trait Committer: Send {
     /// next offset), for destinations that commit a consumer group's offsets with the output.
     fn source_offsets(&mut self, _offsets: &std::collections::BTreeMap<i32, i64>) {}
 
+    /// Called before `commit` with the results sink's position the checkpoint records
+    /// ([`Sink::position`]), for destinations that publish what was written up to a position
+    /// (a file's bytes).
+    fn sink_position(&mut self, _at: u64) {}
+
     /// Transactional: lift a seal without committing (the checkpoint turned out unchanged, so
     /// the transaction holds nothing new).
     fn release(&mut self) -> DataflowResult<()> {

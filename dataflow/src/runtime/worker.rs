@@ -183,6 +183,9 @@ fn committer(job: &Job, start: &Start) -> Result<Option<Box<dyn Committer>>, Dat
         Some(c) if c.transactional() => Ok(Some(c)),
         Some(mut c) => {
             if let Some((g, through)) = start.previous {
+                if let Some(at) = start.sink_position {
+                    c.sink_position(at);
+                }
                 c.commit(g, through)?;
             }
             c.fence(generation)?;

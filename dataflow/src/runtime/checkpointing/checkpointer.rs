@@ -292,6 +292,9 @@ impl Checkpointer {
         // crash before they are written is covered: the next run writes them first).
         if let (Some(committer), Some(g)) = (self.committer.as_mut(), self.generation) {
             committer.source_offsets(&content.0);
+            if let Some(at) = content.1.get(SINK_POSITION).and_then(|p| p.parse().ok()) {
+                committer.sink_position(at);
+            }
             committer.commit(g, epoch)?;
         }
         self.last_content = Some(content);
