@@ -120,25 +120,52 @@ def read_ids(brokers, topic, timeout=30.0):
 # Sinks, each with an independent reader
 
 
-class KafkaOutput:
+class Reader:
+    """What every sink's reader shares: a thread following the sink while the run goes on, the
+    times its count changed (for the stalls) and what it saw taken back."""
+
+    def __init__(self):
+        self.changes = []  # (when, count) at each change of the reader's count
+        self.retractions = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def retracted(self):
+        with self.lock:
+            return self.retractions
+
+    def _noted(self, old, new):
+        """Under the lock: the count went from `old` to `new`."""
+        if new != old:
+            self.changes.append((time.monotonic(), new))
+
+    def _poll(self, read, take, every=0.5):
+        """Calls `take(read())` every `every` seconds until stopped (a `None`: not readable now)."""
+        while not self.stop.is_set():
+            value = read()
+            if value is not None:
+                with self.lock:
+                    take(value)
+            time.sleep(every)
+
+
+class KafkaOutput(Reader):
     """A results topic, read continuously by a read_committed consumer (kafka-python)."""
 
     kind = "kafka"
 
     def __init__(self, brokers, topic):
+        super().__init__()
         self.brokers, self.topic = brokers, topic
         self.counts = {}
-        self.changes = []  # (when, distinct records seen) at each change, for the stalls
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._follow, daemon=True)
 
     def sink_yaml(self, name):
         return (f'{{ kafka: {{ brokers: "{self.brokers}", topic: {self.topic}, partitions: 2, '
                 f'key: id, exactly_once: transactions, transactional_id: riffle-{name} }} }}')
-
-    def start(self):
-        self.thread.start()
 
     def _follow(self):
         from kafka import KafkaConsumer
@@ -155,8 +182,7 @@ class KafkaOutput:
                             i = json.loads(m.value)["id"]
                             counts[i] = counts.get(i, 0) + 1
                     with self.lock:
-                        if len(counts) != len(self.counts):
-                            self.changes.append((time.monotonic(), len(counts)))
+                        self._noted(len(self.counts), len(counts))
                         self.counts = dict(counts)
                 consumer.close()
             except Exception as e:  # the broker restarting: read again from the start
@@ -171,33 +197,25 @@ class KafkaOutput:
         with self.lock:
             return len(self.counts)
 
-    def retracted(self):
-        return 0  # read_committed shows only committed transactions: nothing can be taken back
+    # read_committed shows only committed transactions: nothing can be taken back.
 
     def final(self):
         self.stop.set()
         return read_ids(self.brokers, self.topic, timeout=60)
 
 
-class JsonlOutput:
+class JsonlOutput(Reader):
     """A JSON-lines file on the hosts' shared disk, read as a tail -f reader would."""
 
     kind = "jsonl"
 
     def __init__(self, path):
+        super().__init__()
         self.path = Path(path)
         self.lines = []  # every complete line a reader has seen, in order
-        self.changes = []  # (when, lines seen) at each change, for the stalls
-        self.retractions = 0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._follow, daemon=True)
 
     def sink_yaml(self, name):
         return f'{{ jsonl: {{ path: "{self.path}" }} }}'
-
-    def start(self):
-        self.thread.start()
 
     def _read(self):
         try:
@@ -218,8 +236,7 @@ class JsonlOutput:
                     gone = len(self.lines) - (changed if changed is not None else len(now))
                     self.retractions += gone
                     log(f"jsonl reader: {gone} lines seen earlier are gone from {self.path.name}")
-                if len(now) != len(self.lines):
-                    self.changes.append((time.monotonic(), len(now)))
+                self._noted(len(self.lines), len(now))
                 self.lines = now
             time.sleep(0.2)
 
@@ -236,10 +253,6 @@ class JsonlOutput:
         with self.lock:
             return len(self.lines)
 
-    def retracted(self):
-        with self.lock:
-            return self.retractions
-
     def final(self):
         self.stop.set()
         self.thread.join(timeout=5)
@@ -250,26 +263,19 @@ class JsonlOutput:
         return counts
 
 
-class PostgresOutput:
+class PostgresOutput(Reader):
     """A PostgreSQL table (plain inserts, no key: a row written twice shows twice), read with
     psql."""
 
     kind = "postgres"
 
     def __init__(self, url, table):
+        super().__init__()
         self.url, self.table = url, table
         self.counts, self.rows, self.peak = {}, 0, 0
-        self.changes = []
-        self.retractions = 0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._follow, daemon=True)
 
     def sink_yaml(self, name):
         return f'{{ postgres: {{ url: "{self.url}", table: {self.table} }} }}'
-
-    def start(self):
-        self.thread.start()
 
     def _query(self):
         """Each id's rows, or None while the server or the table is not there."""
@@ -285,18 +291,15 @@ class PostgresOutput:
         return counts
 
     def _follow(self):
-        while not self.stop.is_set():
-            counts = self._query()
-            if counts is not None:
-                rows = sum(counts.values())
-                with self.lock:
-                    if rows < self.peak:
-                        self.retractions += self.peak - rows
-                        log(f"postgres reader: {self.peak - rows} rows seen earlier are gone")
-                    if rows != self.rows:
-                        self.changes.append((time.monotonic(), rows))
-                    self.counts, self.rows, self.peak = counts, rows, max(self.peak, rows)
-            time.sleep(0.5)
+        self._poll(self._query, self._take)
+
+    def _take(self, counts):
+        rows = sum(counts.values())
+        if rows < self.peak:
+            self.retractions += self.peak - rows
+            log(f"postgres reader: {self.peak - rows} rows seen earlier are gone")
+        self._noted(self.rows, rows)
+        self.counts, self.rows, self.peak = counts, rows, max(self.peak, rows)
 
     def seen(self):
         with self.lock:
@@ -306,37 +309,26 @@ class PostgresOutput:
         with self.lock:
             return self.rows
 
-    def retracted(self):
-        with self.lock:
-            return self.retractions
-
     def final(self):
         self.stop.set()
         self.thread.join(timeout=10)
         return self._query() or {}
 
 
-class RedisOutput:
+class RedisOutput(Reader):
     """Keys `campaign:<id>` in Redis, read with redis-cli. Writes are idempotent (a key written
     twice is one key), so the reader checks that nothing is lost and no key disappears."""
 
     kind = "redis"
 
     def __init__(self, host, port, password):
+        super().__init__()
         self.cli = ["redis-cli", "-h", host, "-p", str(port), "--no-auth-warning", "-a", password]
         self.url = f"redis://:{password}@{host}:{port}/0"
         self.keys = set()
-        self.changes = []
-        self.retractions = 0
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._follow, daemon=True)
 
     def sink_yaml(self, name):
         return f'{{ redis: {{ url: "{self.url}", key: "campaign:{{id}}", value: json }} }}'
-
-    def start(self):
-        self.thread.start()
 
     def _scan(self):
         out = subprocess.run(self.cli + ["--scan", "--pattern", "campaign:*"],
@@ -346,18 +338,15 @@ class RedisOutput:
         return {int(k.split(":", 1)[1]) for k in out.stdout.split()}
 
     def _follow(self):
-        while not self.stop.is_set():
-            keys = self._scan()
-            if keys is not None:
-                with self.lock:
-                    gone = len(self.keys - keys)
-                    if gone:
-                        self.retractions += gone
-                        log(f"redis reader: {gone} keys seen earlier are gone")
-                    if len(keys) != len(self.keys):
-                        self.changes.append((time.monotonic(), len(keys)))
-                    self.keys = keys
-            time.sleep(0.5)
+        self._poll(self._scan, self._take)
+
+    def _take(self, keys):
+        gone = len(self.keys - keys)
+        if gone:
+            self.retractions += gone
+            log(f"redis reader: {gone} keys seen earlier are gone")
+        self._noted(len(self.keys), len(keys))
+        self.keys = keys
 
     def seen(self):
         with self.lock:
@@ -366,10 +355,6 @@ class RedisOutput:
     def size(self):
         with self.lock:
             return len(self.keys)
-
-    def retracted(self):
-        with self.lock:
-            return self.retractions
 
     def final(self):
         self.stop.set()

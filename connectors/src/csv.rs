@@ -301,7 +301,7 @@ pub struct CsvSinkConfig {
     /// Whether the file starts with a row naming the columns.
     #[serde_inline_default(true)]
     pub header: bool,
-    /// Shared with the committer of a run with checkpoints ([`crate::staged_file`]).
+    /// Shared with the committer of a run with checkpoints (`staged_file.rs`).
     #[serde(skip)]
     staging: Staging,
 }
@@ -341,12 +341,12 @@ impl SinkFactory for CsvSinkConfig {
     }
 
     /// Reopens the file after a restart at the checkpointed `position`
-    /// ([`Staging::resume`]).
+    /// (`staged_file::Staging::resume`).
     fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
         self.sink(self.staging.resume(&self.path, position)?, position)
     }
 
-    /// Runs with checkpoints show only what a checkpoint covers ([`crate::staged_file`]).
+    /// Runs with checkpoints show only what a checkpoint covers (`staged_file.rs`).
     fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
         self.staging.committer(&self.path).map(Some)
     }

@@ -126,7 +126,7 @@ impl SourceFactory for JsonlSource {
 #[serde(deny_unknown_fields)]
 pub struct JsonlSinkConfig {
     pub path: PathBuf,
-    /// Shared with the committer of a run with checkpoints ([`crate::staged_file`]).
+    /// Shared with the committer of a run with checkpoints (`staged_file.rs`).
     #[serde(skip)]
     pub(crate) staging: Staging,
 }
@@ -156,12 +156,12 @@ impl SinkFactory for JsonlSinkConfig {
     }
 
     /// Reopens the file after a restart at the checkpointed `position`
-    /// ([`Staging::resume`]).
+    /// (`staged_file::Staging::resume`).
     fn open_at(&self, position: u64) -> DataflowResult<Box<dyn Sink>> {
         Ok(self.sink(self.staging.resume(&self.path, position)?, position))
     }
 
-    /// Runs with checkpoints show only what a checkpoint covers ([`crate::staged_file`]).
+    /// Runs with checkpoints show only what a checkpoint covers (`staged_file.rs`).
     fn committer(&self) -> DataflowResult<Option<Box<dyn Committer>>> {
         self.staging.committer(&self.path).map(Some)
     }
