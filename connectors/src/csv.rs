@@ -319,7 +319,6 @@ impl CsvSinkConfig {
             delimiter: self.delimiter()?,
             // A file cut back to a checkpoint past 0 has its header already.
             header_due: self.header && position == 0,
-            position,
         }))
     }
 }
@@ -361,13 +360,11 @@ struct CsvFileSink {
     delimiter: u8,
     /// Whether the header is still to be written: the columns are known at the first batch.
     header_due: bool,
-    /// Bytes in the file so far, recorded by checkpoints.
-    position: u64,
 }
 
 impl Sink for CsvFileSink {
     fn write_batch(&mut self, batch: &RecordBatch) -> DataflowResult<()> {
-        // Encoded first, so that the position advances by exactly what reaches the file.
+        // Encoded first, so that a batch that cannot be encoded writes nothing.
         let mut writer = arrow_csv::WriterBuilder::new()
             .with_delimiter(self.delimiter)
             .with_header(self.header_due)
@@ -380,7 +377,6 @@ impl Sink for CsvFileSink {
             .write_all(&bytes)
             .map_err(|e| DataflowError::io(format!("writing {}", self.label), e))?;
         self.header_due = false;
-        self.position += bytes.len() as u64;
         Ok(())
     }
 
@@ -390,8 +386,9 @@ impl Sink for CsvFileSink {
             .map_err(|e| DataflowError::io(format!("flushing {}", self.label), e))
     }
 
+    /// Bytes of the file so far (the writer counts them), recorded by checkpoints.
     fn position(&self) -> Option<u64> {
-        Some(self.position)
+        Some(self.out.position())
     }
 }
 

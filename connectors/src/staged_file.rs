@@ -224,6 +224,11 @@ impl StagedWriter {
         }
     }
 
+    /// Bytes of the output written so far (published, staged or still buffered).
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
     fn target(&mut self) -> std::io::Result<&mut BufWriter<File>> {
         let (deferred, retired) = {
             let state = self.staging.state().map_err(std::io::Error::other)?;
@@ -254,9 +259,7 @@ impl StagedWriter {
             .write(true)
             .open(&name)?;
         file.write_all(head)?;
-        if let Ok(mut state) = self.staging.state() {
-            state.staged = Some((name, start));
-        }
+        self.staging.state().map_err(std::io::Error::other)?.staged = Some((name, start));
         Ok(BufWriter::with_capacity(256 * 1024, file))
     }
 
@@ -270,7 +273,7 @@ impl StagedWriter {
         let Some((old, start)) = staged else {
             return Ok(());
         };
-        if published < start + ROTATE_BYTES || published > self.position {
+        if published < start + ROTATE_BYTES {
             return Ok(());
         }
         let mut tail = Vec::new();
