@@ -205,7 +205,8 @@ pub struct RunArgs {
     /// No progress display and no summary.
     #[arg(long, short)]
     pub quiet: bool,
-    /// With --processes: how many times the supervisor restarts a failed cluster.
+    /// With --processes: how many times in a row the supervisor restarts a failed cluster
+    /// (a run that stayed up a minute starts the count afresh).
     #[arg(long, default_value_t = 10)]
     pub max_restarts: usize,
 }

@@ -53,7 +53,7 @@ pub enum RunError {
     #[error("while stopping: {0}")]
     WhileStopping(Box<RunError>),
     /// A local cluster failed more often than `max_restarts` allows.
-    #[error("gave up after {restarts} restart(s): {last}")]
+    #[error("gave up after {restarts} restart(s) in a row: {last}")]
     GaveUp {
         restarts: usize,
         last: Box<RunError>,

@@ -214,8 +214,8 @@ impl RunOptions {
         self
     }
 
-    /// How many times a supervisor restarts a failed local cluster (`--max-restarts`,
-    /// default 10).
+    /// How many times in a row a supervisor restarts a failed local cluster
+    /// (`--max-restarts`, default 10); a run that stayed up a minute starts the count afresh.
     pub fn max_restarts(mut self, restarts: usize) -> Self {
         self.max_restarts = restarts;
         self
