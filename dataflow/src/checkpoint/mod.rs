@@ -9,9 +9,11 @@
 //! an upload cut short by hand) fails its checksum and the previous one is used.
 //!
 //! - [`lease`]: one cluster per object-store prefix.
+//! - [`generation`]: run generations that grow whatever the clock does.
 //! - [`writer`]: an object store's writes on a thread of their own, so a slow store delays
 //!   checkpoints instead of the results.
 
+pub mod generation;
 pub mod lease;
 #[cfg(test)]
 mod tests;

@@ -50,13 +50,14 @@ pub struct Start {
     /// Stateful stages' checkpointed state, by stage name.
     pub restored: Restored,
     /// This run's generation, when it checkpoints (its output is then exactly-once): the
-    /// start time in milliseconds, so a later run always has a larger one.
+    /// start time in milliseconds, or one past the last run's when the clock is behind it
+    /// ([`crate::checkpoint::generation`]), so a later run always has a larger one.
     pub generation: Option<u64>,
     /// The generation that wrote the checkpoint resumed from, and its epoch.
     pub previous: Option<(u64, Epoch)>,
 }
 
-fn new_generation() -> u64 {
+fn clock_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -98,14 +99,20 @@ pub fn start(job: &Job, leader: bool) -> DataflowResult<Start> {
         )));
     };
     let store = open_store(config)?;
-    let generation = new_generation();
+    let now = clock_ms();
     // Before anything is read or removed: a second cluster on the same prefix stops here.
     let writer = match store.location() {
         Some(at) if leader => {
-            let lease = Lease::acquire(at, generation, config.lease_timeout)?;
+            let lease = Lease::acquire(at, now, config.lease_timeout)?;
             Some(Writer::spawn(store.clone(), Some(lease))?)
         }
         _ => None,
+    };
+    // Only the leader's generation is used (the sink and its committer are worker 0's).
+    let generation = if leader {
+        store.next_generation(now)?
+    } else {
+        now
     };
     let checkpoint = match job.sink.recover(leader)? {
         Recovery::Latest => {
