@@ -168,8 +168,10 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 # Tests pause the JVM (SIGSTOP) for 10 s. The 9 s default did not fence the broker when tried
-# here, but a session longer than the pause rules it out.
-broker.session.timeout.ms=30000
+# here, but a session longer than the pause rules it out. A broker killed and restarted cannot
+# register again before its old session ends, so the fault campaign, which never pauses it,
+# asks for a short one (RIFFLE_KAFKA_SESSION_MS).
+broker.session.timeout.ms=${RIFFLE_KAFKA_SESSION_MS:-30000}
 EOF
 }
 

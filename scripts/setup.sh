@@ -74,8 +74,9 @@ fi
 RUN_PACKAGES=(g++ cmake nasm)
 BUILD_PACKAGES=(libavcodec-dev libavformat-dev libavutil-dev libswscale-dev libavdevice-dev
   libavfilter-dev pkg-config clang libclang-dev libssl-dev libzstd-dev)
+# iptables and faketime: the fault campaign's partitions from one service and clock steps.
 TEST_PACKAGES=(ffmpeg python3-gi gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-base
-  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad libasan8 libubsan1)
+  gstreamer1.0-plugins-good gstreamer1.0-plugins-bad libasan8 libubsan1 iptables faketime)
 if [ "$mode" != run ] && ! python3 - <<'PY'
 import os, sysconfig
 lib = sysconfig.get_config_var("LDLIBRARY") or ""
@@ -211,19 +212,24 @@ else
 fi
 
 # kafka-python: a Kafka consumer that shares no code with librdkafka, for tests/kafka.rs's
-# read_committed check (tests/interop/read_committed.py).
+# read_committed check (tests/interop/read_committed.py); with DuckDB and boto3, the fault
+# campaign's independent readers (scripts/campaign.py).
 KAFKA_PYTHON_VERSION=3.0.12
+DUCKDB_VERSION=1.5.6
+BOTO3_VERSION=1.44.18
 kafka_venv="$cache/kafka-venv"
 if "$kafka_venv/bin/python" -c "
 import importlib.metadata as m, sys
-sys.exit(m.version('kafka-python') != '$KAFKA_PYTHON_VERSION')
+sys.exit(m.version('kafka-python') != '$KAFKA_PYTHON_VERSION' or m.version('duckdb') != '$DUCKDB_VERSION'
+         or m.version('boto3') != '$BOTO3_VERSION')
 " 2>/dev/null; then
-  echo "setup: kafka-python $KAFKA_PYTHON_VERSION present at $kafka_venv"
+  echo "setup: kafka-python $KAFKA_PYTHON_VERSION, duckdb, boto3 present at $kafka_venv"
 else
   need_python "kafka-python"
-  echo "setup: installing kafka-python==$KAFKA_PYTHON_VERSION into $kafka_venv"
-  python3 -m venv "$kafka_venv"
-  PIP_ROOT_USER_ACTION=ignore "$kafka_venv/bin/pip" install --quiet "kafka-python==$KAFKA_PYTHON_VERSION"
+  echo "setup: installing kafka-python==$KAFKA_PYTHON_VERSION, duckdb, boto3 into $kafka_venv"
+  [ -x "$kafka_venv/bin/pip" ] || python3 -m venv "$kafka_venv"
+  PIP_ROOT_USER_ACTION=ignore "$kafka_venv/bin/pip" install --quiet "kafka-python==$KAFKA_PYTHON_VERSION" \
+    "duckdb==$DUCKDB_VERSION" "boto3==$BOTO3_VERSION"
 fi
 
 # Test and demo videos (idempotent itself).
