@@ -1,10 +1,10 @@
 //! Run generations that grow whatever the clock does.
 //!
 //! A run that checkpoints has a generation: its results and commit markers carry it, and sinks
-//! fence older ones (the committed Kafka view drops results of a generation below the last
+//! fence older ones (the committed-results protocol drops results of a generation below the last
 //! fence). It was the start time in milliseconds, which a clock stepped back (NTP correcting a
 //! host, a VM restored from a snapshot) makes smaller than an earlier run's, so that run's
-//! results would be hidden from readers: found by the fault campaign's clock steps
+//! results would be hidden from readers: seen while adding clock steps to the fault campaign
 //! (`scripts/campaign.sh`). The store keeps the last generation handed out
 //! (`riffle.generation`, beside the checkpoints), and the leader takes the larger of its clock
 //! and one past it before it fences or writes anything.

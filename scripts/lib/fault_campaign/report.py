@@ -28,6 +28,8 @@ def table(summary):
         serving = [f.get("serving") for f in fs]
         lines.append(f"| {k} | {len(fs)} | {sum(f['landed'] for f in fs)} | {spread(stalls)} | "
                      f"{sum(1 for s in stalls if s is None)} | {spread(serving)} |")
+    for kind, why in summary.get("left_out", {}).items():
+        lines.append(f"| {kind} | left out: {why} | | | | |")
     lines += ["", "| sink | input | delivered | lost | duplicated | retracted | caught up | "
               "clean stop | restarts |", "|---|---:|---:|---:|---:|---:|---|---|---:|"]
     for name, r in summary["sinks"].items():
