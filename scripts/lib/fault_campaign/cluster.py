@@ -117,9 +117,9 @@ def children(pid):
         for task in Path(f"/proc/{pid}/task").iterdir():
             try:
                 found += [int(c) for c in (task / "children").read_text().split()]
-            except (FileNotFoundError, ProcessLookupError):
+            except OSError:
                 pass
-    except FileNotFoundError:
+    except OSError:
         pass
     return found
 
@@ -128,7 +128,7 @@ def alive(pid):
     """Running (a zombie that its parent has not reaped yet is dead)."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (OSError, IndexError):  # gone (ProcessLookupError while it is being reaped)
         return False
     return state not in ("Z", "X")
 

@@ -33,7 +33,7 @@ def link_down(ns):
 def proc_state(pid):
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+    except (OSError, IndexError):
         return None
 
 
