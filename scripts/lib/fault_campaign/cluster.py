@@ -124,13 +124,17 @@ def children(pid):
     return found
 
 
+def proc_state(pid):
+    """The kernel's one-letter state of `pid` (None: gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # gone (ProcessLookupError while it is being reaped)
+        return None
+
+
 def alive(pid):
     """Running (a zombie that its parent has not reaped yet is dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # gone (ProcessLookupError while it is being reaped)
-        return False
-    return state not in ("Z", "X")
+    return proc_state(pid) not in (None, "Z", "X")
 
 
 class Cluster:

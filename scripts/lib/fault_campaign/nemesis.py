@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .cluster import PEER_TIMEOUT_MS, SLOTS, alive, children
+from .cluster import PEER_TIMEOUT_MS, SLOTS, alive, children, proc_state
 from .readers import log
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -30,32 +30,26 @@ def link_down(ns):
     return "state DOWN" in out or "NO-CARRIER" in out or ",UP" not in out
 
 
-def proc_state(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def reachable(ns, port):
-    """Whether host `ns` can open a TCP connection to the bridge's `port` within 2 s."""
-    try:
-        out = in_ns(ns, "timeout", "2", "bash", "-c", f"exec 3<>/dev/tcp/{BRIDGE}/{port}",
-                    timeout=5)
-    except subprocess.TimeoutExpired:
-        return False
-    return out.returncode == 0
-
-
-def answers(ns, address, port=1):
-    """Whether host `ns` hears back from `address` within 2 s (a refused connection is an
-    answer; a dropped packet is not)."""
+def connect(ns, address, port):
+    """Tries a TCP connection from host `ns` for 2 s: True when it opened, False when refused,
+    None when nothing answered (the packets were dropped)."""
     try:
         out = in_ns(ns, "timeout", "2", "bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}",
                     timeout=5)
     except subprocess.TimeoutExpired:
-        return False
-    return out.returncode != 124
+        return None
+    return None if out.returncode == 124 else out.returncode == 0
+
+
+def reachable(ns, port):
+    """Whether host `ns` can open a TCP connection to the bridge's `port`."""
+    return connect(ns, BRIDGE, port) is True
+
+
+def answers(ns, address, port=1):
+    """Whether host `ns` hears back from `address` (a refused connection is an answer; a
+    dropped packet is not)."""
+    return connect(ns, address, port) is not None
 
 
 class Nemesis:
