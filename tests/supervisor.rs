@@ -151,7 +151,17 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
             Duration::from_secs(30),
             || worker_pids(&pipeline).len() == 2,
         );
-        let after = Duration::from_millis(next() % 1800);
+        // Even trials kill at any moment from the processes' start (before the first write
+        // too); odd trials once results are being written, so that half the kills land
+        // mid-output however slowly the machine starts the cluster.
+        if trial % 2 == 1 {
+            wait_for(
+                &format!("trial {trial}: the first results are written"),
+                Duration::from_secs(60),
+                || !id_counts(&out).is_empty(),
+            );
+        }
+        let after = Duration::from_millis(next() % if trial % 2 == 1 { 1000 } else { 1800 });
         std::thread::sleep(after);
         assert!(
             supervisor.try_wait().unwrap().is_none(),
