@@ -37,6 +37,7 @@ scripts/netns.sh check || { echo "campaign: network namespaces do not work here"
 cache="${RIFFLE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/riffle}"
 python="$cache/kafka-venv/bin/python"
 [ -x "$python" ] || { echo "campaign: no kafka-python venv at $python (run scripts/setup.sh)" >&2; exit 2; }
+RIFFLE_BIN_GIVEN=${RIFFLE_BIN:-}
 if [ -z "${RIFFLE_BIN:-}" ]; then
   cargo build --quiet --release --bin riffle
   RIFFLE_BIN="${CARGO_TARGET_DIR:-target}/release/riffle"
@@ -100,13 +101,16 @@ if [ "$status" != 0 ]; then
 fi
 # The table is written whatever the result: a campaign that found a fault is news too.
 if [ "$docs" = 1 ]; then
-  python3 - "$table" "$faults" <<'PY'
+  # The command that replays it heads the table: the seed, the options and a binary picked by hand.
+  command="scripts/campaign.sh --faults $faults --seed $seed ${extra[*]:-}"
+  [ -z "${RIFFLE_BIN_GIVEN:-}" ] || command="RIFFLE_BIN=$RIFFLE_BIN_GIVEN $command"
+  python3 - "$table" "${command% }" <<'PY'
 import pathlib, re, sys
-table, faults = open(sys.argv[1]).read().strip(), sys.argv[2]
+table, command = open(sys.argv[1]).read().strip(), sys.argv[2]
 doc = pathlib.Path("docs/reliability.md")
 text = doc.read_text()
 begin, end = "<!-- campaign:begin -->", "<!-- campaign:end -->"
-block = f"{begin}\n`scripts/campaign.sh --faults {faults} --docs`:\n\n{table}\n{end}"
+block = f"{begin}\n`{command} --docs`:\n\n{table}\n{end}"
 if begin in text:
     text = re.sub(re.escape(begin) + ".*?" + re.escape(end), lambda _: block, text, flags=re.S)
 else:
