@@ -2,7 +2,7 @@
 //! theirs: one `PEER riffle <job> items=… seconds=… items_per_s=… p50_ms=… p99_ms=…` line.
 //! `scripts/bench-peers.sh` runs it beside the Python peers, interleaved.
 //!
-//!     cargo run --release --example bench_job -- detect|detect-py|classify|ctr
+//!     cargo run --release --example bench_job -- detect|detect-py|classify|ctr|ctr-dense
 //!
 //! The clock, as the peers': after the models are loaded and have run once (model stages warm
 //! up when built), from the first record read to the last result written. Each job is the
@@ -11,6 +11,8 @@
 //! recommendation pipeline of `examples/bench_recs.rs` (20,000 ratings, epochs of 64; each
 //! click's features include every earlier click and itself, `features: per_click`, as the
 //! peers'). 2 workers × 1 ONNX Runtime thread, as the peers' 2 ORT threads in total.
+//! `ctr-dense` is ctr with `executor: dense` (Riffle's own executor for dense graphs, on the
+//! same 2 workers), reported as `riffle-dense`.
 //!
 //! `detect-py` is detect with its post-processing (person boxes scoring over 0.5, counted per
 //! frame) a Python stage instead of Riffle's `detections` and `select`: the peers' own NumPy
@@ -29,9 +31,14 @@ use riffle_dataflow::observe::registry::Metrics;
 const WORKERS: usize = 2;
 
 fn main() -> anyhow::Result<()> {
-    let job = std::env::args()
+    let arg = std::env::args()
         .nth(1)
-        .context("usage: bench_job detect|detect-py|classify|ctr")?;
+        .context("usage: bench_job detect|detect-py|classify|ctr|ctr-dense")?;
+    // `ctr-dense`: the ctr job with its model on Riffle's dense executor, not ONNX Runtime.
+    let (job, name, executor) = match arg.as_str() {
+        "ctr-dense" => ("ctr".to_string(), "riffle-dense", "dense"),
+        _ => (arg.clone(), "riffle", "ort"),
+    };
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = std::env::temp_dir().join(format!("bench-job-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -40,8 +47,8 @@ fn main() -> anyhow::Result<()> {
         "detect" => (detect(&repo, &out), 250),
         "detect-py" => (detect_py(&repo, &dir, &out)?, 250),
         "classify" => (classify(&repo, &out), 1000),
-        "ctr" => (ctr(&repo, &out)?, 20_000),
-        other => bail!("unknown job {other}: detect, detect-py, classify or ctr"),
+        "ctr" => (ctr(&repo, &out, executor)?, 20_000),
+        other => bail!("unknown job {other}: detect, detect-py, classify, ctr or ctr-dense"),
     };
     let file = dir.join("job.yaml");
     std::fs::write(&file, yaml)?;
@@ -133,12 +140,24 @@ fn main() -> anyhow::Result<()> {
         .map(|st| st.p50.as_secs_f64() * 1000.0)
         .sum();
     println!(
-        "PEER riffle-w{WORKERS} {job} items={items} seconds={seconds:.3} items_per_s={:.1} p50_ms={:.2} p99_ms={:.2} ort_threads={WORKERS}x1 results={} post_p50_ms={post_p50:.3} check={check}",
+        "PEER {name}-w{WORKERS} {job} items={items} seconds={seconds:.3} items_per_s={:.1} p50_ms={:.2} p99_ms={:.2} ort_threads={WORKERS}x1 results={} post_p50_ms={post_p50:.3} check={check}",
         items as f64 / seconds,
         s.end_to_end_p50.as_secs_f64() * 1000.0,
         s.end_to_end_p99.as_secs_f64() * 1000.0,
         rows.len(),
     );
+    // Where the busy time went, on stderr: batches × p50 per stage approximates each stage's
+    // share (bench-peers.sh keeps only the PEER line).
+    for st in &s.stages {
+        eprintln!(
+            "stage {:<12} batches={:<6} mean_rows={:<8.1} p50_ms={:.3} ~total_ms={:.1}",
+            st.name,
+            st.batches,
+            st.mean_batch_rows,
+            st.p50.as_secs_f64() * 1000.0,
+            st.batches as f64 * st.p50.as_secs_f64() * 1000.0
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -248,7 +267,7 @@ runtime: {{ workers: {WORKERS}, intra_op_threads: 1 }}
     )
 }
 
-fn ctr(repo: &Path, out: &Path) -> anyhow::Result<String> {
+fn ctr(repo: &Path, out: &Path, executor: &str) -> anyhow::Result<String> {
     let ratings = repo.join("data/ml-100k/ratings-20k.csv");
     if !ratings.is_file() {
         bail!("{} not found: run scripts/setup.sh", ratings.display());
@@ -261,6 +280,7 @@ stages:
   - exchange: {{ spread: true, together: event }}
   - model:
       path: "{model}"
+      executor: {executor}
       inputs: {{ user_id: user_id, item_id: candidate }}
       outputs: {{ p_click: p_click }}
       keep_inputs: true

@@ -22,12 +22,17 @@ bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_job"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 lines="$work/lines.txt"
+# Riffle runs ctr twice: its model on ONNX Runtime (as every peer), and on Riffle's own dense
+# executor (`executor: dense`), each its own row.
+riffles() { if [ "$1" = ctr ]; then echo "riffle riffle-dense"; else echo riffle; fi; }
 for r in $(seq 1 "$REPS"); do
   for j in $JOBS; do
-    for c in riffle $CONFIGS; do
-      if [ "$c" = riffle ]; then
-        line=$("$bin" "$j" 2>"$work/riffle.log" | grep '^PEER ' | tail -1) || true
-        [ -n "$line" ] || line="FAILED riffle $j: $(tail -1 "$work/riffle.log")"
+    for c in $(riffles "$j") $CONFIGS; do
+      if [ "${c%%-*}" = riffle ]; then
+        arg=$j
+        [ "$c" = riffle ] || arg="$j-${c#riffle-}"
+        line=$("$bin" "$arg" 2>"$work/riffle.log" | grep '^PEER ' | tail -1) || true
+        [ -n "$line" ] || line="FAILED $c $j: $(tail -1 "$work/riffle.log")"
       else
         line=$(PEERS_PYTHON="$peers_python" PEERS_RESULTS="$work/peers" REPS=1 JOBS="$j" \
           CONFIGS="$c" scripts/peers/bench.sh 2>&1 \
@@ -43,7 +48,8 @@ table="$work/table.md"
 python3 scripts/lib/peers_table.py "$lines" >"$table"
 description=$(cat <<TEXT
 The peers' three jobs (see \`scripts/peers/README.md\`), Riffle as \`examples/bench_job.rs\` runs
-them (the shipped pipelines, 2 workers × 1 ONNX Runtime thread) and each Python peer as
+them (the shipped pipelines, 2 workers × 1 ONNX Runtime thread; ctr also with its model on
+Riffle's dense executor, \`executor: dense\`, its own row) and each Python peer as
 \`scripts/peers/bench.sh\` runs it, $REPS round(s), in each round Riffle and every peer back to
 back on the same job. Every clock starts after the models are loaded and have run once and
 stops at the last result written. "Best peer" is the peer with the highest median; ratios are

@@ -2,6 +2,7 @@
 
 use riffle_dataflow::DataflowResult;
 
+use super::buffers::{take, zeros};
 use super::{err, gather_rows_of, proto, scatter_rows, shapes, Data, SplitTable, Tensor};
 
 pub(crate) fn attr<'a>(
@@ -53,17 +54,13 @@ pub(super) fn run_node<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> Dataflo
                 .ok_or_else(|| err("Constant without a tensor `value`"))?;
             Tensor::from_proto(t)
         }
-        "Identity" => Ok(get(0)?.clone()),
+        "Identity" => Ok(copied(get(0)?)),
         "Gather" => gather(node, get),
-        "Add" | "Sub" | "Mul" | "Div" => {
-            let f: fn(f32, f32) -> f32 = match op {
-                "Add" => |a, b| a + b,
-                "Sub" => |a, b| a - b,
-                "Mul" => |a, b| a * b,
-                _ => |a, b| a / b,
-            };
-            broadcast(get(0)?, get(1)?, f)
-        }
+        // One instance of `broadcast` per op, so that its loops inline the arithmetic.
+        "Add" => broadcast(get(0)?, get(1)?, |a, b| a + b),
+        "Sub" => broadcast(get(0)?, get(1)?, |a, b| a - b),
+        "Mul" => broadcast(get(0)?, get(1)?, |a, b| a * b),
+        "Div" => broadcast(get(0)?, get(1)?, |a, b| a / b),
         "Relu" => map(get(0)?, |x| x.max(0.0)),
         "Sigmoid" => map(get(0)?, |x| 1.0 / (1.0 + (-x).exp())),
         "ReduceSum" => {
@@ -95,8 +92,8 @@ fn gather<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tenso
     let mut shape = indices.shape.clone();
     shape.extend_from_slice(row_shape);
     Ok(match &data.data {
-        Data::F32(v) => Tensor::f32(shape, gather_rows(v, width, &idx)?),
-        Data::I64(v) => Tensor::i64(shape, gather_rows(v, width, &idx)?),
+        Data::F32(v) => Tensor::f32(shape, gather_rows(v, width, &idx, take(idx.len() * width))?),
+        Data::I64(v) => Tensor::i64(shape, gather_rows(v, width, &idx, Vec::new())?),
     })
 }
 
@@ -108,10 +105,23 @@ fn reshaped<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Ten
         "Unsqueeze" => shapes::unsqueeze(&x.shape, axes(node, get, x.shape.len() + 1)?),
         _ => shapes::flatten(&x.shape, attr_i(node, "axis", 1)),
     };
-    Ok(Tensor {
-        shape,
-        data: x.data.clone(),
-    })
+    Ok(Tensor { shape, ..copied(x) })
+}
+
+/// A copy of `x`, its floats in a reused buffer.
+fn copied(x: &Tensor) -> Tensor {
+    let data = match &x.data {
+        Data::F32(v) => {
+            let mut out = take(v.len());
+            out.extend_from_slice(v);
+            Data::F32(out)
+        }
+        Data::I64(v) => Data::I64(v.clone()),
+    };
+    Tensor {
+        shape: x.shape.clone(),
+        data,
+    }
 }
 
 /// Concat: each outer row of the output is that row of every input, in order.
@@ -121,7 +131,7 @@ fn concat<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tenso
         .collect::<DataflowResult<_>>()?;
     let part_shapes: Vec<&[usize]> = parts.iter().map(|p| p.shape.as_slice()).collect();
     let (axis, outer, shape) = shapes::concat(&part_shapes, attr_i(node, "axis", 0))?;
-    let mut out = Vec::with_capacity(shape.iter().product());
+    let mut out = take(shape.iter().product());
     for o in 0..outer {
         for p in &parts {
             // `concat` checked that every part has the axis.
@@ -154,24 +164,40 @@ fn gemm<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor>
         (1.0, 0.0)
     };
     let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-    let out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
-    let product = Tensor::f32(vec![m, n], out);
-    if op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty()) {
-        let c = map(get(2)?, |x| beta * x)?;
-        broadcast(&product, &c, |a, b| a + b)
-    } else {
-        Ok(product)
+    let mut out = zeros(m * n);
+    matmul_into(
+        op,
+        a.as_f32()?,
+        b.as_f32()?,
+        (m, k, n),
+        (ta, tb),
+        alpha,
+        &mut out,
+    )?;
+    let bias = op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty());
+    if !bias {
+        return Ok(Tensor::f32(vec![m, n], out));
     }
+    let c = get(2)?;
+    let cv = c.as_f32()?;
+    // A bias that repeats over the rows (a row, a scalar) is added in place; any other shape is
+    // broadcast. Either way the product first, then `beta · C`, as the GPU executor adds it.
+    if cv.len() == c.len() && (cv.len() == n || cv.len() == 1) && repeats(&c.shape, &[m, n]) {
+        for row in out.chunks_exact_mut(n.max(1)) {
+            for (o, x) in row.iter_mut().zip(cv.iter().cycle()) {
+                *o += beta * x;
+            }
+        }
+        return Ok(Tensor::f32(vec![m, n], out));
+    }
+    let c = map(c, |x| beta * x)?;
+    broadcast(&Tensor::f32(vec![m, n], out), &c, |a, b| a + b)
 }
 
 /// `alpha · op(A)·op(B)` for row-major `av` (m×k, or k×m when `ta`) and `bv` (k×n, or n×k
 /// when `tb`); an error when they hold fewer values than that.
-#[allow(
-    clippy::indexing_slicing,
-    reason = "`av` holds at least m·k and `bv` k·n values (checked first), i < m, j < n and \
-              p < k, and `out` holds m·n"
-)]
-fn matmul(
+#[cfg(test)]
+pub(super) fn matmul(
     op: &str,
     av: &[f32],
     bv: &[f32],
@@ -179,30 +205,67 @@ fn matmul(
     (ta, tb): (bool, bool),
     alpha: f32,
 ) -> DataflowResult<Vec<f32>> {
-    if av.len() < m * k || bv.len() < k * n {
+    let mut out = zeros(m * n);
+    matmul_into(op, av, bv, (m, k, n), (ta, tb), alpha, &mut out)?;
+    Ok(out)
+}
+
+/// [`matmul`] into `out` (m×n). A transpose is only a change of strides, so `matrixmultiply`'s
+/// blocked kernel reads either layout in place.
+fn matmul_into(
+    op: &str,
+    av: &[f32],
+    bv: &[f32],
+    (m, k, n): (usize, usize, usize),
+    (ta, tb): (bool, bool),
+    alpha: f32,
+    out: &mut [f32],
+) -> DataflowResult<()> {
+    if av.len() < m * k || bv.len() < k * n || out.len() != m * n {
         return Err(err(format!(
             "{op}: the operands' data does not match their shapes"
         )));
     }
-    let at = |i: usize, p: usize| if ta { av[p * m + i] } else { av[i * k + p] };
-    let bt = |p: usize, j: usize| if tb { bv[j * k + p] } else { bv[p * n + j] };
-    let mut out = vec![0f32; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            let mut acc = 0f32;
-            for p in 0..k {
-                acc += at(i, p) * bt(p, j);
-            }
-            out[i * n + j] = alpha * acc;
-        }
+    if m == 0 || k == 0 || n == 0 {
+        out.fill(0.0);
+        return Ok(());
     }
-    Ok(out)
+    let (rsa, csa) = if ta { (1, m) } else { (k, 1) };
+    let (rsb, csb) = if tb { (1, k) } else { (n, 1) };
+    // SAFETY: with these strides sgemm reads A at i·rsa + p·csa < m·k and B at p·rsb + j·csb
+    // < k·n (i < m, p < k, j < n), which `av` and `bv` hold (checked above); it writes C at
+    // i·n + j < m·n, the length of `out` (beta 0: C is not read). `out` is borrowed mutably, so it
+    // overlaps neither operand.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            av.as_ptr(),
+            rsa as isize,
+            csa as isize,
+            bv.as_ptr(),
+            rsb as isize,
+            csb as isize,
+            0.0,
+            out.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    Ok(())
 }
 
 /// The rows `idx` of a table of rows `width` values long, one after the other; an error when
 /// one lies outside `values`.
-fn gather_rows<T: Copy>(values: &[T], width: usize, idx: &[usize]) -> DataflowResult<Vec<T>> {
-    let mut out = Vec::with_capacity(idx.len() * width);
+fn gather_rows<T: Copy>(
+    values: &[T],
+    width: usize,
+    idx: &[usize],
+    mut out: Vec<T>,
+) -> DataflowResult<Vec<T>> {
+    out.reserve(idx.len() * width);
     for &i in idx {
         let row = values.get(i * width..(i + 1) * width).ok_or_else(|| {
             err(format!(
@@ -227,10 +290,10 @@ pub(super) fn gather_split(table: &SplitTable, indices: &Tensor) -> DataflowResu
         .ok_or_else(|| err("Gather of a scalar"))?;
     let width: usize = row_shape.iter().product();
     let routes = table.rows.route(indices.as_i64()?)?;
-    let mut out = vec![0f32; indices.len() * width];
+    let mut out = zeros(indices.len() * width);
     for (part, route) in table.parts.iter().zip(&routes) {
         let local: Vec<usize> = route.local.iter().map(|&i| i as usize).collect();
-        let rows = gather_rows(part.as_f32()?, width, &local)?;
+        let rows = gather_rows(part.as_f32()?, width, &local, Vec::new())?;
         scatter_rows(&mut out, width, &route.positions, &rows)?;
     }
     let mut shape = indices.shape.clone();
@@ -239,14 +302,46 @@ pub(super) fn gather_split(table: &SplitTable, indices: &Tensor) -> DataflowResu
 }
 
 pub(super) fn map(x: &Tensor, f: impl Fn(f32) -> f32) -> DataflowResult<Tensor> {
-    Ok(Tensor::f32(
-        x.shape.clone(),
-        x.as_f32()?.iter().map(|v| f(*v)).collect(),
-    ))
+    Ok(Tensor::f32(x.shape.clone(), {
+        let v = x.as_f32()?;
+        let mut out = take(v.len());
+        out.extend(v.iter().map(|v| f(*v)));
+        out
+    }))
 }
 
 /// Elementwise `f` with numpy broadcasting.
-pub(super) fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> DataflowResult<Tensor> {
+pub(super) fn broadcast(
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32 + Copy,
+) -> DataflowResult<Tensor> {
+    let rank = a.shape.len().max(b.shape.len());
+    let (shape, _, _) = shapes::broadcast(&a.shape, &b.shape, rank)?;
+    let (av, bv) = (a.as_f32()?, b.as_f32()?);
+    let total: usize = shape.iter().product();
+    // The common cases in one pass, no index arithmetic: an operand that is the whole output,
+    // the other repeating (equal shapes, a scalar, a bias row over a batch).
+    let whole = |t: &Tensor, v: &[f32]| v.len() == t.len();
+    if av.len() == total && whole(a, av) && whole(b, bv) && repeats(&b.shape, &shape) {
+        if let Some(out) = cycled(av, bv, f) {
+            return Ok(Tensor::f32(shape, out));
+        }
+    }
+    if bv.len() == total && whole(a, av) && whole(b, bv) && repeats(&a.shape, &shape) {
+        if let Some(out) = cycled(bv, av, |y, x| f(x, y)) {
+            return Ok(Tensor::f32(shape, out));
+        }
+    }
+    broadcast_walk(a, b, f)
+}
+
+/// Elementwise `f` with numpy broadcasting, index by index: any shapes.
+pub(super) fn broadcast_walk(
+    a: &Tensor,
+    b: &Tensor,
+    f: impl Fn(f32, f32) -> f32,
+) -> DataflowResult<Tensor> {
     let rank = a.shape.len().max(b.shape.len());
     let (shape, ta, tb) = shapes::broadcast(&a.shape, &b.shape, rank)?;
     let (av, bv) = (a.as_f32()?, b.as_f32()?);
@@ -274,7 +369,57 @@ pub(super) fn broadcast(a: &Tensor, b: &Tensor, f: fn(f32, f32) -> f32) -> Dataf
     Ok(Tensor::f32(shape, out))
 }
 
+/// Whether a tensor of shape `part` broadcast to `whole` repeats its values end to end: after
+/// any leading 1s, `part` is `whole`'s trailing dimensions.
+fn repeats(part: &[usize], whole: &[usize]) -> bool {
+    let rest: Vec<usize> = part.iter().copied().skip_while(|d| *d == 1).collect();
+    part.len() <= whole.len()
+        && whole
+            .get(whole.len() - rest.len()..)
+            .is_some_and(|w| w == rest.as_slice())
+}
+
+/// `f(full[i], cycle[i mod cycle.len()])` for every `i`; `None` when `cycle` does not divide
+/// `full` evenly.
+fn cycled(full: &[f32], cycle: &[f32], f: impl Fn(f32, f32) -> f32) -> Option<Vec<f32>> {
+    if cycle.is_empty() || !full.len().is_multiple_of(cycle.len()) {
+        return None;
+    }
+    let mut out = take(full.len());
+    if let [c] = cycle {
+        out.extend(full.iter().map(|x| f(*x, *c)));
+    } else {
+        for chunk in full.chunks_exact(cycle.len()) {
+            out.extend(chunk.iter().zip(cycle).map(|(x, c)| f(*x, *c)));
+        }
+    }
+    Some(out)
+}
+
 pub(super) fn reduce_sum(x: &Tensor, axes: &[usize], keep: bool) -> DataflowResult<Tensor> {
+    let v = x.as_f32()?;
+    let rank = x.shape.len();
+    // Over the last axis only: each row summed in order, as the general walk below adds them.
+    if let (&[axis], Some(&width)) = (axes, x.shape.last()) {
+        if axis + 1 == rank && width > 0 && v.len() == x.len() {
+            let mut out = take(v.len() / width);
+            out.extend(
+                v.chunks_exact(width)
+                    .map(|row| row.iter().fold(0.0, |acc, x| acc + x)),
+            );
+            let mut shape = x.shape.clone();
+            shape.truncate(axis);
+            if keep {
+                shape.push(1);
+            }
+            return Ok(Tensor::f32(shape, out));
+        }
+    }
+    reduce_walk(x, axes, keep)
+}
+
+/// ReduceSum over any axes, element by element in row-major order.
+pub(super) fn reduce_walk(x: &Tensor, axes: &[usize], keep: bool) -> DataflowResult<Tensor> {
     let v = x.as_f32()?;
     let rank = x.shape.len();
     let kept: Vec<usize> = x

@@ -16,6 +16,7 @@ use riffle_dataflow::{DataflowError, DataflowResult};
 
 use crate::inference::onnx::TensorSpec;
 
+mod buffers;
 mod cpu;
 pub mod gpu;
 pub(crate) mod proto;
@@ -432,14 +433,21 @@ impl DenseGraph {
                 .ok_or_else(|| err(format!("{} has no output", node.op_type)))?;
             values.insert(name.as_str(), out);
         }
-        self.outputs
+        let outputs = self
+            .outputs
             .iter()
             .map(|o| {
                 values
                     .remove(o.as_str())
                     .ok_or_else(|| err(format!("output `{o}` was not computed")))
             })
-            .collect()
+            .collect();
+        for t in values.into_values() {
+            if let Data::F32(v) = t.data {
+                buffers::give(v);
+            }
+        }
+        outputs
     }
 }
 
