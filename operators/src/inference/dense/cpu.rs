@@ -164,16 +164,7 @@ fn gemm<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor>
         (1.0, 0.0)
     };
     let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-    let mut out = zeros(m * n);
-    matmul_into(
-        op,
-        a.as_f32()?,
-        b.as_f32()?,
-        (m, k, n),
-        (ta, tb),
-        alpha,
-        &mut out,
-    )?;
+    let mut out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
     let bias = op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty());
     if !bias {
         return Ok(Tensor::f32(vec![m, n], out));
@@ -195,8 +186,8 @@ fn gemm<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor>
 }
 
 /// `alpha · op(A)·op(B)` for row-major `av` (m×k, or k×m when `ta`) and `bv` (k×n, or n×k
-/// when `tb`); an error when they hold fewer values than that.
-#[cfg(test)]
+/// when `tb`); an error when they hold fewer values than that. A transpose is only a change of
+/// strides, so `matrixmultiply`'s blocked kernel reads either layout in place.
 pub(super) fn matmul(
     op: &str,
     av: &[f32],
@@ -205,37 +196,20 @@ pub(super) fn matmul(
     (ta, tb): (bool, bool),
     alpha: f32,
 ) -> DataflowResult<Vec<f32>> {
-    let mut out = zeros(m * n);
-    matmul_into(op, av, bv, (m, k, n), (ta, tb), alpha, &mut out)?;
-    Ok(out)
-}
-
-/// [`matmul`] into `out` (m×n). A transpose is only a change of strides, so `matrixmultiply`'s
-/// blocked kernel reads either layout in place.
-fn matmul_into(
-    op: &str,
-    av: &[f32],
-    bv: &[f32],
-    (m, k, n): (usize, usize, usize),
-    (ta, tb): (bool, bool),
-    alpha: f32,
-    out: &mut [f32],
-) -> DataflowResult<()> {
-    if av.len() < m * k || bv.len() < k * n || out.len() != m * n {
+    if av.len() < m * k || bv.len() < k * n {
         return Err(err(format!(
             "{op}: the operands' data does not match their shapes"
         )));
     }
+    let mut out = zeros(m * n);
     if m == 0 || k == 0 || n == 0 {
-        out.fill(0.0);
-        return Ok(());
+        return Ok(out);
     }
     let (rsa, csa) = if ta { (1, m) } else { (k, 1) };
     let (rsb, csb) = if tb { (1, k) } else { (n, 1) };
     // SAFETY: with these strides sgemm reads A at i·rsa + p·csa < m·k and B at p·rsb + j·csb
     // < k·n (i < m, p < k, j < n), which `av` and `bv` hold (checked above); it writes C at
-    // i·n + j < m·n, the length of `out` (beta 0: C is not read). `out` is borrowed mutably, so it
-    // overlaps neither operand.
+    // i·n + j < m·n, the length of `out` (beta 0: C is not read), a buffer of its own.
     unsafe {
         matrixmultiply::sgemm(
             m,
@@ -254,7 +228,7 @@ fn matmul_into(
             1,
         );
     }
-    Ok(())
+    Ok(out)
 }
 
 /// The rows `idx` of a table of rows `width` values long, one after the other; an error when
