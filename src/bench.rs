@@ -40,6 +40,8 @@ pub fn bench_command(args: BenchArgs) -> Result<()> {
         .enumerate()
         .find_map(|(i, s)| Some((i, s.value.stage()?.batching()?.max_size)))
         .context("bench needs a pipeline with a `model` stage")?;
+    // Every stage must run outside the dataflow too: found before any round, not after one.
+    stages(&pipeline, 0..pipeline.spec.stages.len(), threads)?;
     let records = count_records(&pipeline)?;
     println!(
         "bench {}: {records} records, pipeline {workers} worker(s) × {} ORT thread(s); loop and ORT-alone 1 session × {threads} thread(s); model batch {max_size}; {} interleaved round(s), median (min–max)",
@@ -199,14 +201,34 @@ fn stages(
         ..pipeline.runtime.clone()
     };
     let mut out = Vec::new();
-    for spec in &pipeline.spec.stages[range] {
+    for (at, spec) in pipeline
+        .spec
+        .stages
+        .iter()
+        .enumerate()
+        .skip(range.start)
+        .take(range.len())
+    {
         let mut spec = spec.value.clone();
         // One engine with all the threads, whatever the file says per worker.
         if let Some(stage) = spec.stage_mut() {
             stage.set_intra_op_threads(threads);
         }
-        if let Some(stage) = build_stage(&spec, &runtime, 0)? {
-            out.push(stage);
+        match build_stage(&spec, &runtime, 0)? {
+            Some(stage) => out.push(stage),
+            // A stage that only runs as a dataflow operator (state of its own): the loop
+            // would skip it and compare different work.
+            None if spec.stage().is_some() => bail!(
+                "{}: stages[{at}] (`{}`) keeps state inside the dataflow, so bench's straight \
+                 loop cannot run it on its own; bench compares pipelines whose stages run batch \
+                 by batch (docs/benchmarks.md). Time this one with `riffle run` (its summary \
+                 says where the time goes) or a side-by-side script (scripts/bench-cameras.sh \
+                 for trackers, scripts/bench-recs.sh for recommendations)",
+                pipeline.file.display(),
+                spec.kind()
+            ),
+            // Exchanges: one thread needs none.
+            None => {}
         }
     }
     Ok(out)

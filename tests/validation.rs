@@ -707,3 +707,25 @@ fn events_from_a_column_the_results_lack_names_it() {
     );
     assert!(e.contains("no column `line_events` in the results"), "{e}");
 }
+
+/// `riffle bench` compares a pipeline with a straight loop over the same stages: a stage that
+/// only runs as a dataflow operator (here the tracker) is refused by name before any round,
+/// not skipped by the loop (which would then compare different work).
+#[test]
+fn bench_refuses_a_stage_its_straight_loop_cannot_run_before_any_round() {
+    require_onnx_runtime();
+    let file = repo().join("pipelines/camera-tracking.yaml");
+    let out = riffle(&["bench", file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "bench must refuse: {stderr}");
+    assert!(
+        stderr.contains("camera-tracking.yaml")
+            && stderr.contains("(`track`) keeps state inside the dataflow"),
+        "the file and the stage by name: {stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "no round started: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
