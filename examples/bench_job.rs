@@ -158,6 +158,9 @@ fn main() -> anyhow::Result<()> {
             st.batches as f64 * st.p50.as_secs_f64() * 1000.0
         );
     }
+    if let Some(b) = s.breakdown {
+        eprintln!("{b}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
