@@ -49,11 +49,18 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&tmp)?;
     // (clicks per epoch and worker, candidates spread over the workers before scoring); the
     // second runs as the shipped pipeline did before `spread`, so the change is measured alone.
-    const VARIANTS: [(usize, bool); 4] = [(64, true), (64, false), (96, true), (128, true)];
+    // (clicks per worker and epoch, candidates spread over the workers, epochs in flight)
+    const VARIANTS: [(usize, bool, usize); 5] = [
+        (64, true, 1),
+        (64, false, 1),
+        (64, true, 2),
+        (96, true, 1),
+        (128, true, 1),
+    ];
     let pipelines = VARIANTS
         .iter()
-        .map(|&(e, spread)| {
-            let file = write_pipeline(&tmp, &ratings, &model, e, spread)?;
+        .map(|&(e, spread, in_flight)| {
+            let file = write_pipeline(&tmp, &ratings, &model, e, spread, in_flight)?;
             Ok(Arc::new(riffle_pipelines::load(&file, None)?))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -121,17 +128,24 @@ fn main() -> Result<()> {
         )
     };
     let ms = |d: &Duration| d.as_secs_f64() * 1000.0;
-    for ((runs, (epoch_records, spread_out)), differ) in riffle.iter().zip(VARIANTS).zip(&differs) {
+    for ((runs, (epoch_records, spread_out, in_flight)), differ) in
+        riffle.iter().zip(VARIANTS).zip(&differs)
+    {
         let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
         let p50: Vec<f64> = runs.iter().map(|r| ms(&r.1)).collect();
         let p99: Vec<f64> = runs.iter().map(|r| ms(&r.2)).collect();
         row(
             &format!(
-                "riffle, 2 workers, epochs of {epoch_records} clicks/worker{}",
+                "riffle, 2 workers, epochs of {epoch_records} clicks/worker{}{}",
                 if spread_out {
                     ""
                 } else {
                     ", candidates not spread"
+                },
+                if in_flight > 1 {
+                    format!(", {in_flight} epochs in flight")
+                } else {
+                    String::new()
                 }
             ),
             &rates,
@@ -162,9 +176,11 @@ fn main() -> Result<()> {
         "-".into(),
         false,
     );
-    for ((epoch_records, spread_out), differ) in VARIANTS.iter().zip(&differs) {
+    for ((epoch_records, spread_out, in_flight), differ) in VARIANTS.iter().zip(&differs) {
         if let Some(d) = differ {
-            println!("\nepochs of {epoch_records}, spread {spread_out}: outputs differ: {d}");
+            println!(
+                "\nepochs of {epoch_records}, spread {spread_out}, {in_flight} in flight: outputs differ: {d}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(tmp);
@@ -188,8 +204,9 @@ fn write_pipeline(
     model: &Path,
     epoch_records: usize,
     spread: bool,
+    in_flight: usize,
 ) -> Result<PathBuf> {
-    let file = dir.join(format!("recs-{epoch_records}-{spread}.yaml"));
+    let file = dir.join(format!("recs-{epoch_records}-{spread}-{in_flight}.yaml"));
     let exchange = if spread {
         "\n  - exchange: { spread: true, together: event }"
     } else {
@@ -211,7 +228,7 @@ stages:
   - rank: {{ k: {K} }}
   - select: {{ columns: [user_id, item_id, recs, recs_score] }}
 sink: {{ jsonl: {{ path: "{}" }} }}
-runtime: {{ workers: 2, epoch_records: {epoch_records}, max_epochs_in_flight: 1, latency_column: latency_ms }}
+runtime: {{ workers: 2, epoch_records: {epoch_records}, max_epochs_in_flight: {in_flight}, latency_column: latency_ms }}
 "#,
             ratings.display(),
             model.display(),
