@@ -164,25 +164,14 @@ fn gemm<'a>(node: &proto::NodeProto, get: Get<'_, 'a>) -> DataflowResult<Tensor>
         (1.0, 0.0)
     };
     let (m, k, n) = shapes::gemm(op, &a.shape, &b.shape, ta, tb)?;
-    let mut out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
-    let bias = op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty());
-    if !bias {
-        return Ok(Tensor::f32(vec![m, n], out));
+    let out = matmul(op, a.as_f32()?, b.as_f32()?, (m, k, n), (ta, tb), alpha)?;
+    let product = Tensor::f32(vec![m, n], out);
+    if op == "Gemm" && node.input.get(2).is_some_and(|name| !name.is_empty()) {
+        let c = map(get(2)?, |x| beta * x)?;
+        broadcast(&product, &c, |a, b| a + b)
+    } else {
+        Ok(product)
     }
-    let c = get(2)?;
-    let cv = c.as_f32()?;
-    // A bias that repeats over the rows (a row, a scalar) is added in place; any other shape is
-    // broadcast. Either way the product first, then `beta · C`, as the GPU executor adds it.
-    if cv.len() == c.len() && (cv.len() == n || cv.len() == 1) && repeats(&c.shape, &[m, n]) {
-        for row in out.chunks_exact_mut(n.max(1)) {
-            for (o, x) in row.iter_mut().zip(cv.iter().cycle()) {
-                *o += beta * x;
-            }
-        }
-        return Ok(Tensor::f32(vec![m, n], out));
-    }
-    let c = map(c, |x| beta * x)?;
-    broadcast(&Tensor::f32(vec![m, n], out), &c, |a, b| a + b)
 }
 
 /// `alpha · op(A)·op(B)` for row-major `av` (m×k, or k×m when `ta`) and `bv` (k×n, or n×k
@@ -296,13 +285,13 @@ pub(super) fn broadcast(
     let total: usize = shape.iter().product();
     // The common cases in one pass, no index arithmetic: an operand that is the whole output,
     // the other repeating (equal shapes, a scalar, a bias row over a batch).
-    let whole = |t: &Tensor, v: &[f32]| v.len() == t.len();
-    if av.len() == total && whole(a, av) && whole(b, bv) && repeats(&b.shape, &shape) {
+    let consistent = av.len() == a.len() && bv.len() == b.len();
+    if consistent && av.len() == total && repeats(&b.shape, &shape) {
         if let Some(out) = cycled(av, bv, f) {
             return Ok(Tensor::f32(shape, out));
         }
     }
-    if bv.len() == total && whole(a, av) && whole(b, bv) && repeats(&a.shape, &shape) {
+    if consistent && bv.len() == total && repeats(&a.shape, &shape) {
         if let Some(out) = cycled(bv, av, |y, x| f(x, y)) {
             return Ok(Tensor::f32(shape, out));
         }
@@ -346,11 +335,9 @@ pub(super) fn broadcast_walk(
 /// Whether a tensor of shape `part` broadcast to `whole` repeats its values end to end: after
 /// any leading 1s, `part` is `whole`'s trailing dimensions.
 fn repeats(part: &[usize], whole: &[usize]) -> bool {
-    let rest: Vec<usize> = part.iter().copied().skip_while(|d| *d == 1).collect();
-    part.len() <= whole.len()
-        && whole
-            .get(whole.len() - rest.len()..)
-            .is_some_and(|w| w == rest.as_slice())
+    let ones = part.iter().take_while(|d| **d == 1).count();
+    let rest = part.get(ones..).unwrap_or_default();
+    part.len() <= whole.len() && whole.get(whole.len() - rest.len()..) == Some(rest)
 }
 
 /// `f(full[i], cycle[i mod cycle.len()])` for every `i`; `None` when `cycle` does not divide
