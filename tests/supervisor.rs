@@ -138,7 +138,6 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
     let n = 240;
     let topic = id_topic(tmp.path(), "supervisor-kill", n);
     let trials = 10;
-    let mut mid_output = 0;
     for trial in 0..trials {
         let dir = tmp.path().join(format!("trial{trial}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -153,7 +152,8 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
         );
         // Even trials kill at any moment from the processes' start (before the first write
         // too); odd trials once results are being written, so that half the kills land
-        // mid-output however slowly the machine starts the cluster.
+        // mid-output however slowly the machine starts the cluster (results seen before the
+        // kill, and `written < n` below: the run had not ended).
         if trial % 2 == 1 {
             wait_for(
                 &format!("trial {trial}: the first results are written"),
@@ -168,9 +168,6 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
             "trial {trial} (seed {seed}): the run was still going when killed at +{after:?}"
         );
         let written = id_counts(&out).len();
-        if written > 0 {
-            mid_output += 1;
-        }
         let orphans = worker_pids(&pipeline);
         supervisor.kill().unwrap();
         supervisor.wait().unwrap();
@@ -197,11 +194,6 @@ fn killing_the_supervisor_kills_its_cluster_and_the_same_command_resumes_exactly
         );
         assert_eq!(counts.len(), n, "trial {trial}: only the topic's ids");
     }
-    // Kills before the first write test the restart too, but most must land mid-output.
-    assert!(
-        mid_output * 2 >= trials,
-        "seed {seed}: only {mid_output} of {trials} kills landed after results were written"
-    );
 }
 
 /// Unmounts the test's tmpfs however the test ends.
